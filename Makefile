@@ -1,0 +1,34 @@
+# ladder: `make demo` runs the main job, `make test` runs the whole suite. Both create .venv first.
+PYTHON ?= python3
+VENV ?= .venv
+# The CPU build of torch, installed before anything else so no dependency pulls a CUDA build.
+# On a GPU machine: make setup TORCH_SPEC=torch
+TORCH_SPEC ?= torch==2.13.0
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.ladder-installed
+
+# Demo: celerity_lm on the local Ray with two DDP workers, tracked in ./mlruns.db.
+DEMO_SET := width=64 depth=3 head_dim=16 seq_len=128 batch_size=32 tpp=20 base_depth=3 max_bytes=8000000 log_every=10
+
+.PHONY: setup demo test ui clean
+
+$(STAMP): pyproject.toml constraints.txt Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,wandb]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(VENV)/bin/ladder run celerity_lm --workers 2 --set $(DEMO_SET)
+
+test: setup
+	$(VENV)/bin/pytest -q
+
+ui: setup
+	$(VENV)/bin/ladder ui
+
+clean:
+	rm -rf ladder-runs mlartifacts mlruns.db .pytest_cache

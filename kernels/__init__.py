@@ -1,0 +1,1 @@
+"""Triton kernels for quantized ops, each paired with a readable PyTorch reference."""

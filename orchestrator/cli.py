@@ -1,0 +1,155 @@
+"""The `ladder` command line: list workloads, run one (in-process or under Ray Train), serve the UI.
+
+Every check that can fail on bad input (workload name, config fields and types, resources) runs
+before any Ray work starts, and prints one message that names the problem and the fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+from orchestrator import registry
+from orchestrator.config import ConfigError, apply_overrides, describe_type, field_docs, parse_sets
+
+
+class UsageError(Exception):
+    pass
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    width = max(len(n) for n in registry.WORKLOADS)
+    for name in sorted(registry.WORKLOADS):
+        print(f"{name:<{width}}  {registry.paper_title(name)}")
+    return 0
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    import dataclasses
+    import typing
+
+    workload = registry.load(args.name)
+    cfg = workload.smoke() if args.smoke else workload.Config()
+    docs = field_docs(workload.Config)
+    hints = typing.get_type_hints(workload.Config)
+    print(f"{workload.name}: {workload.paper}")
+    print(f"config ({'smoke' if args.smoke else 'defaults'}):")
+    for f in dataclasses.fields(cfg):
+        print(f"  {f.name} = {getattr(cfg, f.name)!r}  [{describe_type(hints[f.name])}]  {docs.get(f.name, '')}")
+    return 0
+
+
+def _build_config(args: argparse.Namespace):
+    workload = registry.load(args.name)
+    cfg = workload.smoke() if args.smoke else workload.Config()
+    cfg = apply_overrides(cfg, parse_sets(args.set or []))
+    workload.validate(cfg, world_size=getattr(args, "workers", 1))
+    return workload, cfg
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from orchestrator import launch
+
+    if args.resume:
+        record = launch.load_run_record(args.resume)
+        args.name = args.name or record["workload"]
+        if args.set:
+            raise UsageError("--set cannot change a resumed run's config; start a new run instead")
+    if not args.name:
+        raise UsageError("ladder run needs a workload name (see `ladder list`) or --resume RUN_DIR")
+    workload, cfg = _build_config(args)
+    if args.local and args.workers != 1:
+        raise UsageError("--local runs in this process with one worker; drop --workers or drop --local")
+    if not args.local and not os.environ.get("RAY_ADDRESS"):
+        launch.check_resources(args.workers, args.cpus_per_worker)
+    if args.local:
+        result = launch.run_local(args.name, cfg, resume=args.resume, track=not args.no_track, wandb=args.wandb)
+    else:
+        if args.wandb:
+            raise UsageError("--wandb is supported with --local runs and sweeps; Ray Train runs log to MLflow")
+        result = launch.run_ray(
+            args.name,
+            cfg,
+            workers=args.workers,
+            cpus_per_worker=args.cpus_per_worker,
+            max_failures=args.max_failures,
+            resume=args.resume,
+            track=not args.no_track,
+        )
+    print(launch.summary(result))
+    return 0
+
+
+def _cmd_ui(args: argparse.Namespace) -> int:
+    from orchestrator import tracking
+
+    uri = tracking.tracking_uri()
+    if uri.startswith(("http://", "https://")):
+        print(f"MLFLOW_TRACKING_URI points at a server: open {uri} in a browser")
+        return 0
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port)]
+    root = tracking.artifact_root()
+    if root:
+        cmd += ["--default-artifact-root", root]
+    print(f"serving {uri} at http://{args.host}:{args.port} (Ctrl-C stops)", flush=True)
+    try:
+        return subprocess.call(cmd)
+    except KeyboardInterrupt:
+        return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ladder",
+        description="Run, sweep and scale research training workloads on Ray; results in MLflow.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("list", help="list workloads with their papers")
+    p.set_defaults(func=_cmd_list)
+
+    p = sub.add_parser("show", help="show a workload's config fields, defaults and docs")
+    p.add_argument("name", help="workload name (see `ladder list`)")
+    p.add_argument("--smoke", action="store_true", help="show the CPU-sized smoke config")
+    p.set_defaults(func=_cmd_show)
+
+    p = sub.add_parser("run", help="train one workload", description="Train one workload under Ray Train (default) or in-process (--local).")
+    p.add_argument("name", nargs="?", help="workload name (see `ladder list`)")
+    p.add_argument("--smoke", action="store_true", help="start from the CPU-sized smoke config")
+    p.add_argument("--set", nargs="+", metavar="FIELD=VALUE", action="extend", help="override config fields (see `ladder show NAME`)")
+    p.add_argument("--workers", type=int, default=1, help="Ray Train workers (DDP over gloo on CPU); default 1")
+    p.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs reserved per worker; default 1")
+    p.add_argument("--max-failures", type=int, default=0, help="restarts from the last checkpoint after a worker failure")
+    p.add_argument("--local", action="store_true", help="train in this process, without Ray")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its folder's last checkpoint")
+    p.add_argument("--no-track", action="store_true", help="do not record the run in MLflow")
+    p.add_argument("--wandb", action="store_true", help="also log to Weights & Biases (set WANDB_MODE=offline without an account)")
+    p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("ui", help="serve the MLflow UI on the tracking store (localhost only)")
+    p.add_argument("--host", default="127.0.0.1", help="interface to bind; default 127.0.0.1")
+    p.add_argument("--port", type=int, default=5000, help="port; default 5000")
+    p.set_defaults(func=_cmd_ui)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from orchestrator.checkpoints import CheckpointError
+    from orchestrator.launch import ResourceError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args)
+    except (registry.UnknownWorkload, ConfigError, ResourceError, UsageError, CheckpointError) as exc:
+        print(f"ladder: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

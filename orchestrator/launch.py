@@ -1,0 +1,251 @@
+"""Launching one training run: in-process (`LocalRun`) or under Ray Train (`TorchTrainer`).
+
+Both paths create the MLflow run first (params = flattened config, tags, config JSON artifact),
+so a run is on record before it trains, and both write a `run.json` into the run folder that
+names the workload, the config and the MLflow run; `--resume RUN_DIR` continues from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator import registry, tracking
+from orchestrator.config import ConfigError, flatten, from_dict, to_dict, to_json
+
+RUNS_DIR = "ladder-runs"
+
+
+class ResourceError(RuntimeError):
+    """The requested workers cannot be placed on the Ray cluster that would run them."""
+
+
+@dataclass
+class RunResult:
+    workload: str
+    metrics: dict[str, float]
+    run_dir: Path
+    mlflow_run_id: str | None
+    tracking_uri: str | None
+    wall_s: float
+    history: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+
+
+def new_run_dir(workload: str, base: str | os.PathLike | None = None) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path(base or os.getcwd()).resolve() / RUNS_DIR / workload / f"{stamp}-{secrets.token_hex(3)}"
+
+
+def load_run_record(run_dir: str | os.PathLike) -> dict[str, Any]:
+    path = Path(run_dir) / "run.json"
+    if not path.is_file():
+        raise ConfigError(
+            f"cannot resume {str(run_dir)!r}: no run.json there. Pass the folder a previous "
+            f"`ladder run` printed (under ./{RUNS_DIR}/<workload>/)"
+        )
+    return json.loads(path.read_text())
+
+
+def local_cpus() -> float:
+    return float(os.environ.get("LADDER_NUM_CPUS") or os.cpu_count() or 1)
+
+
+def check_resources(workers: int, cpus_per_worker: float, available: float | None = None, *, where: str = "") -> None:
+    """Fail before launch when `workers` x `cpus_per_worker` cannot fit (Ray would wait forever)."""
+    if workers < 1:
+        raise ResourceError(f"--workers must be at least 1, got {workers}")
+    if cpus_per_worker <= 0:
+        raise ResourceError(f"--cpus-per-worker must be positive, got {cpus_per_worker}")
+    available = local_cpus() if available is None else available
+    need = workers * cpus_per_worker
+    if need > available + 1e-9:
+        fit = int(available // cpus_per_worker)
+        raise ResourceError(
+            f"{workers} workers x {cpus_per_worker:g} CPU need {need:g} CPUs, but {where or 'this machine (local Ray)'} "
+            f"has {available:g}. Use --workers {max(fit, 1)} or fewer, a smaller --cpus-per-worker, "
+            "or point RAY_ADDRESS at a cluster with more CPUs."
+        )
+
+
+def _open_tracking(workload: registry.Workload, cfg: Any, run_name: str, run_dir: Path, extra_tags: dict[str, str]) -> tuple[str, str]:
+    uri = tracking.tracking_uri()
+    run_id = tracking.start_run(
+        workload.name,
+        run_name=run_name,
+        tags={"workload": workload.name, "paper": workload.paper, "ladder.run_dir": str(run_dir), **extra_tags},
+        params=flatten(cfg),
+        uri=uri,
+    )
+    tracking.log_text(run_id, to_json(cfg), "config.json", uri=uri)
+    return run_id, uri
+
+
+def _write_record(run_dir: Path, record: dict[str, Any]) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "run.json").write_text(json.dumps(record, indent=2, default=str))
+
+
+def _prepare(name: str, cfg: Any, resume: str | os.PathLike | None, track: bool, mode: str, tags: dict[str, str]):
+    workload = registry.load(name)
+    if resume is not None:
+        record = load_run_record(resume)
+        if record["workload"] != name:
+            raise ConfigError(f"{resume} is a run of {record['workload']!r}, not {name!r}")
+        run_dir = Path(resume).resolve()
+        cfg = from_dict(workload.Config, record["config"])
+        run_id, uri = record.get("mlflow_run_id"), record.get("tracking_uri")
+        if run_id:
+            tracking.client(uri).update_run(run_id, status="RUNNING")
+    else:
+        run_dir = new_run_dir(name)
+        run_id = uri = None
+        if track:
+            run_id, uri = _open_tracking(workload, cfg, run_dir.name, run_dir, {"ladder.mode": mode, **tags})
+        _write_record(
+            run_dir,
+            {"workload": name, "config": to_dict(cfg), "mlflow_run_id": run_id, "tracking_uri": uri, "mode": mode},
+        )
+    return workload, cfg, run_dir, run_id, uri
+
+
+def run_local(
+    name: str,
+    cfg: Any,
+    *,
+    resume: str | os.PathLike | None = None,
+    track: bool = True,
+    progress: bool = True,
+    wandb: bool = False,
+    tags: dict[str, str] | None = None,
+) -> RunResult:
+    """Train in this process. Exceptions mark the MLflow run FAILED (KILLED on Ctrl-C) and propagate."""
+    from orchestrator.console import ProgressSink
+    from orchestrator.run import LocalRun
+
+    workload, cfg, run_dir, run_id, uri = _prepare(name, cfg, resume, track, "local", tags or {})
+    sinks: list[Any] = []
+    if run_id:
+        mlflow_sink = tracking.MlflowSink(run_id, uri)
+        mlflow_sink.set_tags({"ladder.world_size": "1", "ladder.backend": "none"})
+        sinks.append(mlflow_sink)
+    if progress:
+        sinks.append(ProgressSink(name))
+    wandb_sink = tracking.WandbSink(f"ladder-{name}", run_dir.name, to_dict(cfg)) if wandb else None
+    if wandb_sink:
+        sinks.append(wandb_sink)
+    run = LocalRun(run_dir, sinks=sinks)
+    started = time.monotonic()
+    status = "FAILED"
+    try:
+        metrics = workload.train(cfg, run)
+        status = "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        run.close()
+        if wandb_sink:
+            wandb_sink.finish()
+        if run_id:
+            tracking.end_run(run_id, status, uri=uri)
+    return RunResult(name, metrics, run_dir, run_id, uri, time.monotonic() - started, run.history)
+
+
+def init_ray(num_cpus: float | None = None) -> None:
+    """Connect to `RAY_ADDRESS` when set, else start a local Ray sized to this machine."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    # Train V2's placement-group cleaner polls the State API, which the dashboard serves.
+    # Train's controller takes one report per health-check poll (2 s by default): poll faster.
+    env = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")}
+    kwargs: dict[str, Any] = {"logging_level": "WARNING", "log_to_driver": True, "runtime_env": {"env_vars": env}}
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], **kwargs)
+    else:
+        ray.init(num_cpus=int(num_cpus or local_cpus()), include_dashboard=True, dashboard_host="127.0.0.1", **kwargs)
+
+
+def run_ray(
+    name: str,
+    cfg: Any,
+    *,
+    workers: int = 1,
+    cpus_per_worker: float = 1.0,
+    max_failures: int = 0,
+    resume: str | os.PathLike | None = None,
+    track: bool = True,
+    progress: bool = True,
+    tags: dict[str, str] | None = None,
+) -> RunResult:
+    """Train under Ray Train with `workers` DDP workers (gloo on CPU)."""
+    if not os.environ.get("RAY_ADDRESS"):
+        check_resources(workers, cpus_per_worker)
+    workload, cfg, run_dir, run_id, uri = _prepare(name, cfg, resume, track, f"ray-train x{workers}", tags or {})
+
+    import ray
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from orchestrator.ray_train import worker_entry
+
+    init_ray()
+    if os.environ.get("RAY_ADDRESS"):
+        check_resources(workers, cpus_per_worker, ray.cluster_resources().get("CPU", 0.0), where="the Ray cluster at RAY_ADDRESS")
+    trainer = TorchTrainer(
+        worker_entry,
+        train_loop_config={
+            "workload": name,
+            "config": to_dict(cfg),
+            "mlflow_run_id": run_id,
+            "tracking_uri": uri,
+            "cpus_per_worker": cpus_per_worker,
+            "progress": progress,
+        },
+        torch_config=TorchConfig(backend="gloo"),
+        scaling_config=ray.train.ScalingConfig(num_workers=workers, resources_per_worker={"CPU": cpus_per_worker}),
+        run_config=ray.train.RunConfig(
+            # The run folder's name is the Train run name, so fitting it again resumes it.
+            name=run_dir.name,
+            storage_path=str(run_dir.parent.parent / "ray"),
+            failure_config=ray.train.FailureConfig(max_failures=max_failures),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
+            logging_config=ray.train.LoggingConfig(log_level="WARNING"),
+        ),
+    )
+    started = time.monotonic()
+    status = "FAILED"
+    try:
+        result = trainer.fit()
+        status = "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        if run_id:
+            tracking.end_run(run_id, status, uri=uri)
+    metrics = dict(result.return_value or {})
+    return RunResult(name, metrics, run_dir, run_id, uri, time.monotonic() - started)
+
+
+def summary(result: RunResult) -> str:
+    m = result.metrics
+    lines = [f"{result.workload}: finished in {result.wall_s:.1f} s"]
+    for key in ("train/loss", "eval/loss", "perf/tokens_per_s", "tau", "tpp"):
+        if key in m:
+            lines.append(f"  {key:<18} {m[key]:.4g}")
+    lines.append(f"  run folder         {result.run_dir}")
+    if result.mlflow_run_id:
+        lines.append("  mlflow             " + tracking.run_link(result.mlflow_run_id, result.tracking_uri))
+    return "\n".join(lines)
+
+
+def eprint(*args: Any) -> None:
+    print(*args, file=sys.stderr)

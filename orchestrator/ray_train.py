@@ -1,0 +1,136 @@
+"""The Ray Train `Run`: the same `train(cfg, run)` inside a `TorchTrainer` worker (Train V2).
+
+Every worker calls `train`; `report` and `save` go through `ray.train.report`, which is a
+barrier, so workloads call them at the same steps on every rank (they do: steps are global).
+Rank 0 alone writes to MLflow, prints progress and writes checkpoint files; Ray Train copies the
+checkpoint folder into the run's storage and hands it back through `ray.train.get_checkpoint()`
+when a failed worker group restarts or the same run name is fitted again.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any, Mapping
+
+import torch
+
+from orchestrator import checkpoints
+from orchestrator.run import check_metrics
+
+
+def forward_to_ray(metrics: Mapping[str, float]) -> bool:
+    """Which reports reach Ray (and so Tune's schedulers): evaluations and the final one.
+
+    Every report goes to MLflow and the console from rank 0 directly. Ray's controller consumes
+    one report per health-check poll and `ray.train.report` blocks until it does, so sending
+    every training-loss report would pace the loop at Ray's poll interval.
+    """
+    return any(k.startswith("eval/") for k in metrics) or metrics.get("progress", 0.0) >= 1.0 - 1e-9
+
+
+class RayTrainRun:
+    def __init__(self, *, sinks: list[Any], cpus_per_worker: float) -> None:
+        import ray.train
+        import ray.train.torch
+
+        ctx = ray.train.get_context()
+        self.rank = ctx.get_world_rank()
+        self.world_size = ctx.get_world_size()
+        self.device = ray.train.torch.get_device()
+        self.sinks = sinks if self.rank == 0 else []
+        self._last: dict[str, float] = {}
+        self._pending: dict[str, float] | None = None
+        # Ray caps OMP threads of an actor at its CPU reservation; torch must agree or a
+        # 2-CPU worker trains on one thread.
+        torch.set_num_threads(max(1, int(cpus_per_worker)))
+
+    def report(self, metrics: Mapping[str, float], *, step: int) -> None:
+        clean = check_metrics(metrics)
+        self._last = {**self._last, **clean, "step": float(step)}
+        for sink in self.sinks:
+            sink.log_metrics(clean, int(step))
+        if forward_to_ray(clean):
+            self.flush()
+            self._pending = dict(self._last)
+
+    def flush(self) -> None:
+        """Send a held report to Ray (without a checkpoint)."""
+        import ray.train
+
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            ray.train.report(pending)
+
+    def save(self, state: dict[str, Any]) -> None:
+        import ray.train
+
+        for sink in self.sinks:
+            sink.flush()
+        # A held report of the same step travels with the checkpoint: one Ray round trip, not two.
+        if self._pending is not None and self._pending.get("step") != float(state["step"]):
+            self.flush()
+        metrics = {**(self._pending or self._last), "step": float(state["step"])}
+        self._pending = None
+        if self.rank != 0:
+            ray.train.report(metrics)
+            return
+        with tempfile.TemporaryDirectory(prefix="ladder-ckpt-") as tmp:
+            checkpoints.write_checkpoint(tmp, state, keep=1)
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+
+    def restore(self) -> dict[str, Any] | None:
+        import ray.train
+
+        ckpt = ray.train.get_checkpoint()
+        if ckpt is None:
+            return None
+        with ckpt.as_directory() as folder:
+            return checkpoints.load_latest(folder)
+
+    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
+        if self.world_size > 1:
+            import ray.train.torch
+
+            return ray.train.torch.prepare_model(model), optimizer
+        return model.to(self.device), optimizer
+
+    def log_artifact(self, path: str | os.PathLike) -> None:
+        for sink in self.sinks:
+            sink.log_artifact(str(path))
+
+
+def _backend() -> str:
+    import torch.distributed as dist
+
+    return dist.get_backend() if dist.is_available() and dist.is_initialized() else "none"
+
+
+def worker_entry(loop_config: dict[str, Any]) -> dict[str, float]:
+    """`train_loop_per_worker` for TorchTrainer: rebuild the config, wire the sinks, train."""
+    import ray.train
+
+    from orchestrator import registry
+    from orchestrator.config import from_dict
+
+    workload = registry.load(loop_config["workload"])
+    cfg = from_dict(workload.Config, loop_config["config"])
+    sinks: list[Any] = []
+    if ray.train.get_context().get_world_rank() == 0:
+        from orchestrator.console import ProgressSink
+        from orchestrator.tracking import MlflowSink
+
+        if loop_config.get("mlflow_run_id"):
+            sink = MlflowSink(loop_config["mlflow_run_id"], loop_config["tracking_uri"])
+            # Recorded from inside the worker group: what ran, not what was asked for.
+            ctx = ray.train.get_context()
+            sink.set_tags({"ladder.world_size": str(ctx.get_world_size()), "ladder.backend": _backend()})
+            sinks.append(sink)
+        if loop_config.get("progress", True):
+            sinks.append(ProgressSink(loop_config["workload"]))
+    run = RayTrainRun(sinks=sinks, cpus_per_worker=loop_config["cpus_per_worker"])
+    final = workload.train(cfg, run)
+    run.flush()
+    for sink in run.sinks:
+        sink.flush()
+    return {k: float(v) for k, v in final.items()}  # rank 0's becomes Result.return_value

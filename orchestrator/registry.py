@@ -1,0 +1,88 @@
+"""The workload registry: one dict, name -> module path, imported only when asked for.
+
+Listing workloads reads each module's docstring from its source (its first line is the paper's
+title), so `ladder list` never imports gymnasium, transformers or a workload's model code.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Callable
+
+from orchestrator.config import ConfigError, closest
+
+WORKLOADS: dict[str, str] = {
+    "celerity_lm": "workloads.celerity_lm",
+}
+
+
+class UnknownWorkload(KeyError):
+    def __str__(self) -> str:  # KeyError quotes its message; we want it plain
+        return str(self.args[0])
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A loaded workload module, with the contract's parts looked up once."""
+
+    name: str
+    module: ModuleType
+
+    @property
+    def Config(self) -> type:
+        return self.module.Config
+
+    @property
+    def train(self) -> Callable[..., dict[str, float]]:
+        return self.module.train
+
+    def smoke(self) -> Any:
+        return self.module.smoke()
+
+    def validate(self, cfg: Any, *, world_size: int = 1) -> None:
+        """Run the workload's optional `validate(cfg, world_size)` hook; its ValueError becomes a ConfigError."""
+        hook = getattr(self.module, "validate", None)
+        if hook is None:
+            return
+        try:
+            hook(cfg, world_size)
+        except ValueError as exc:
+            raise ConfigError(f"{self.name}: {exc}") from exc
+
+    @property
+    def claims(self) -> list[Any]:
+        return list(getattr(self.module, "CLAIMS", []))
+
+    @property
+    def paper(self) -> str:
+        return paper_title(self.name)
+
+
+def check_name(name: str) -> str:
+    if name not in WORKLOADS:
+        hint = closest(name, WORKLOADS) or closest(name, WORKLOADS, cutoff=0.0)
+        did_you_mean = f" Closest match: {hint!r}." if hint else ""
+        raise UnknownWorkload(
+            f"unknown workload {name!r}.{did_you_mean} Known workloads: {', '.join(sorted(WORKLOADS))}"
+        )
+    return name
+
+
+def load(name: str) -> Workload:
+    check_name(name)
+    return Workload(name, importlib.import_module(WORKLOADS[name]))
+
+
+def paper_title(name: str) -> str:
+    """First line of the workload package's docstring, read without importing it."""
+    check_name(name)
+    spec = importlib.util.find_spec(WORKLOADS[name])
+    if spec is None or spec.origin is None:
+        return ""
+    with open(spec.origin, encoding="utf-8") as fh:
+        doc = ast.get_docstring(ast.parse(fh.read())) or ""
+    return doc.strip().splitlines()[0] if doc.strip() else ""

@@ -1,0 +1,204 @@
+"""MLflow tracking: the system of record for every run and sweep.
+
+The embedded default is a SQLite store `./mlruns.db` with artifacts in `./mlartifacts`, both
+resolved to absolute paths when a run starts (Ray workers and trials run in other folders, and
+MLflow would otherwise put artifacts under Ray's temporary session folder). `MLFLOW_TRACKING_URI`
+points everything at a server instead. Only the driver and rank 0 write.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+DEFAULT_DB = "mlruns.db"
+DEFAULT_ARTIFACTS = "mlartifacts"
+
+
+def tracking_uri(base: str | os.PathLike | None = None) -> str:
+    """`MLFLOW_TRACKING_URI` if set, else the SQLite store in `base` (default: the current folder)."""
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    if env:
+        return env
+    root = Path(base or os.getcwd()).resolve()
+    return f"sqlite:///{root / DEFAULT_DB}"
+
+
+def artifact_root(base: str | os.PathLike | None = None) -> str | None:
+    """Absolute artifact location for new experiments on a local store; a server chooses its own."""
+    uri = tracking_uri(base)
+    if uri.startswith(("http://", "https://", "databricks")):
+        return None
+    return (Path(base or os.getcwd()).resolve() / DEFAULT_ARTIFACTS).as_uri()
+
+
+def git_commit() -> str:
+    """The commit of the ladder source tree in use, or 'unknown' outside a git checkout."""
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+def ladder_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("ladder")
+    except Exception:
+        return "unknown"
+
+
+def client(uri: str | None = None):
+    import mlflow  # deferred: importing mlflow costs ~1 s and workloads never need it
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    return mlflow.MlflowClient(tracking_uri=uri or tracking_uri())
+
+
+def ensure_experiment(name: str, uri: str | None = None, base: str | os.PathLike | None = None) -> str:
+    """Id of the experiment `name`, created (with an absolute artifact root) when missing."""
+    c = client(uri)
+    found = c.get_experiment_by_name(name)
+    if found is not None:
+        if found.lifecycle_stage == "deleted":
+            c.restore_experiment(found.experiment_id)
+        return found.experiment_id
+    root = artifact_root(base) if (uri is None or uri.startswith("sqlite")) else None
+    try:
+        return c.create_experiment(name, artifact_location=root)
+    except Exception:
+        # Another process created it between our lookup and create.
+        found = c.get_experiment_by_name(name)
+        if found is None:
+            raise
+        return found.experiment_id
+
+
+def start_run(
+    experiment: str,
+    *,
+    run_name: str,
+    tags: Mapping[str, str],
+    params: Mapping[str, str] | None = None,
+    parent_run_id: str | None = None,
+    uri: str | None = None,
+) -> str:
+    """Create an MLflow run (child of `parent_run_id` when given) and return its id."""
+    from mlflow.entities import Param, RunTag
+
+    c = client(uri)
+    exp_id = ensure_experiment(experiment, uri)
+    all_tags = {
+        "ladder.version": ladder_version(),
+        "git.commit": git_commit(),
+        "mlflow.runName": run_name,
+        **tags,
+    }
+    if parent_run_id:
+        all_tags["mlflow.parentRunId"] = parent_run_id
+    run = c.create_run(exp_id, run_name=run_name, tags=all_tags)
+    if params:
+        items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+        for i in range(0, len(items), 100):
+            c.log_batch(run.info.run_id, params=items[i : i + 100], tags=[RunTag("ladder.params", "1")])
+    return run.info.run_id
+
+
+def end_run(run_id: str, status: str = "FINISHED", uri: str | None = None) -> None:
+    client(uri).set_terminated(run_id, status=status)
+
+
+def set_tags(run_id: str, tags: Mapping[str, str], uri: str | None = None) -> None:
+    c = client(uri)
+    for k, v in tags.items():
+        c.set_tag(run_id, k, str(v))
+
+
+def log_text(run_id: str, text: str, artifact_file: str, uri: str | None = None) -> None:
+    client(uri).log_text(run_id, text, artifact_file)
+
+
+def run_link(run_id: str, uri: str | None = None) -> str:
+    """Where to find a run: the URL on a server, the store and ids on a local store."""
+    c = client(uri)
+    run = c.get_run(run_id)
+    exp = c.get_experiment(run.info.experiment_id)
+    store = uri or tracking_uri()
+    if store.startswith(("http://", "https://")):
+        return f"{store.rstrip('/')}/#/experiments/{exp.experiment_id}/runs/{run_id}"
+    return f"experiment {exp.name!r} (id {exp.experiment_id}), run {run_id} in {store} — open it with `ladder ui`"
+
+
+class MlflowSink:
+    """Buffers step metrics and writes them to one MLflow run in batches.
+
+    Batching keeps tracking off the training loop's critical path: one `log_batch` per
+    `flush_every_s` seconds (and at every checkpoint and at the end) instead of one request per
+    metric per step.
+    """
+
+    def __init__(self, run_id: str, uri: str | None = None, *, flush_every_s: float = 5.0) -> None:
+        self.run_id = run_id
+        self.uri = uri or tracking_uri()
+        self.flush_every_s = flush_every_s
+        self._buffer: list[Any] = []
+        self._last_flush = time.monotonic()
+        self._client = client(self.uri)
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now_ms = int(time.time() * 1000)
+        self._buffer.extend(Metric(k, float(v), now_ms, int(step)) for k, v in metrics.items())
+        if len(self._buffer) >= 900 or time.monotonic() - self._last_flush > self.flush_every_s:
+            self.flush()
+
+    def flush(self) -> None:
+        while self._buffer:
+            chunk, self._buffer = self._buffer[:900], self._buffer[900:]
+            self._client.log_batch(self.run_id, metrics=chunk)
+        self._last_flush = time.monotonic()
+
+    def log_artifact(self, path: str) -> None:
+        self._client.log_artifact(self.run_id, path)
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        for k, v in tags.items():
+            self._client.set_tag(self.run_id, k, str(v))
+
+
+class WandbSink:
+    """Optional second logger. Honours `WANDB_MODE` (use `offline` without an account)."""
+
+    def __init__(self, project: str, name: str, config: Mapping[str, Any]) -> None:
+        try:
+            import wandb
+        except ImportError as exc:  # pragma: no cover - depends on the optional extra
+            raise RuntimeError("wandb logging asked for but wandb is not installed: pip install 'ladder[wandb]'") from exc
+        self._wandb = wandb
+        self._run = wandb.init(project=project, name=name, config=dict(config), reinit="create_new")
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        self._run.log(dict(metrics), step=int(step))
+
+    def flush(self) -> None:
+        pass
+
+    def log_artifact(self, path: str) -> None:
+        self._run.save(path, base_path=str(Path(path).parent))
+
+    def finish(self) -> None:
+        self._run.finish()
+
+
+def warn(msg: str) -> None:
+    print(f"ladder: {msg}", file=sys.stderr)

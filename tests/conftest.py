@@ -1,0 +1,33 @@
+"""Shared test setup: every test that records runs does so in its own temporary folder."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# Triton kernels run on the CPU under the interpreter; it reads this when kernels are decorated.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.pop("MLFLOW_TRACKING_URI", None)
+os.environ.pop("RAY_ADDRESS", None)
+
+REPO = Path(__file__).resolve().parents[1]
+LADDER = [sys.executable, "-m", "orchestrator.cli"]
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """A fresh current folder: ./mlruns.db, ./mlartifacts and ./ladder-runs land here."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def run_cli(args: list[str], cwd: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run `ladder ARGS` as a real process in `cwd`."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(LADDER + args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)

@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from orchestrator import checkpoints
+
+
+def test_newest_checkpoint_wins_and_old_ones_are_pruned(tmp_path):
+    for step in (10, 20, 30):
+        checkpoints.write_checkpoint(tmp_path, {"step": step, "w": torch.full((2,), float(step))}, keep=2)
+    files = checkpoints.list_checkpoints(tmp_path)
+    assert [checkpoints._step_of(p) for p in files] == [20, 30]
+    state = checkpoints.load_latest(tmp_path)
+    assert state["step"] == 30 and torch.equal(state["w"], torch.full((2,), 30.0))
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_truncated_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
+    checkpoints.write_checkpoint(tmp_path, {"step": 1, "w": torch.ones(1000)}, keep=3)
+    newest = checkpoints.write_checkpoint(tmp_path, {"step": 2, "w": torch.ones(1000)}, keep=3)
+    newest.write_bytes(newest.read_bytes()[:100])
+    state = checkpoints.load_latest(tmp_path)
+    assert state["step"] == 1
+    assert "unreadable" in capsys.readouterr().err
+
+
+def test_all_unreadable_is_a_clear_error(tmp_path):
+    (tmp_path / "step-000000005.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(checkpoints.CheckpointError, match="no readable checkpoint"):
+        checkpoints.load_latest(tmp_path)
+
+
+def test_empty_folder_means_fresh_start(tmp_path):
+    assert checkpoints.load_latest(tmp_path / "missing") is None
+
+
+def test_state_without_step_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="step"):
+        checkpoints.write_checkpoint(tmp_path, {"w": 1})

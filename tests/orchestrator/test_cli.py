@@ -1,0 +1,43 @@
+"""Bad input is answered before any work starts: no Ray, no MLflow store, no run folder."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import run_cli
+from orchestrator.cli import main
+
+
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        (["run", "nosuch"], "unknown workload 'nosuch'. Closest match: 'celerity_lm'. Known workloads: celerity_lm"),
+        (["run", "celerity_lm", "--set", "widht=64"], "unknown field 'widht'"),
+        (["run", "celerity_lm", "--set", "width=abc"], "width expects an int, got 'abc'"),
+        (["run", "celerity_lm", "--workers", "64"], "64 workers x 1 CPU need 64 CPUs, but this machine (local Ray) has"),
+        (["run", "celerity_lm", "--set", "data=/no/such/folder"], "data folder '/no/such/folder' does not exist"),
+        (["run", "celerity_lm", "--smoke", "--set", "batch_size=15", "--workers", "2"], "does not split over 2 workers"),
+        (["run", "--resume", "nowhere"], "no run.json there"),
+    ],
+)
+def test_bad_input_is_named_before_anything_starts(args, expected, workdir, capsys):
+    import ray
+
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert expected in err
+    assert "did you mean 'width'" in err or "widht" not in " ".join(args)
+    assert not ray.is_initialized()
+    assert not (workdir / "mlruns.db").exists() and not (workdir / "ladder-runs").exists()
+
+
+def test_help_for_each_command(workdir):
+    for command in ([], ["run"], ["ui"], ["list"], ["show"]):
+        out = run_cli(command + ["--help"], workdir, timeout=60)
+        assert out.returncode == 0 and "usage: ladder" in out.stdout
+
+
+def test_show_lists_documented_fields(workdir, capsys):
+    assert main(["show", "celerity_lm", "--smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "width = 48  [int]  Model width" in out

@@ -1,0 +1,53 @@
+"""A local run lands in the embedded MLflow store with params, step metrics, tags and config."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from orchestrator import launch, registry, tracking
+
+
+@pytest.mark.slow
+def test_local_run_is_recorded(workdir):
+    w = registry.load("celerity_lm")
+    result = launch.run_local("celerity_lm", w.smoke(), progress=False)
+    assert result.tracking_uri == f"sqlite:///{workdir / 'mlruns.db'}"
+    c = tracking.client(result.tracking_uri)
+    run = c.get_run(result.mlflow_run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["width"] == "48" and run.data.params["tpp"] == "4.0"
+    tags = run.data.tags
+    assert tags["workload"] == "celerity_lm" and tags["paper"].startswith("Scaling with Collapse")
+    assert len(tags["git.commit"]) in (40, 7) or tags["git.commit"] == "unknown"
+    history = c.get_metric_history(result.mlflow_run_id, "train/loss")
+    steps = [m.step for m in history]
+    assert steps == sorted(set(steps)) and len(steps) == len([1 for s, m in result.history if "train/loss" in m])
+    assert history[-1].value < 0.7 * history[0].value
+    # Artifacts live in ./mlartifacts, not in a temporary folder.
+    exp = c.get_experiment(run.info.experiment_id)
+    assert exp.artifact_location == (workdir / "mlartifacts").as_uri()
+    local = c.download_artifacts(result.mlflow_run_id, "config.json", str(workdir))
+    assert json.loads(Path(local).read_text())["width"] == 48
+
+
+def test_tracking_uri_env_wins(monkeypatch, tmp_path):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5999")
+    assert tracking.tracking_uri(tmp_path) == "http://127.0.0.1:5999"
+    assert tracking.artifact_root(tmp_path) is None
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    assert tracking.tracking_uri(tmp_path) == f"sqlite:///{tmp_path.resolve() / 'mlruns.db'}"
+
+
+@pytest.mark.slow
+def test_wandb_offline_second_logger(workdir, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(workdir))
+    w = registry.load("celerity_lm")
+    launch.run_local("celerity_lm", w.smoke(), progress=False, wandb=True)
+    runs = list((workdir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    assert any(p.suffix == ".wandb" and p.stat().st_size > 1000 for p in runs[0].iterdir())

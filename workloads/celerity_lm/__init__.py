@@ -1,0 +1,13 @@
+"""Scaling with Collapse: Efficient and Predictable Training of LLM Families (Bergsma et al., 2025) — https://arxiv.org/abs/2509.25087
+
+celerity_lm: a GPT-style byte-level decoder in the Celerity family's shape (pre-LN, untied
+readout, fixed head dimension), parameterized for hyperparameter transfer across width (muP) and
+depth (CompleteP), trained with AdamW, linear warmup then linear decay to zero, for a token
+budget of `tpp` tokens per non-embedding parameter. It reports `train/loss`, `eval/loss` on a
+fixed held-out set, `progress` (tokens seen over the budget), the AdamW timescale `tau` =
+B/(eta * lambda * D) and `tpp`: the controls under which loss curves of a family collapse.
+"""
+
+from workloads.celerity_lm.workload import Budget, Config, budget, build, smoke, train, validate
+
+__all__ = ["Budget", "Config", "budget", "build", "smoke", "train", "validate"]

@@ -1,0 +1,266 @@
+"""celerity_lm: Config, the training loop, and the token budget (see the package docstring)."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from workloads.celerity_lm.data import BatchSampler, corpus_files, heldout_batches, load_corpus
+from workloads.celerity_lm.model import GPT
+
+
+@dataclass(frozen=True)
+class Config:
+    width: int = 256
+    """Model width d_model; a multiple of head_dim."""
+    depth: int = 6
+    """Number of transformer blocks."""
+    head_dim: int = 32
+    """Per-head dimension, held fixed across widths (heads = width / head_dim)."""
+    seq_len: int = 256
+    """Context length in bytes."""
+    batch_size: int = 64
+    """Global batch in sequences per step, split evenly across data-parallel workers."""
+    tpp: float = 20.0
+    """Token budget as tokens per (non-embedding) parameter: D = tpp * N."""
+    lr: float = 2e-2
+    """Peak base learning rate, tuned at base_width; hidden matrices use lr * base_width / width."""
+    weight_decay: float = 0.1
+    """AdamW weight decay on hidden matrices (ignored when tau is set)."""
+    tau: float | None = None
+    """Target AdamW timescale B/(eta*lambda*D); when set, weight decay is solved from it."""
+    warmup_frac: float = 0.05
+    """Fraction of steps spent in linear warmup before the linear decay to zero."""
+    beta1: float = 0.9
+    """AdamW first-moment decay."""
+    beta2: float = 0.95
+    """AdamW second-moment decay."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip (0 disables)."""
+    init_std: float = 0.02
+    """Init std of embeddings, and of hidden matrices at base_width (muP-scaled elsewhere)."""
+    base_width: int = 48
+    """Width of the proxy model the base hyperparameters were tuned at (muP)."""
+    base_depth: int = 3
+    """Depth of the proxy model; residual branches are scaled by base_depth / depth (CompleteP)."""
+    ffn_mult: int = 4
+    """MLP hidden size as a multiple of width."""
+    activation: str = "gelu"
+    """MLP activation: 'gelu' or 'relu2' (squared ReLU, as in Celerity)."""
+    data: str = "stdlib"
+    """'stdlib' (the Python standard library's source) or a folder of text files."""
+    heldout_frac: float = 0.1
+    """Fraction of files held out for evaluation (assigned by a hash of their path)."""
+    max_bytes: int = 0
+    """Cap on training bytes read from the corpus (0: all of it)."""
+    eval_every_frac: float = 0.1
+    """Evaluate on the fixed held-out set at every multiple of this training fraction."""
+    eval_tokens: int = 32768
+    """Size of the fixed held-out set in tokens."""
+    checkpoint_every_frac: float = 0.1
+    """Save a checkpoint at every multiple of this training fraction (and at the end)."""
+    log_every: int = 10
+    """Report train/loss (averaged since the last report) every this many steps."""
+    seed: int = 0
+    """Seed of the initialization and of the data order."""
+
+
+def smoke() -> Config:
+    """A CPU-sized run: about 300 steps of a 70k-parameter model, a few seconds."""
+    return Config(
+        width=48,
+        depth=2,
+        head_dim=16,
+        seq_len=64,
+        batch_size=16,
+        tpp=4.0,
+        base_depth=2,
+        max_bytes=2_000_000,
+        eval_tokens=8192,
+        log_every=5,
+    )
+
+
+@dataclass(frozen=True)
+class Budget:
+    params: int
+    tokens: int
+    steps: int
+    batch_tokens: int
+    hidden_lr: float
+    weight_decay: float
+    tau: float
+
+
+def budget(cfg: Config, params: int) -> Budget:
+    """Steps, hidden-matrix LR, weight decay and tau for a model of `params` non-embedding parameters."""
+    batch_tokens = cfg.batch_size * cfg.seq_len
+    tokens_target = cfg.tpp * params
+    steps = max(1, math.ceil(tokens_target / batch_tokens))
+    tokens = steps * batch_tokens
+    hidden_lr = cfg.lr * cfg.base_width / cfg.width
+    if cfg.tau is not None:
+        weight_decay = batch_tokens / (hidden_lr * cfg.tau * tokens)
+    else:
+        weight_decay = cfg.weight_decay
+    tau = batch_tokens / (hidden_lr * weight_decay * tokens) if weight_decay > 0 else math.inf
+    return Budget(params, tokens, steps, batch_tokens, hidden_lr, weight_decay, tau)
+
+
+def lr_factor(step: int, steps: int, warmup_frac: float) -> float:
+    """Linear warmup to 1, then linear decay to zero at the last step."""
+    warmup = max(1, round(warmup_frac * steps))
+    if step <= warmup:
+        return step / warmup
+    return max(0.0, (steps - step) / max(1, steps - warmup))
+
+
+def _checkpoints_at(steps: int, frac: float) -> set[int]:
+    if frac <= 0:
+        return {steps}
+    return {min(steps, max(1, round(k * frac * steps))) for k in range(1, math.ceil(1 / frac) + 1)}
+
+
+def validate(cfg: Config, world_size: int = 1) -> None:
+    """Checks that need no training: raised before anything is launched."""
+    if cfg.data != "stdlib":
+        corpus_files(cfg.data)  # raises DataError (a ValueError) naming the folder
+    for name in ("width", "depth", "head_dim", "seq_len", "batch_size", "log_every", "eval_tokens"):
+        if getattr(cfg, name) <= 0:
+            raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
+    if cfg.tpp <= 0:
+        raise ValueError(f"tpp must be positive, got {cfg.tpp}")
+    if cfg.width % cfg.head_dim:
+        raise ValueError(f"width={cfg.width} is not a multiple of head_dim={cfg.head_dim}")
+    if cfg.batch_size % world_size:
+        raise ValueError(
+            f"batch_size={cfg.batch_size} does not split over {world_size} workers: "
+            f"use a multiple of {world_size}"
+        )
+    if cfg.activation not in ("gelu", "relu2"):
+        raise ValueError(f"activation must be 'gelu' or 'relu2', got {cfg.activation!r}")
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device) -> float:
+    model.eval()
+    total, count = 0.0, 0
+    for x, y in batches:
+        logits = model(x.to(device))
+        total += F.cross_entropy(logits.flatten(0, 1), y.to(device).flatten(), reduction="sum").item()
+        count += y.numel()
+    model.train()
+    return total / count
+
+
+def build(cfg: Config) -> tuple[GPT, torch.optim.AdamW, Budget]:
+    """The model, its AdamW with muP learning rates per parameter group, and the budget."""
+    model = GPT(
+        vocab=256,
+        width=cfg.width,
+        depth=cfg.depth,
+        head_dim=cfg.head_dim,
+        seq_len=cfg.seq_len,
+        ffn_mult=cfg.ffn_mult,
+        activation=cfg.activation,
+        base_width=cfg.base_width,
+        base_depth=cfg.base_depth,
+        init_std=cfg.init_std,
+    )
+    plan = budget(cfg, model.non_embedding_params())
+    optimizer = torch.optim.AdamW(
+        [
+            {"params": model.hidden_matrices(), "lr": plan.hidden_lr, "weight_decay": plan.weight_decay},
+            {"params": model.other_params(), "lr": cfg.lr, "weight_decay": 0.0},
+        ],
+        betas=(cfg.beta1, cfg.beta2),
+    )
+    return model, optimizer, plan
+
+
+def train(cfg: Config, run) -> dict[str, float]:
+    validate(cfg, run.world_size)
+    torch.manual_seed(cfg.seed)
+    train_bytes, held_bytes = load_corpus(cfg.data, heldout_frac=cfg.heldout_frac, max_bytes=cfg.max_bytes)
+    model, optimizer, plan = build(cfg)
+    peak_lrs = [g["lr"] for g in optimizer.param_groups]
+    model, optimizer = run.prepare(model, optimizer)
+    raw = getattr(model, "module", model)
+    sampler = BatchSampler(
+        train_bytes, cfg.seq_len, cfg.batch_size // run.world_size, seed=cfg.seed, rank=run.rank
+    )
+    heldout = heldout_batches(held_bytes, cfg.seq_len, cfg.eval_tokens, batch=32)
+
+    start = 0
+    state = run.restore()
+    if state is not None:
+        raw.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        sampler.load_state(state["sampler"])
+        start = int(state["step"])
+
+    eval_at = _checkpoints_at(plan.steps, cfg.eval_every_frac)
+    save_at = _checkpoints_at(plan.steps, cfg.checkpoint_every_frac)
+    fixed = {"tau": plan.tau, "tpp": plan.tokens / plan.params}
+    window_loss, window_n, window_tokens = 0.0, 0, 0
+    train_loss = eval_loss = math.nan
+    tokens_per_s = math.nan
+    # Throughput is wall time between reports, minus evaluation: data, optimizer, reporting and
+    # checkpointing costs all count, so the number is what a user's budget actually buys.
+    window_start, eval_time = time.perf_counter(), 0.0
+    for step in range(start + 1, plan.steps + 1):
+        factor = lr_factor(step, plan.steps, cfg.warmup_frac)
+        for group, peak in zip(optimizer.param_groups, peak_lrs):
+            group["lr"] = peak * factor
+        x, y = sampler.next()
+        x, y = x.to(run.device), y.to(run.device)
+        logits = model(x)
+        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        window_loss += loss.item()
+        window_n += 1
+        window_tokens += plan.batch_tokens
+
+        metrics: dict[str, float] = {}
+        if step % cfg.log_every == 0 or step == plan.steps:
+            train_loss = window_loss / window_n
+            now = time.perf_counter()
+            tokens_per_s = window_tokens / max(now - window_start - eval_time, 1e-9)
+            metrics.update({"train/loss": train_loss, "perf/tokens_per_s": tokens_per_s, "train/lr": peak_lrs[1] * factor})
+            window_loss, window_n, window_tokens = 0.0, 0, 0
+            window_start, eval_time = now, 0.0
+        if step in eval_at:
+            t_eval = time.perf_counter()
+            eval_loss = evaluate(model, heldout, run.device)
+            eval_time += time.perf_counter() - t_eval
+            metrics["eval/loss"] = eval_loss
+        if metrics:
+            metrics.update(fixed, progress=step * plan.batch_tokens / plan.tokens, tokens=step * plan.batch_tokens)
+            run.report(metrics, step=step)
+        if step in save_at:
+            run.save(
+                {
+                    "step": step,
+                    "model": raw.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "sampler": sampler.state(),
+                }
+            )
+    if math.isnan(eval_loss) or start >= plan.steps:
+        eval_loss = evaluate(model, heldout, run.device)
+    return {
+        "train/loss": train_loss,
+        "eval/loss": eval_loss,
+        "perf/tokens_per_s": tokens_per_s,
+        "params": float(plan.params),
+        "steps": float(plan.steps),
+        **fixed,
+    }
