@@ -82,6 +82,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from orchestrator import sweep as sweep_mod
+    from orchestrator import tune_run
+
+    definition = sweep_mod.load_sweep_file(args.file)
+    if args.check:
+        definition.check()
+        print(f"{args.file}: sweep {definition.name!r} is valid: {definition.trial_count()} trials of {definition.workload}")
+        return 0
+    result = tune_run.run_sweep(definition, resume=args.resume)
+    print(tune_run.format_trials(result))
+    print(f"sweep {result.name!r} finished in {result.wall_s:.0f} s; MLflow experiment {result.name!r}, parent run "
+          f"{result.parent_run_id} — open it with `ladder ui`")
+    return 0
+
+
 def _cmd_ui(args: argparse.Namespace) -> int:
     from orchestrator import tracking
 
@@ -127,6 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-track", action="store_true", help="do not record the run in MLflow")
     p.add_argument("--wandb", action="store_true", help="also log to Weights & Biases (set WANDB_MODE=offline without an account)")
     p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("sweep", help="run a sweep file on Ray Tune", description="Run the Sweep defined in FILE on the local Ray (or RAY_ADDRESS).")
+    p.add_argument("file", help="a Python file assigning a Sweep to `sweep` (see sweeps/)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted sweep: finished trials are kept, decisions too")
+    p.add_argument("--check", action="store_true", help="validate the sweep and exit without running it")
+    p.set_defaults(func=_cmd_sweep)
 
     p = sub.add_parser("ui", help="serve the MLflow UI on the tracking store (localhost only)")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind; default 127.0.0.1")

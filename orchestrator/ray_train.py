@@ -48,6 +48,8 @@ class RayTrainRun:
     def report(self, metrics: Mapping[str, float], *, step: int) -> None:
         clean = check_metrics(metrics)
         self._last = {**self._last, **clean, "step": float(step)}
+        if "progress" in clean:
+            self._last["progress_pct"] = 100.0 * clean["progress"]  # ASHA/median rungs in percent
         for sink in self.sinks:
             sink.log_metrics(clean, int(step))
         if forward_to_ray(clean):

@@ -1,0 +1,63 @@
+"""Tune schedulers by name: 'collapse' (ours), 'asha', 'median', 'fifo' (Ray Tune's own).
+
+Every scheduler compares trials on their training fraction (`progress`), not on Tune's
+iteration count, so trials that report at different rates are compared at the same point of
+their budgets.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from orchestrator.sweep import SweepError
+
+
+def build(
+    name: str,
+    options: Mapping[str, Any],
+    *,
+    metric: str,
+    mode: str,
+    state_path: Path | None = None,
+    reference: Any = None,
+) -> Any:
+    from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, MedianStoppingRule
+
+    opts = dict(options)
+    if name == "fifo":
+        return FIFOScheduler()
+    if name == "asha":
+        # progress is a fraction; ASHA's rungs need integer-like milestones, so use percent.
+        return AsyncHyperBandScheduler(
+            time_attr="progress_pct",
+            metric=metric,
+            mode=mode,
+            max_t=100,
+            grace_period=float(opts.pop("grace_period", 0.1)) * 100,
+            reduction_factor=float(opts.pop("reduction_factor", 2)),
+            **opts,
+        )
+    if name == "median":
+        return MedianStoppingRule(
+            time_attr="progress_pct",
+            metric=metric,
+            mode=mode,
+            grace_period=float(opts.pop("grace_period", 0.1)) * 100,
+            min_samples_required=int(opts.pop("min_samples_required", 2)),
+            **opts,
+        )
+    if name == "collapse":
+        from orchestrator.collapse import CollapseStopper
+        from orchestrator.schedulers.collapse import CollapseScheduler
+
+        if reference is None:
+            raise SweepError("the collapse scheduler needs a reference (scheduler_options['reference'])")
+        opts.pop("reference", None)
+        stopper_keys = ("rungs", "keep_quantile", "reduction_factor", "window_start", "warmup_frac",
+                        "smooth_window", "min_samples", "min_points", "n_boot")
+        unknown = sorted(set(opts) - set(stopper_keys))
+        if unknown:
+            raise SweepError(f"unknown collapse scheduler option(s) {unknown}; known: {', '.join(stopper_keys)} and reference")
+        return CollapseScheduler(CollapseStopper(reference, **opts), metric=metric, mode=mode, state_path=state_path)
+    raise SweepError(f"unknown scheduler {name!r}")

@@ -1,0 +1,242 @@
+"""Sweep definitions: plain Python that names a workload, a base config, a search space over its
+config fields, a scheduler, resources per trial and an objective.
+
+A sweep file assigns a `Sweep` to a module-level name `sweep`:
+
+    from orchestrator.sweep import Sweep, loguniform, seeds
+
+    sweep = Sweep(
+        name="celerity_tuning",
+        workload="celerity_lm",
+        base="smoke",
+        overrides={"tpp": 20},
+        space={"weight_decay": loguniform(0.01, 1.0), "seed": seeds(2)},
+        num_samples=4,
+        scheduler="collapse",
+        objective=("eval/loss", "min"),
+    )
+
+`Sweep.check()` validates everything against the workload's `Config` before anything starts:
+unknown fields (with the closest valid name), values of the wrong type, empty spaces,
+non-positive budgets, unknown schedulers.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import runpy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from orchestrator import registry
+from orchestrator.config import ConfigError, apply_overrides, check_fields, closest
+
+SCHEDULERS = ("collapse", "asha", "median", "fifo")
+
+
+class SweepError(ConfigError):
+    """A sweep file or definition is invalid."""
+
+
+# --- search-space domains -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Every value, each once (a grid axis; several grids multiply)."""
+
+    values: tuple[Any, ...]
+
+    def examples(self) -> list[Any]:
+        return list(self.values)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One of the values, sampled uniformly per trial."""
+
+    values: tuple[Any, ...]
+
+    def examples(self) -> list[Any]:
+        return list(self.values)
+
+
+@dataclass(frozen=True)
+class Uniform:
+    low: float
+    high: float
+
+    def examples(self) -> list[Any]:
+        return [self.low, self.high]
+
+
+@dataclass(frozen=True)
+class LogUniform:
+    low: float
+    high: float
+
+    def examples(self) -> list[Any]:
+        return [self.low, self.high]
+
+
+def grid(*values: Any) -> Grid:
+    if len(values) == 1 and isinstance(values[0], (list, tuple)):
+        values = tuple(values[0])
+    return Grid(tuple(values))
+
+
+def choice(*values: Any) -> Choice:
+    if len(values) == 1 and isinstance(values[0], (list, tuple)):
+        values = tuple(values[0])
+    return Choice(tuple(values))
+
+
+def uniform(low: float, high: float) -> Uniform:
+    return Uniform(float(low), float(high))
+
+
+def loguniform(low: float, high: float) -> LogUniform:
+    return LogUniform(float(low), float(high))
+
+
+def seeds(n: int, start: int = 0) -> Grid:
+    """Seeds as a grid axis: every point of the space runs with each of `n` seeds."""
+    return Grid(tuple(range(start, start + n)))
+
+
+Domain = Grid | Choice | Uniform | LogUniform
+
+
+@dataclass(frozen=True)
+class Sweep:
+    name: str
+    """Sweep name: the MLflow experiment and the Tune run folder."""
+    workload: str
+    """Registered workload name."""
+    space: Mapping[str, Any] = field(default_factory=dict)
+    """Config field -> domain (grid/choice/uniform/loguniform/seeds) or a fixed value."""
+    base: str = "default"
+    """Starting config: 'default' (Config()) or 'smoke' (smoke())."""
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    """Fixed config changes applied to the base before the space."""
+    num_samples: int = 1
+    """Samples of the random domains; grids are crossed with each sample, as in Ray Tune."""
+    scheduler: str = "fifo"
+    """'collapse', 'asha', 'median' or 'fifo'."""
+    scheduler_options: Mapping[str, Any] = field(default_factory=dict)
+    """Keyword options of the scheduler."""
+    objective: tuple[str, str] = ("eval/loss", "min")
+    """(metric, 'min' | 'max') that ranks trials."""
+    workers: int = 1
+    """Data-parallel workers per trial; > 1 runs Ray Train inside the trial."""
+    cpus_per_worker: float = 1.0
+    """CPUs reserved per worker (fractions allowed)."""
+    max_concurrent: int | None = None
+    """Trials at once (default: as many as the CPUs hold)."""
+    max_failures: int = 1
+    """Restarts of a failed trial from its last checkpoint."""
+    seed: int = 0
+    """Seed of the random search."""
+
+    def load_workload(self) -> registry.Workload:
+        try:
+            return registry.load(self.workload)
+        except registry.UnknownWorkload as exc:
+            raise SweepError(str(exc)) from None
+
+    def base_config(self) -> Any:
+        w = self.load_workload()
+        if self.base not in ("default", "smoke"):
+            raise SweepError(f"base must be 'default' or 'smoke', got {self.base!r}")
+        cfg = w.smoke() if self.base == "smoke" else w.Config()
+        return apply_overrides(cfg, dict(self.overrides))
+
+    def check(self) -> Any:
+        """Validate the whole definition; returns the base config. Raises SweepError."""
+        if not self.name or any(c in self.name for c in "/\\ "):
+            raise SweepError(f"sweep name {self.name!r} must be non-empty without spaces or slashes")
+        w = self.load_workload()
+        try:
+            base = self.base_config()
+            check_fields(w.Config, self.space, what="search-space field")
+            for key, domain in self.space.items():
+                values = domain.examples() if isinstance(domain, Domain) else [domain]
+                if not values:
+                    raise SweepError(f"search-space field {key!r} has no values")
+                if isinstance(domain, (Uniform, LogUniform)):
+                    if not domain.low < domain.high:
+                        raise SweepError(f"{key}: low ({domain.low}) must be below high ({domain.high})")
+                    if isinstance(domain, LogUniform) and domain.low <= 0:
+                        raise SweepError(f"{key}: loguniform needs positive bounds, got {domain.low}")
+                for value in values:
+                    w.validate(apply_overrides(base, {key: value}), world_size=self.workers)
+        except ConfigError as exc:
+            raise SweepError(f"sweep {self.name!r}: {exc}") from None
+        if self.num_samples < 1:
+            raise SweepError(f"num_samples must be at least 1, got {self.num_samples}")
+        if self.scheduler not in SCHEDULERS:
+            hint = closest(self.scheduler, SCHEDULERS, cutoff=0.0)
+            raise SweepError(f"unknown scheduler {self.scheduler!r}; did you mean {hint!r}? (known: {', '.join(SCHEDULERS)})")
+        metric, mode = self.objective
+        if mode not in ("min", "max"):
+            raise SweepError(f"objective mode must be 'min' or 'max', got {mode!r}")
+        if self.workers < 1 or self.cpus_per_worker <= 0:
+            raise SweepError("workers must be >= 1 and cpus_per_worker > 0")
+        if self.trial_count() < 1:
+            raise SweepError("the search space is empty: give at least one value per grid axis")
+        return base
+
+    def trial_count(self) -> int:
+        grids = [len(d.values) for d in self.space.values() if isinstance(d, Grid)]
+        return self.num_samples * math.prod(grids)
+
+    def trial_params(self) -> list[dict[str, Any]]:
+        """The concrete parameter sets, in launch order (grid crossed with samples), seeded."""
+        rng = random.Random(self.seed)
+        grid_keys = [k for k, d in self.space.items() if isinstance(d, Grid)]
+        points: list[dict[str, Any]] = [{}]
+        for key in grid_keys:
+            points = [{**p, key: v} for p in points for v in self.space[key].values]
+        out = []
+        for _ in range(self.num_samples):
+            for point in points:
+                params = dict(point)
+                for key, domain in self.space.items():
+                    if key in grid_keys:
+                        continue
+                    if isinstance(domain, Choice):
+                        params[key] = rng.choice(domain.values)
+                    elif isinstance(domain, Uniform):
+                        params[key] = rng.uniform(domain.low, domain.high)
+                    elif isinstance(domain, LogUniform):
+                        params[key] = math.exp(rng.uniform(math.log(domain.low), math.log(domain.high)))
+                    else:
+                        params[key] = domain
+                out.append(params)
+        return out
+
+
+def load_sweep_file(path: str | Path) -> Sweep:
+    """Execute a sweep file and return its `sweep`; errors name the file, the line and the fix."""
+    path = Path(path)
+    if not path.is_file():
+        raise SweepError(f"sweep file {str(path)!r} does not exist")
+    try:
+        namespace = runpy.run_path(str(path), run_name="__ladder_sweep__")
+    except SyntaxError as exc:
+        raise SweepError(f"{path}:{exc.lineno}: syntax error: {exc.msg}\n    {(exc.text or '').rstrip()}") from None
+    except SweepError:
+        raise
+    except ConfigError as exc:
+        raise SweepError(f"{path}: {exc}") from None
+    except Exception as exc:
+        raise SweepError(f"{path}: raised {type(exc).__name__}: {exc}") from None
+    found = namespace.get("sweep")
+    if not isinstance(found, Sweep):
+        sweeps = [v for v in namespace.values() if isinstance(v, Sweep)]
+        if len(sweeps) == 1:
+            return sweeps[0]
+        raise SweepError(f"{path} must assign a Sweep(...) to a module-level name `sweep`")
+    return found

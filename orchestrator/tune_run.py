@@ -1,0 +1,377 @@
+"""Running a `Sweep` on Ray Tune: one Tune trial per parameter set, one MLflow child run per trial.
+
+A trial of one worker runs `train(cfg, run)` inside the Tune trial with `TuneRun`; a trial of
+several workers is the Train driver that current Ray prescribes: the trial function builds a
+`TorchTrainer` and fits it, and `TuneReportCallback` forwards rank 0's reports to Tune. Either
+way the trial's MLflow child run hangs under one parent run per sweep invocation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from orchestrator import checkpoints, tracking
+from orchestrator.config import apply_overrides, flatten, to_dict, to_json
+from orchestrator.ray_train import forward_to_ray
+from orchestrator.run import check_metrics
+from orchestrator.sweep import Sweep, SweepError
+
+SWEEPS_DIR = "ladder-runs/sweeps"
+
+
+class TuneRun:
+    """`Run` inside a single-worker Tune trial: reports to MLflow and Tune, checkpoints via Tune."""
+
+    def __init__(self, *, sinks: list[Any]) -> None:
+        import torch
+
+        self.device = torch.device("cpu")
+        self.rank = 0
+        self.world_size = 1
+        self.sinks = sinks
+        self._last: dict[str, float] = {}
+        self._pending: dict[str, float] | None = None
+
+    def report(self, metrics: Mapping[str, float], *, step: int) -> None:
+        clean = check_metrics(metrics)
+        self._last = {**self._last, **clean, "step": float(step)}
+        if "progress" in clean:
+            self._last["progress_pct"] = 100.0 * clean["progress"]  # ASHA/median rungs in percent
+        for sink in self.sinks:
+            sink.log_metrics(clean, int(step))
+        if forward_to_ray(clean):
+            self.flush()
+            self._pending = dict(self._last)
+
+    def flush(self) -> None:
+        import ray.tune
+
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            ray.tune.report(pending)
+
+    def save(self, state: dict[str, Any]) -> None:
+        import ray.tune
+
+        for sink in self.sinks:
+            sink.flush()
+        if self._pending is not None and self._pending.get("step") != float(state["step"]):
+            self.flush()
+        metrics = {**(self._pending or self._last), "step": float(state["step"])}
+        self._pending = None
+        with tempfile.TemporaryDirectory(prefix="ladder-ckpt-") as tmp:
+            checkpoints.write_checkpoint(tmp, state, keep=1)
+            ray.tune.report(metrics, checkpoint=ray.tune.Checkpoint.from_directory(tmp))
+
+    def restore(self) -> dict[str, Any] | None:
+        import ray.tune
+
+        ckpt = ray.tune.get_checkpoint()
+        if ckpt is None:
+            return None
+        with ckpt.as_directory() as folder:
+            return checkpoints.load_latest(folder)
+
+    def prepare(self, model: Any, optimizer: Any) -> tuple[Any, Any]:
+        return model.to(self.device), optimizer
+
+    def log_artifact(self, path: str | os.PathLike) -> None:
+        for sink in self.sinks:
+            sink.log_artifact(str(path))
+
+
+def _child_run(meta: Mapping[str, Any], trial_id: str, cfg: Any, params: Mapping[str, Any]) -> str | None:
+    """The trial's MLflow child run, reused when the trial restarts."""
+    if not meta.get("parent_run_id"):
+        return None
+    uri = meta["tracking_uri"]
+    c = tracking.client(uri)
+    exp = c.get_experiment_by_name(meta["experiment"])
+    found = c.search_runs(
+        [exp.experiment_id],
+        filter_string=f"tags.`ladder.trial_id` = '{trial_id}' and tags.`ladder.sweep_id` = '{meta['sweep_id']}'",
+        max_results=1,
+    )
+    if found:
+        c.update_run(found[0].info.run_id, status="RUNNING")
+        return found[0].info.run_id
+    run_id = tracking.start_run(
+        meta["experiment"],
+        run_name=f"{meta['sweep']}-{trial_id}",
+        tags={
+            "workload": meta["workload"],
+            "paper": meta["paper"],
+            "ladder.trial_id": trial_id,
+            "ladder.sweep_id": meta["sweep_id"],
+            "ladder.trial_params": json.dumps(params, default=str),
+        },
+        params=flatten(cfg),
+        parent_run_id=meta["parent_run_id"],
+        uri=uri,
+    )
+    tracking.log_text(run_id, to_json(cfg), "config.json", uri=uri)
+    return run_id
+
+
+def trial_main(config: dict[str, Any], meta: dict[str, Any]) -> None:
+    """The Tune function trainable."""
+    import ray.tune
+
+    from orchestrator import registry
+    from orchestrator.config import from_dict
+
+    workload = registry.load(meta["workload"])
+    base = from_dict(workload.Config, meta["base"])
+    params = config["params"]
+    cfg = apply_overrides(base, params)
+    trial_id = ray.tune.get_context().get_trial_id()
+    run_id = _child_run(meta, trial_id, cfg, params)
+    uri = meta.get("tracking_uri")
+    status = "FAILED"
+    try:
+        if meta["workers"] == 1:
+            import torch
+
+            torch.set_num_threads(max(1, int(meta["cpus_per_worker"])))
+            sinks = [tracking.MlflowSink(run_id, uri)] if run_id else []
+            run = TuneRun(sinks=sinks)
+            final = workload.train(cfg, run)
+            run.flush()
+            for sink in sinks:
+                sink.flush()
+        else:
+            final = _fit_train(meta, cfg, trial_id, run_id)
+        if run_id:
+            tracking.set_tags(run_id, {"ladder.final": json.dumps(final)}, uri=uri)
+        status = "FINISHED"
+    finally:
+        if run_id:
+            tracking.end_run(run_id, status, uri=uri)
+
+
+def _fit_train(meta: Mapping[str, Any], cfg: Any, trial_id: str, run_id: str | None) -> dict[str, float]:
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from orchestrator.ray_train import worker_entry
+
+    trainer = TorchTrainer(
+        worker_entry,
+        train_loop_config={
+            "workload": meta["workload"],
+            "config": to_dict(cfg),
+            "mlflow_run_id": run_id,
+            "tracking_uri": meta.get("tracking_uri"),
+            "cpus_per_worker": meta["cpus_per_worker"],
+            "progress": False,
+        },
+        torch_config=TorchConfig(backend="gloo"),
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=meta["workers"], resources_per_worker={"CPU": meta["cpus_per_worker"]}
+        ),
+        run_config=ray.train.RunConfig(
+            # A deterministic name makes a Tune-level retry resume this Train run.
+            name=f"train-{trial_id}",
+            storage_path=meta["storage"],
+            callbacks=[TuneReportCallback()],
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
+            logging_config=ray.train.LoggingConfig(log_level="WARNING"),
+        ),
+    )
+    result = trainer.fit()
+    return dict(result.return_value or {})
+
+
+@dataclass
+class SweepResult:
+    name: str
+    sweep_id: str
+    parent_run_id: str | None
+    tracking_uri: str | None
+    trials: list[dict[str, Any]]
+    wall_s: float
+    storage: Path
+
+
+def sweep_storage(sweep: Sweep) -> Path:
+    return Path(os.getcwd()).resolve() / SWEEPS_DIR
+
+
+def resolve_concurrency(sweep: Sweep, cpus: float) -> int:
+    per_trial = sweep.workers * sweep.cpus_per_worker
+    fit = int(cpus // per_trial)
+    if fit < 1:
+        raise SweepError(
+            f"a trial needs {per_trial:g} CPUs ({sweep.workers} workers x {sweep.cpus_per_worker:g}) but the "
+            f"cluster has {cpus:g}: lower workers or cpus_per_worker in the sweep"
+        )
+    return min(fit, sweep.max_concurrent or fit)
+
+
+def _state_file(sweep: Sweep) -> Path:
+    return sweep_storage(sweep) / sweep.name / "sweep.json"
+
+
+def run_sweep(sweep: Sweep, *, resume: bool = False, progress: bool = True) -> SweepResult:
+    """Check, then run `sweep` on the local Ray (or `RAY_ADDRESS`), resuming when asked."""
+    from orchestrator.launch import local_cpus
+
+    base = sweep.check()
+    state_file = _state_file(sweep)
+    if resume and not state_file.is_file():
+        raise SweepError(
+            f"cannot resume sweep {sweep.name!r}: nothing recorded at {state_file}. "
+            "Run it without --resume first"
+        )
+    if not resume and state_file.is_file():
+        raise SweepError(
+            f"sweep {sweep.name!r} already ran here ({state_file}); continue it with --resume, "
+            "or rename the sweep to start a new one"
+        )
+    if not os.environ.get("RAY_ADDRESS"):
+        concurrency = resolve_concurrency(sweep, local_cpus())
+    else:
+        concurrency = None
+    workload = sweep.load_workload()
+    metric, mode = sweep.objective
+    uri = tracking.tracking_uri()
+
+    reference = None
+    if sweep.scheduler == "collapse":
+        from orchestrator.references import load_reference
+
+        spec = sweep.scheduler_options.get("reference")
+        if not isinstance(spec, Mapping) or "experiment" not in spec:
+            raise SweepError(
+                "the collapse scheduler needs scheduler_options={'reference': {'experiment': NAME}} naming the "
+                "MLflow experiment of a finished reference sweep"
+            )
+        reference = load_reference(spec, metric=metric, uri=uri)
+
+    if resume:
+        record = json.loads(state_file.read_text())
+        if record["trial_params"] != json.loads(json.dumps(sweep.trial_params(), default=str)):
+            raise SweepError(f"sweep {sweep.name!r} changed since it started: its trials differ; rename it to start anew")
+    else:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        parent = tracking.start_run(
+            sweep.name,
+            run_name=f"{sweep.name}-{stamp}",
+            tags={"workload": sweep.workload, "paper": workload.paper, "ladder.kind": "sweep",
+                  "ladder.scheduler": sweep.scheduler},
+            params={"sweep.trials": str(sweep.trial_count()), "sweep.scheduler": sweep.scheduler,
+                    "sweep.objective": f"{metric}:{mode}", **{f"base.{k}": v for k, v in flatten(base).items()}},
+            uri=uri,
+        )
+        record = {
+            "sweep_id": f"{sweep.name}-{stamp}",
+            "parent_run_id": parent,
+            "tracking_uri": uri,
+            "trial_params": json.loads(json.dumps(sweep.trial_params(), default=str)),
+        }
+        state_file.parent.mkdir(parents=True, exist_ok=True)
+        state_file.write_text(json.dumps(record, indent=2))
+
+    meta = {
+        "workload": sweep.workload,
+        "paper": workload.paper,
+        "base": to_dict(base),
+        "workers": sweep.workers,
+        "cpus_per_worker": sweep.cpus_per_worker,
+        "parent_run_id": record["parent_run_id"],
+        "tracking_uri": uri,
+        "experiment": sweep.name,
+        "sweep": sweep.name,
+        "sweep_id": record["sweep_id"],
+        "storage": str(sweep_storage(sweep) / sweep.name / "train"),
+    }
+    return _fit(sweep, meta, record, reference, concurrency, resume, progress)
+
+
+def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: Any, concurrency: int | None,
+         resume: bool, progress: bool) -> SweepResult:
+    import ray
+    from ray import tune
+
+    from orchestrator import schedulers
+    from orchestrator.launch import init_ray
+
+    metric, mode = sweep.objective
+    init_ray()
+    if concurrency is None:
+        concurrency = resolve_concurrency(sweep, ray.cluster_resources().get("CPU", 0.0))
+    scheduler_state = sweep_storage(sweep) / sweep.name / "scheduler.json"
+    scheduler = schedulers.build(sweep.scheduler, sweep.scheduler_options, metric=metric, mode=mode,
+                                 state_path=scheduler_state, reference=reference)
+    # A single-worker trial trains in the trial itself; a multi-worker trial only drives Ray Train,
+    # whose workers hold the CPUs (a CPU held by the driver too would starve them on small nodes).
+    trial_cpus = sweep.cpus_per_worker if sweep.workers == 1 else 0
+    trainable = tune.with_resources(tune.with_parameters(trial_main, meta=meta), {"cpu": trial_cpus})
+    storage = str(sweep_storage(sweep) / sweep.name)
+    started = time.monotonic()
+    tune_path = os.path.join(storage, "tune")
+    if resume and tune.Tuner.can_restore(tune_path):
+        tuner = tune.Tuner.restore(tune_path, trainable, resume_unfinished=True, resume_errored=True)
+    else:
+        tuner = tune.Tuner(
+            trainable,
+            param_space={"params": tune.grid_search(record["trial_params"])},
+            tune_config=tune.TuneConfig(metric=metric, mode=mode, scheduler=scheduler,
+                                        max_concurrent_trials=concurrency, reuse_actors=False),
+            run_config=tune.RunConfig(name="tune", storage_path=storage, verbose=1 if progress else 0,
+                                      failure_config=tune.FailureConfig(max_failures=sweep.max_failures)),
+        )
+    results = tuner.fit()
+    decisions = getattr(scheduler, "decisions", {})
+    if resume and scheduler_state.is_file() and not decisions:
+        decisions = json.loads(scheduler_state.read_text()).get("decisions", {})
+    trials = []
+    for r in results:
+        metrics = r.metrics or {}
+        tid = str(metrics.get("trial_id", "?"))
+        d = decisions.get(tid, {})
+        trials.append(
+            {
+                "trial_id": tid,
+                "params": (r.config or {}).get("params", {}),
+                "progress": metrics.get("progress", float("nan")),
+                "objective": metrics.get(metric, float("nan")),
+                "stopped": d.get("action") == "stop" and metrics.get("progress", 0) < 1 - 1e-9,
+                "diverged": bool(d.get("diverged")),
+                "predicted": d.get("predicted"),
+                "error": str(r.error) if r.error else "",
+            }
+        )
+    if meta["parent_run_id"]:
+        tracking.log_text(meta["parent_run_id"], json.dumps(trials, indent=2, default=str), "trials.json",
+                          uri=meta["tracking_uri"])
+        tracking.end_run(meta["parent_run_id"], "FINISHED", uri=meta["tracking_uri"])
+    return SweepResult(sweep.name, record["sweep_id"], meta["parent_run_id"], meta["tracking_uri"], trials,
+                       time.monotonic() - started, Path(storage))
+
+
+def format_trials(result: SweepResult) -> str:
+    def num(x: Any) -> str:
+        return "-" if x is None or (isinstance(x, float) and x != x) else f"{x:.4f}"
+
+    rows = [("trial", "params", "stopped at", "predicted final", "final/last objective")]
+    for t in sorted(result.trials, key=lambda t: t["trial_id"]):
+        params = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in t["params"].items())
+        if t["diverged"]:
+            stopped = f"diverged @ {t['progress']:.0%}"
+        elif t["stopped"]:
+            stopped = f"{t['progress']:.0%}"
+        elif t["error"]:
+            stopped = "error"
+        else:
+            stopped = "finished"
+        rows.append((t["trial_id"], params, stopped, num(t["predicted"]), num(t["objective"])))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
