@@ -121,6 +121,9 @@ class Sweep:
     """Starting config: 'default' (Config()) or 'smoke' (smoke())."""
     overrides: Mapping[str, Any] = field(default_factory=dict)
     """Fixed config changes applied to the base before the space."""
+    points: tuple[Mapping[str, Any], ...] = ()
+    """Explicit parameter sets of coupled fields (e.g. a model family from the scaling recipe),
+    each crossed with the grid axes of `space`."""
     num_samples: int = 1
     """Samples of the random domains; grids are crossed with each sample, as in Ray Tune."""
     scheduler: str = "fifo"
@@ -161,6 +164,9 @@ class Sweep:
         try:
             base = self.base_config()
             check_fields(w.Config, self.space, what="search-space field")
+            for point in self.points:
+                check_fields(w.Config, point, what="field of a sweep point")
+                w.validate(apply_overrides(base, dict(point)), world_size=self.workers)
             for key, domain in self.space.items():
                 values = domain.examples() if isinstance(domain, Domain) else [domain]
                 if not values:
@@ -190,13 +196,13 @@ class Sweep:
 
     def trial_count(self) -> int:
         grids = [len(d.values) for d in self.space.values() if isinstance(d, Grid)]
-        return self.num_samples * math.prod(grids)
+        return self.num_samples * math.prod(grids) * max(1, len(self.points))
 
     def trial_params(self) -> list[dict[str, Any]]:
         """The concrete parameter sets, in launch order (grid crossed with samples), seeded."""
         rng = random.Random(self.seed)
         grid_keys = [k for k, d in self.space.items() if isinstance(d, Grid)]
-        points: list[dict[str, Any]] = [{}]
+        points: list[dict[str, Any]] = [dict(p) for p in self.points] or [{}]
         for key in grid_keys:
             points = [{**p, key: v} for p in points for v in self.space[key].values]
         out = []

@@ -308,8 +308,13 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
     if concurrency is None:
         concurrency = resolve_concurrency(sweep, ray.cluster_resources().get("CPU", 0.0))
     scheduler_state = sweep_storage(sweep) / sweep.name / "scheduler.json"
+    diagnostics = None
+    if sweep.scheduler == "collapse":
+        from orchestrator.schedulers.diagnostics import CollapseDiagnostics
+
+        diagnostics = CollapseDiagnostics(experiment=sweep.name, sweep_id=record["sweep_id"], uri=meta["tracking_uri"])
     scheduler = schedulers.build(sweep.scheduler, sweep.scheduler_options, metric=metric, mode=mode,
-                                 state_path=scheduler_state, reference=reference)
+                                 state_path=scheduler_state, reference=reference, diagnostics=diagnostics)
     # A single-worker trial trains in the trial itself; a multi-worker trial only drives Ray Train,
     # whose workers hold the CPUs (a CPU held by the driver too would starve them on small nodes).
     trial_cpus = sweep.cpus_per_worker if sweep.workers == 1 else 0

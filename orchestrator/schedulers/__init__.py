@@ -21,6 +21,7 @@ def build(
     mode: str,
     state_path: Path | None = None,
     reference: Any = None,
+    diagnostics: Any = None,
 ) -> Any:
     from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, MedianStoppingRule
 
@@ -59,5 +60,6 @@ def build(
         unknown = sorted(set(opts) - set(stopper_keys))
         if unknown:
             raise SweepError(f"unknown collapse scheduler option(s) {unknown}; known: {', '.join(stopper_keys)} and reference")
-        return CollapseScheduler(CollapseStopper(reference, **opts), metric=metric, mode=mode, state_path=state_path)
+        return CollapseScheduler(CollapseStopper(reference, **opts), metric=metric, mode=mode, state_path=state_path,
+                                 diagnostics=diagnostics)
     raise SweepError(f"unknown scheduler {name!r}")

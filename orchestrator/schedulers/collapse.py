@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,6 +32,7 @@ class CollapseScheduler(FIFOScheduler):
         progress_attr: str = "progress",
         state_path: str | os.PathLike | None = None,
         on_decision: Callable[[str, dict[str, Any]], None] | None = None,
+        diagnostics: Any = None,
     ) -> None:
         super().__init__()
         if mode != "min":
@@ -42,6 +44,7 @@ class CollapseScheduler(FIFOScheduler):
         self.state_path = Path(state_path) if state_path else None
         self.decisions: dict[str, dict[str, Any]] = {}
         self.on_decision = on_decision
+        self.diagnostics = diagnostics
         if self.state_path and self.state_path.is_file():
             saved = json.loads(self.state_path.read_text())
             self.stopper.load_state_dict(saved["stopper"])
@@ -76,6 +79,11 @@ class CollapseScheduler(FIFOScheduler):
             self._persist()
             if self.on_decision:
                 self.on_decision(tid, record)
+        if self.diagnostics is not None:
+            try:
+                self.diagnostics.observe(self.stopper, tid, result, record)
+            except Exception as exc:  # a diagnostic must never stop a sweep
+                print(f"ladder: collapse diagnostic failed for {tid}: {exc}", file=sys.stderr)
         return TrialScheduler.STOP if decision.stop else TrialScheduler.CONTINUE
 
     def on_trial_complete(self, tune_controller: Any, trial: Any, result: dict) -> None:

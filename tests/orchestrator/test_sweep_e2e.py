@@ -1,0 +1,40 @@
+"""A real local sweep: reference runs, then a tau sweep in which collapse stopping stops trials,
+each trial an MLflow child run under the sweep's parent run; a resume reruns nothing."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from conftest import REPO, run_cli
+from orchestrator import tracking
+
+
+@pytest.mark.slow
+def test_reference_then_tuning_sweep_with_collapse_stopping(workdir):
+    for name in ("celerity_reference", "celerity_tuning"):
+        shutil.copy(REPO / "sweeps" / f"{name}.py", workdir / f"{name}.py")
+    ref = run_cli(["sweep", "celerity_reference.py"], workdir, timeout=600)
+    assert ref.returncode == 0, ref.stderr[-4000:]
+    out = run_cli(["sweep", "celerity_tuning.py"], workdir, timeout=600)
+    assert out.returncode == 0, out.stderr[-4000:]
+    table = out.stdout
+    assert table.count("finished") >= 1 and "%" in table, table  # someone ran out, someone was stopped
+
+    c = tracking.client(f"sqlite:///{workdir / 'mlruns.db'}")
+    exp = c.get_experiment_by_name("celerity_tuning")
+    runs = c.search_runs([exp.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("ladder.kind") == "sweep"]
+    children = [r for r in runs if "ladder.trial_id" in r.data.tags]
+    assert len(parents) == 1 and len(children) == 3
+    assert all(r.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for r in children)
+    stopped = [r for r in children if c.get_metric_history(r.info.run_id, "progress")[-1].value < 0.99]
+    assert stopped, "collapse stopping stopped no trial"
+    for r in children:
+        steps = [m.step for m in c.get_metric_history(r.info.run_id, "train/loss")]
+        assert steps == sorted(set(steps)), "a step was recorded twice"
+
+    again = run_cli(["sweep", "celerity_tuning.py", "--resume"], workdir, timeout=300)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert len(c.search_runs([exp.experiment_id])) == len(runs), "resume started new trials"
