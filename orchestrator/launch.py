@@ -131,7 +131,8 @@ def run_local(
     workload, cfg, run_dir, run_id, uri = _prepare(name, cfg, resume, track, "local", tags or {})
     sinks: list[Any] = []
     if run_id:
-        mlflow_sink = tracking.MlflowSink(run_id, uri)
+        skip = tracking.last_recorded_step(run_id, uri) if resume is not None else None
+        mlflow_sink = tracking.MlflowSink(run_id, uri, skip_through=skip)
         mlflow_sink.set_tags({"ladder.world_size": "1", "ladder.backend": "none"})
         sinks.append(mlflow_sink)
     if progress:

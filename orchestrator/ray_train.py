@@ -123,7 +123,10 @@ def worker_entry(loop_config: dict[str, Any]) -> dict[str, float]:
         from orchestrator.tracking import MlflowSink
 
         if loop_config.get("mlflow_run_id"):
-            sink = MlflowSink(loop_config["mlflow_run_id"], loop_config["tracking_uri"])
+            from orchestrator.tracking import last_recorded_step
+
+            run_id, uri = loop_config["mlflow_run_id"], loop_config["tracking_uri"]
+            sink = MlflowSink(run_id, uri, skip_through=last_recorded_step(run_id, uri))
             # Recorded from inside the worker group: what ran, not what was asked for.
             ctx = ray.train.get_context()
             sink.set_tags({"ladder.world_size": str(ctx.get_world_size()), "ladder.backend": _backend()})

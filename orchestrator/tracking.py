@@ -127,6 +127,14 @@ def log_text(run_id: str, text: str, artifact_file: str, uri: str | None = None)
     client(uri).log_text(run_id, text, artifact_file)
 
 
+def last_recorded_step(run_id: str, uri: str | None = None) -> int | None:
+    """The highest step any metric of the run has recorded (None for a run with no metrics)."""
+    c = client(uri)
+    keys = list(c.get_run(run_id).data.metrics)
+    steps = [m.step for key in keys for m in c.get_metric_history(run_id, key)]
+    return max(steps) if steps else None
+
+
 def run_link(run_id: str, uri: str | None = None) -> str:
     """Where to find a run: the URL on a server, the store and ids on a local store."""
     c = client(uri)
@@ -146,10 +154,16 @@ class MlflowSink:
     metric per step.
     """
 
-    def __init__(self, run_id: str, uri: str | None = None, *, flush_every_s: float = 5.0) -> None:
+    def __init__(
+        self, run_id: str, uri: str | None = None, *, flush_every_s: float = 5.0, skip_through: int | None = None
+    ) -> None:
         self.run_id = run_id
         self.uri = uri or tracking_uri()
         self.flush_every_s = flush_every_s
+        # A resumed run replays the steps between its checkpoint and the crash; the points the
+        # crashed attempt already recorded are kept and the replayed ones dropped, so each step
+        # is in the store exactly once.
+        self.skip_through = skip_through
         self._buffer: list[Any] = []
         self._last_flush = time.monotonic()
         self._client = client(self.uri)
@@ -157,6 +171,8 @@ class MlflowSink:
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         from mlflow.entities import Metric
 
+        if self.skip_through is not None and step <= self.skip_through:
+            return
         now_ms = int(time.time() * 1000)
         self._buffer.extend(Metric(k, float(v), now_ms, int(step)) for k, v in metrics.items())
         if len(self._buffer) >= 900 or time.monotonic() - self._last_flush > self.flush_every_s:

@@ -139,7 +139,8 @@ def trial_main(config: dict[str, Any], meta: dict[str, Any]) -> None:
             import torch
 
             torch.set_num_threads(max(1, int(meta["cpus_per_worker"])))
-            sinks = [tracking.MlflowSink(run_id, uri)] if run_id else []
+            skip = tracking.last_recorded_step(run_id, uri) if run_id else None
+            sinks = [tracking.MlflowSink(run_id, uri, skip_through=skip)] if run_id else []
             run = TuneRun(sinks=sinks)
             final = workload.train(cfg, run)
             run.flush()
