@@ -86,10 +86,11 @@ class TuneRun:
             sink.log_artifact(str(path))
 
 
-def _child_run(meta: Mapping[str, Any], trial_id: str, cfg: Any, params: Mapping[str, Any]) -> str | None:
-    """The trial's MLflow child run, reused when the trial restarts."""
+def _child_run(meta: Mapping[str, Any], trial_id: str, cfg: Any, params: Mapping[str, Any]) -> tuple[str | None, dict | None]:
+    """The trial's MLflow child run, reused when the trial restarts, and its final metrics when
+    it had already finished (a driver killed before Tune recorded the trial as done)."""
     if not meta.get("parent_run_id"):
-        return None
+        return None, None
     uri = meta["tracking_uri"]
     c = tracking.client(uri)
     exp = c.get_experiment_by_name(meta["experiment"])
@@ -99,8 +100,11 @@ def _child_run(meta: Mapping[str, Any], trial_id: str, cfg: Any, params: Mapping
         max_results=1,
     )
     if found:
-        c.update_run(found[0].info.run_id, status="RUNNING")
-        return found[0].info.run_id
+        run = found[0]
+        if run.info.status == "FINISHED" and "ladder.final" in run.data.tags:
+            return run.info.run_id, json.loads(run.data.tags["ladder.final"])
+        c.update_run(run.info.run_id, status="RUNNING")
+        return run.info.run_id, None
     run_id = tracking.start_run(
         meta["experiment"],
         run_name=f"{meta['sweep']}-{trial_id}",
@@ -116,7 +120,7 @@ def _child_run(meta: Mapping[str, Any], trial_id: str, cfg: Any, params: Mapping
         uri=uri,
     )
     tracking.log_text(run_id, to_json(cfg), "config.json", uri=uri)
-    return run_id
+    return run_id, None
 
 
 def trial_main(config: dict[str, Any], meta: dict[str, Any]) -> None:
@@ -131,8 +135,11 @@ def trial_main(config: dict[str, Any], meta: dict[str, Any]) -> None:
     params = config["params"]
     cfg = apply_overrides(base, params)
     trial_id = ray.tune.get_context().get_trial_id()
-    run_id = _child_run(meta, trial_id, cfg, params)
+    run_id, finished = _child_run(meta, trial_id, cfg, params)
     uri = meta.get("tracking_uri")
+    if finished is not None:
+        ray.tune.report({**finished, "progress": 1.0, "progress_pct": 100.0})  # done before: not trained again
+        return
     status = "FAILED"
     try:
         if meta["workers"] == 1:
@@ -336,7 +343,7 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
         )
     results = tuner.fit()
     decisions = getattr(scheduler, "decisions", {})
-    if resume and scheduler_state.is_file() and not decisions:
+    if scheduler_state.is_file():  # on a resume, Tune ran its own unpickled copy of the scheduler
         decisions = json.loads(scheduler_state.read_text()).get("decisions", {})
     trials = []
     for r in results:
@@ -356,11 +363,33 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
             }
         )
     if meta["parent_run_id"]:
+        _close_child_runs(meta, trials)
         tracking.log_text(meta["parent_run_id"], json.dumps(trials, indent=2, default=str), "trials.json",
                           uri=meta["tracking_uri"])
         tracking.end_run(meta["parent_run_id"], "FINISHED", uri=meta["tracking_uri"])
     return SweepResult(sweep.name, record["sweep_id"], meta["parent_run_id"], meta["tracking_uri"], trials,
                        time.monotonic() - started, Path(storage))
+
+
+def _close_child_runs(meta: Mapping[str, Any], trials: list[dict[str, Any]]) -> None:
+    """End the MLflow runs of trials that Tune stopped (their process is gone before it can)."""
+    c = tracking.client(meta["tracking_uri"])
+    exp = c.get_experiment_by_name(meta["experiment"])
+    by_id = {t["trial_id"]: t for t in trials}
+    for run in c.search_runs([exp.experiment_id], filter_string=f"tags.`ladder.sweep_id` = '{meta['sweep_id']}'"):
+        tid = run.data.tags.get("ladder.trial_id")
+        trial = by_id.get(tid)
+        # A stopped trial's process ends mid-loop: its run is left RUNNING, or FAILED when the
+        # loop noticed; Tune's record says how the trial really ended.
+        if trial is None or run.info.status == "FINISHED":
+            continue
+        tags = {"ladder.stopped_early": str(bool(trial["stopped"])).lower()}
+        if trial["stopped"]:
+            tags["ladder.stopped_at"] = f"{trial['progress']:.4f}"
+        if trial["diverged"]:
+            tags["ladder.diverged"] = "true"
+        tracking.set_tags(run.info.run_id, tags, uri=meta["tracking_uri"])
+        tracking.end_run(run.info.run_id, "FAILED" if trial["error"] else "FINISHED", uri=meta["tracking_uri"])
 
 
 def format_trials(result: SweepResult) -> str:

@@ -45,10 +45,19 @@ class CollapseScheduler(FIFOScheduler):
         self.decisions: dict[str, dict[str, Any]] = {}
         self.on_decision = on_decision
         self.diagnostics = diagnostics
+        self._load()
+
+    def _load(self) -> None:
         if self.state_path and self.state_path.is_file():
             saved = json.loads(self.state_path.read_text())
             self.stopper.load_state_dict(saved["stopper"])
             self.decisions = saved.get("decisions", {})
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # Tuner.restore unpickles the scheduler pickled when the sweep began, with the state it
+        # had then; the decisions taken since live in the state file.
+        self.__dict__.update(state)
+        self._load()
 
     def set_search_properties(self, metric: str | None, mode: str | None, **spec: Any) -> bool:
         if metric and metric != self._metric:

@@ -53,3 +53,17 @@ def test_schedulers_by_name():
     assert isinstance(build("asha", {}, metric="eval/loss", mode="min"), AsyncHyperBandScheduler)
     assert isinstance(build("median", {}, metric="eval/loss", mode="min"), MedianStoppingRule)
     assert type(build("fifo", {}, metric="eval/loss", mode="min")) is FIFOScheduler
+
+
+def test_an_unpickled_scheduler_takes_up_the_saved_decisions(tmp_path):
+    # Tuner.restore unpickles the scheduler object pickled at the sweep's start.
+    import pickle
+
+    state = tmp_path / "scheduler.json"
+    sched = CollapseScheduler(CollapseStopper(_reference(), rungs=(0.2, 0.4)), metric="eval/loss", state_path=state)
+    frozen = pickle.dumps(sched)
+    _feed(sched, "good", 1.0, 0.5)
+    _feed(sched, "bad", 1.3, 0.5)
+    restored = pickle.loads(frozen)
+    assert restored.decisions["bad"]["action"] == "stop"
+    assert restored.on_trial_result(None, SimpleNamespace(trial_id="bad"), {"progress": 0.7, "eval/loss": 2.0}) == "STOP"

@@ -1,0 +1,117 @@
+"""Real processes killed with SIGKILL, then resumed: nothing recorded is lost or duplicated."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import LADDER, run_cli
+from orchestrator import tracking
+
+
+def _start(args: list[str], cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen(LADDER + args, cwd=cwd, start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
+def _wait_for(predicate, proc: subprocess.Popen, timeout: float = 240.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if proc.poll() is not None:
+            raise AssertionError("the process ended before the kill point:\n" + proc.stdout.read()[-3000:])
+        time.sleep(0.1)
+    _kill(proc)
+    raise AssertionError("kill point never reached")
+
+
+def _steps(c, run_id: str, key: str) -> list[int]:
+    return [m.step for m in c.get_metric_history(run_id, key)]
+
+
+@pytest.mark.slow
+def test_killed_local_run_resumes_from_its_checkpoint(workdir):
+    proc = _start(["run", "celerity_lm", "--smoke", "--local", "--set", "tpp=12", "checkpoint_every_frac=0.25"], workdir)
+    ckpts = lambda: list(workdir.glob("ladder-runs/celerity_lm/*/checkpoints/step-*.pt"))
+    _wait_for(lambda: len(ckpts()) >= 1, proc)
+    time.sleep(1.0)  # some steps past the checkpoint, to be replayed
+    _kill(proc)
+    (run_dir,) = {p.parent.parent for p in ckpts()}
+    saved = int(ckpts()[-1].stem.split("-")[1])
+
+    out = run_cli(["run", "--resume", str(run_dir), "--local"], workdir, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    first = next(line for line in out.stderr.splitlines() if line.startswith("[celerity_lm] step"))
+    assert int(first.split()[2].split("/")[0]) > saved > 0, first  # continued, not restarted
+
+    record = json.loads((run_dir / "run.json").read_text())
+    c = tracking.client(record["tracking_uri"])
+    assert c.get_run(record["mlflow_run_id"]).info.status == "FINISHED"
+    steps = _steps(c, record["mlflow_run_id"], "train/loss")
+    total = int(c.get_run(record["mlflow_run_id"]).data.metrics["tokens"] // (16 * 64))
+    assert steps == sorted(set(steps)), "a step was recorded twice"
+    assert steps == list(range(5, total + 1, 5)) or steps == list(range(5, total, 5)) + [total], "a step is missing"
+
+
+SWEEP = """
+from orchestrator.sweep import Sweep, grid, seeds
+common = {{"tpp": {tpp}, "eval_every_frac": 0.05, "eval_tokens": 4096, "tau": 0.2}}
+sweep = Sweep(name="{name}", workload="celerity_lm", base="smoke", overrides=common,
+              space={space}, scheduler="{scheduler}", scheduler_options={options}, objective=("eval/loss", "min"))
+"""
+
+
+@pytest.mark.slow
+def test_killed_sweep_driver_resumes_with_its_decisions(workdir):
+    (workdir / "ref.py").write_text(SWEEP.format(name="ref", tpp=8.0, space='{"seed": seeds(2)}', scheduler="fifo", options="{}"))
+    assert run_cli(["sweep", "ref.py"], workdir, timeout=300).returncode == 0
+    options = '{"reference": {"experiment": "ref"}, "rungs": (0.2, 0.3), "keep_quantile": 0.5}'
+    (workdir / "tune.py").write_text(SWEEP.format(name="tune", tpp=8.0, space='{"lr": grid(0.005, 0.01, 0.02, 0.04)}',
+                                                  scheduler="collapse", options=options))
+    state = workdir / "ladder-runs/sweeps/tune/scheduler.json"
+    c = tracking.client(f"sqlite:///{workdir / 'mlruns.db'}")
+
+    def children():
+        exp = c.get_experiment_by_name("tune")
+        return [r for r in c.search_runs([exp.experiment_id]) if "ladder.trial_id" in r.data.tags] if exp else []
+
+    def decided():
+        if not state.is_file():
+            return {}
+        d = json.loads(state.read_text())["decisions"]
+        return {k: v for k, v in d.items() if v.get("rung") is not None or v["action"] == "stop"}
+
+    proc = _start(["sweep", "tune.py"], workdir)
+    _wait_for(lambda: len(decided()) >= 2 and len(children()) >= 3, proc)
+    _kill(proc)
+    before = {k: v for k, v in json.loads(state.read_text())["decisions"].items()}
+    stopped_before = {k for k, v in before.items() if v["action"] == "stop"}
+    done_before = {r.data.tags["ladder.trial_id"]: (r.info.end_time, len(_steps(c, r.info.run_id, "train/loss")))
+                   for r in children() if r.info.status == "FINISHED"}
+
+    out = run_cli(["sweep", "tune.py", "--resume"], workdir, timeout=400)
+    assert out.returncode == 0, out.stderr[-4000:]
+    after = json.loads(state.read_text())["decisions"]
+    for tid in stopped_before:
+        assert after[tid]["action"] == "stop" and after[tid]["predicted"] == before[tid]["predicted"]
+    runs = children()
+    assert len(runs) == 4, "a trial got a second MLflow run"
+    for r in runs:
+        tid = r.data.tags["ladder.trial_id"]
+        steps = _steps(c, r.info.run_id, "train/loss")
+        assert steps == sorted(set(steps)), f"{tid}: a step was recorded twice"
+        if tid in done_before:
+            assert (r.info.end_time, len(steps)) == done_before[tid], f"{tid} finished before the kill and ran again"
+    assert all(r.info.status == "FINISHED" for r in runs), [(r.data.tags["ladder.trial_id"], r.info.status, r.data.tags.get("ladder.stopped_early")) for r in runs] + [out.stdout[-2000:]]
