@@ -325,8 +325,9 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
                                  state_path=scheduler_state, reference=reference, diagnostics=diagnostics)
     # A single-worker trial trains in the trial itself; a multi-worker trial only drives Ray Train,
     # whose workers hold the CPUs (a CPU held by the driver too would starve them on small nodes).
-    trial_cpus = sweep.cpus_per_worker if sweep.workers == 1 else 0
-    trainable = tune.with_resources(tune.with_parameters(trial_main, meta=meta), {"cpu": trial_cpus})
+    # Ray refuses an empty bundle, so the driver asks for a little memory instead of a CPU.
+    resources = {"cpu": sweep.cpus_per_worker} if sweep.workers == 1 else {"cpu": 0, "memory": 64 * 2**20}
+    trainable = tune.with_resources(tune.with_parameters(trial_main, meta=meta), resources)
     storage = str(sweep_storage(sweep) / sweep.name)
     started = time.monotonic()
     tune_path = os.path.join(storage, "tune")

@@ -38,3 +38,21 @@ def test_reference_then_tuning_sweep_with_collapse_stopping(workdir):
     again = run_cli(["sweep", "celerity_tuning.py", "--resume"], workdir, timeout=300)
     assert again.returncode == 0, again.stderr[-4000:]
     assert len(c.search_runs([exp.experiment_id])) == len(runs), "resume started new trials"
+
+
+@pytest.mark.slow
+def test_multi_worker_trials_run_ray_train_inside_tune(workdir):
+    (workdir / "ddp.py").write_text(
+        "from orchestrator.sweep import Sweep, grid\n"
+        "sweep = Sweep(name='ddp', workload='celerity_lm', base='smoke', overrides={'tpp': 2.0},\n"
+        "              space={'seed': grid(0)}, workers=2, cpus_per_worker=1.0)\n"
+    )
+    out = run_cli(["sweep", "ddp.py"], workdir, timeout=400)
+    assert out.returncode == 0, out.stderr[-4000:]
+    c = tracking.client(f"sqlite:///{workdir / 'mlruns.db'}")
+    exp = c.get_experiment_by_name("ddp")
+    (child,) = [r for r in c.search_runs([exp.experiment_id]) if "ladder.trial_id" in r.data.tags]
+    assert child.info.status == "FINISHED"
+    assert child.data.tags["ladder.world_size"] == "2" and child.data.tags["ladder.backend"] == "gloo"
+    assert child.data.metrics["progress"] == pytest.approx(1.0)
+    assert "finished" in out.stdout

@@ -51,3 +51,44 @@ def test_wandb_offline_second_logger(workdir, monkeypatch):
     runs = list((workdir / "wandb").glob("offline-run-*"))
     assert len(runs) == 1
     assert any(p.suffix == ".wandb" and p.stat().st_size > 1000 for p in runs[0].iterdir())
+
+
+@pytest.mark.slow
+def test_runs_reach_an_mlflow_server_when_pointed_at_one(workdir, monkeypatch):
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    server = subprocess.Popen(["bash", str(REPO / "infra/mlflow/server.sh"), str(workdir / "srv"), str(port)],
+                              cwd=workdir, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if urllib.request.urlopen(url + "/health", timeout=2).read() == b"OK":
+                    break
+            except OSError:
+                assert time.monotonic() < deadline and server.poll() is None, "server did not come up"
+                time.sleep(0.5)
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+        result = launch.run_local("celerity_lm", registry.load("celerity_lm").smoke(), progress=False)
+        assert result.tracking_uri == url
+        c = tracking.client(url)
+        assert c.get_run(result.mlflow_run_id).info.status == "FINISHED"
+        assert len(c.get_metric_history(result.mlflow_run_id, "train/loss")) > 10
+        assert not (workdir / "mlruns.db").exists()  # nothing went to the embedded store
+        assert list((workdir / "srv" / "artifacts").rglob("config.json"))  # artifacts on the server's store
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
