@@ -1,0 +1,396 @@
+"""OCP Microscaling Formats (MX) Specification v1.0 — https://www.opencompute.org/documents/ocp-microscaling-formats-mx-v1-0-spec-final-pdf
+
+Triton kernels for `reference.py`: quantize (codes and scales bit-identical to the reference),
+dequantize (bit-identical values), and `mx_matmul`, which dequantizes the weight tile in
+registers and multiplies it with `tl.dot`, accumulating in fp32 (Hopper has no FP4 tensor cores).
+
+Exactness rests on three choices:
+
+- Every division whose divisor is not a power of two is `tl.div_rn`: on NVIDIA GPUs a plain
+  fp32 `/` is approximate, while the reference's (and the interpreter's) is correctly rounded.
+- Amax is an integer max over the bits of |x| (non-negative floats order like their bits), so
+  NaN semantics of float max and denormal flushing cannot differ between backends; non-finite
+  values are detected on the bits and kept out of the max.
+- Rounding to a minifloat is done on exact quantities: v * 2^(man_bits - e) is an exact scaling,
+  and ties to even are decided from the integer and fractional parts.
+
+For the matmul, an E2M1 (or E4M3) element times a UE4M3, UE5M3 or E8M0 scale has at most
+8 significant bits, so the dequantized weight is exact in bf16 and a bf16 `tl.dot` equals the
+reference up to the fp32 summation order. A global scale is applied once to the fp32
+accumulator. fp32 activations use an fp32 ("ieee") dot. Under TRITON_INTERPRET=1 the bf16 dot
+multiplies raw bits and fp32 -> bf16 casts truncate, so interpreted, every dot runs in fp32 on
+operands already rounded to the activation dtype, and bf16 results are rounded by bit arithmetic.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from kernels.mx.reference import E2M1, MXTensor, resolve_formats, tensor_global_scale
+
+try:
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except ImportError:  # pragma: no cover - depends on the environment
+    triton = None
+    tl = None
+    HAS_TRITON = False
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels on the CPU interpreter (read when the kernels were decorated)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+_INTERPRETED = interpreting()
+
+
+def _check_runnable(t: torch.Tensor) -> None:
+    if not HAS_TRITON:
+        raise RuntimeError("kernels.mx impl='triton' needs the `triton` package; install it or use impl='reference'")
+    if not t.is_cuda and not _INTERPRETED:
+        raise RuntimeError("kernels.mx Triton kernels need CUDA tensors, or TRITON_INTERPRET=1 set before "
+                           "kernels.mx is imported to run them on the CPU; or use impl='reference'")
+
+
+def _fmt_args(fmt) -> dict:
+    """A Minifloat's parameters as kernel constexprs."""
+    return dict(M=fmt.man_bits, EMIN=fmt.emin, MAXV=fmt.max_value, MAXC=fmt.max_code,
+                NANC=fmt.nan_code if fmt.nan else -1)
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _pow2(e):
+        """2^e as fp32 for integer -126 <= e <= 127, built from the exponent bits (exact)."""
+        return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _encode(v, M: tl.constexpr, EMIN: tl.constexpr, MAXV: tl.constexpr):
+        """Magnitude codes (int32) of finite v >= 0: round to nearest even, saturate at MAXV."""
+        v = tl.minimum(v, MAXV)
+        ef = (v.to(tl.int32, bitcast=True) >> 23) & 0xFF
+        e = tl.maximum(ef - 127, EMIN)  # fp32 zeros and subnormals (ef = 0) land on EMIN
+        n = v * _pow2(M - e)  # exact: in [0, 2^(M+1)]
+        ni = n.to(tl.int32)
+        frac = n - ni.to(tl.float32)
+        up = (frac > 0.5) | ((frac == 0.5) & ((ni & 1) == 1))
+        return (e - EMIN) * (1 << M) + ni + up.to(tl.int32)
+
+    @triton.jit
+    def _decode(c, M: tl.constexpr, EMIN: tl.constexpr, NANC: tl.constexpr):
+        """fp32 value of unsigned magnitude codes c (int32) of a minifloat with subnormals."""
+        e = c >> M
+        m = c & ((1 << M) - 1)
+        sig = tl.where(e == 0, m, m + (1 << M))
+        ex = tl.where(e == 0, EMIN, e - 1 + EMIN) - M
+        val = sig.to(tl.float32) * _pow2(ex)
+        if NANC >= 0:
+            val = tl.where(c == NANC, float("nan"), val)
+        return val
+
+    @triton.jit
+    def _decode_e8m0(c):
+        """fp32 value of E8M0 codes: 2^(c - 127), 0xFF NaN; code 0 (2^-127) is an fp32 subnormal."""
+        val = tl.where(c == 0, 1 << 22, c << 23).to(tl.float32, bitcast=True)
+        return tl.where(c == 255, float("nan"), val)
+
+    @triton.jit
+    def _decode_elem(c, IS_FP4: tl.constexpr, M: tl.constexpr, EMIN: tl.constexpr, NANC: tl.constexpr):
+        """Signed element codes (int32) -> fp32."""
+        if IS_FP4:
+            mag = c & 7
+            e = mag >> 1
+            m = mag & 1
+            # twice the E2M1 value is the integer m (e = 0) or (2 + m) << (e - 1)
+            twice = tl.where(e == 0, m, (2 + m) << tl.maximum(e - 1, 0))
+            val = twice.to(tl.float32) * 0.5
+            return tl.where((c & 8) != 0, -val, val)
+        else:
+            val = _decode(c & 0x7F, M, EMIN, NANC)
+            return tl.where((c & 0x80) != 0, -val, val)
+
+    @triton.jit
+    def _block_multiplier(sc, g, SCALE_E8M0: tl.constexpr, SM: tl.constexpr, SEMIN: tl.constexpr,
+                          SNANC: tl.constexpr, HAS_G: tl.constexpr):
+        if SCALE_E8M0:
+            s = _decode_e8m0(sc)
+        else:
+            s = _decode(sc, SM, SEMIN, SNANC)
+        if HAS_G:
+            s = s * g
+        return s
+
+    @triton.jit
+    def _store_rounded(ptr, val, mask, OUT: tl.constexpr):
+        """Store fp32 val as OUT (0 fp32, 1 bf16, 2 fp16); bf16 rounding by bits, ties to even."""
+        if OUT == 1:
+            bits = val.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+            bits = tl.where(val != val, 0x7FC0, bits)  # a GPU's NaN 0x7FFFFFFF would carry into the sign
+            tl.store(ptr, bits.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
+        elif OUT == 2:
+            tl.store(ptr, val.to(tl.float16), mask=mask)
+        else:
+            tl.store(ptr, val, mask=mask)
+
+    @triton.jit
+    def _quantize_kernel(X, CODES, SCALES, G, R, K, NB, sxr, scr, ssr,
+                         BS: tl.constexpr, NBP: tl.constexpr, BLOCK_R: tl.constexpr,
+                         IS_FP4: tl.constexpr, EM: tl.constexpr, EEMIN: tl.constexpr, EMAXV: tl.constexpr,
+                         EEMAX: tl.constexpr, SCALE_E8M0: tl.constexpr, SM: tl.constexpr, SEMIN: tl.constexpr,
+                         SMAXV: tl.constexpr, SBADC: tl.constexpr, SNANC: tl.constexpr, HAS_G: tl.constexpr,
+                         CLAMP: tl.constexpr, ESIGN: tl.constexpr):
+        pid_r = tl.program_id(0)
+        pid_b = tl.program_id(1)
+        W: tl.constexpr = NBP * BS
+        rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+        cols = pid_b * W + tl.arange(0, W)
+        rmask = rows < R
+        x = tl.load(X + rows[:, None] * sxr + cols[None, :], mask=rmask[:, None] & (cols[None, :] < K), other=0.0)
+        bits = x.to(tl.float32).to(tl.int32, bitcast=True)  # [BLOCK_R, W]
+        absbits = bits & 0x7FFFFFFF
+        finite_el = absbits < 0x7F800000
+        magbits = tl.reshape(tl.where(finite_el, absbits, 0), (BLOCK_R, NBP, BS))
+        amax_bits = tl.max(magbits, axis=2)  # [BLOCK_R, NBP]
+        bad = tl.max(tl.reshape(tl.where(finite_el, 0, 1), (BLOCK_R, NBP, BS)), axis=2) > 0
+        mag = magbits.to(tl.float32, bitcast=True)
+
+        if SCALE_E8M0:
+            shared = tl.minimum(tl.maximum(((amax_bits >> 23) & 0xFF) - 127 - EEMAX, -127), 127)
+            scode = tl.where(bad, 255, shared + 127)
+            v = mag * _pow2(-shared)[:, :, None]  # exact; shared <= 125 keeps 2^-shared normal
+            usable = ~bad
+        else:
+            g = 1.0
+            s_raw = tl.div_rn(amax_bits.to(tl.float32, bitcast=True), EMAXV)
+            if HAS_G:
+                g = tl.load(G)
+                s_raw = tl.div_rn(s_raw, g)
+            scode = _encode(s_raw, SM, SEMIN, SMAXV)
+            if CLAMP:
+                scode = tl.maximum(scode, 1)
+            total = _block_multiplier(scode, g, False, SM, SEMIN, SNANC, HAS_G)
+            usable = (~bad) & (total > 0)
+            v = tl.div_rn(mag, tl.where(usable, total, 1.0)[:, :, None])
+            scode = tl.where(bad, SBADC, scode)
+        ecode = _encode(v, EM, EEMIN, EMAXV)
+        sign = tl.reshape((bits >> 31) & 1, (BLOCK_R, NBP, BS))
+        ecode = tl.where(usable[:, :, None], ecode | (sign * ESIGN), 0)
+        ecode = tl.reshape(ecode, (BLOCK_R, W))
+
+        blocks = pid_b * NBP + tl.arange(0, NBP)
+        tl.store(SCALES + rows[:, None] * ssr + blocks[None, :], scode.to(tl.uint8),
+                 mask=rmask[:, None] & (blocks[None, :] < NB))
+        if IS_FP4:
+            lo, hi = tl.split(tl.reshape(ecode, (BLOCK_R, W // 2, 2)))
+            byte = (lo | (hi << 4)).to(tl.uint8)
+            bcols = pid_b * (W // 2) + tl.arange(0, W // 2)
+            tl.store(CODES + rows[:, None] * scr + bcols[None, :], byte,
+                     mask=rmask[:, None] & (bcols[None, :] < NB * (BS // 2)))
+        else:
+            tl.store(CODES + rows[:, None] * scr + cols[None, :], ecode.to(tl.uint8),
+                     mask=rmask[:, None] & (cols[None, :] < NB * BS))
+
+    @triton.jit
+    def _load_elems(CODES, rows, rmask, c0, scr, K, IS_FP4: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
+        """Element codes (int32) [ROWS, COLS] of the logical (unpacked) code matrix from column c0 (even);
+        columns at or past K read as 0."""
+        if IS_FP4:
+            bc = c0 // 2 + tl.arange(0, COLS // 2)
+            byte = tl.load(CODES + rows[:, None] * scr + bc[None, :], mask=rmask[:, None] & (bc[None, :] * 2 < K),
+                           other=0).to(tl.int32)
+            return tl.reshape(tl.join(byte & 0xF, byte >> 4), (ROWS, COLS))
+        else:
+            cols = c0 + tl.arange(0, COLS)
+            return tl.load(CODES + rows[:, None] * scr + cols[None, :], mask=rmask[:, None] & (cols[None, :] < K),
+                           other=0).to(tl.int32)
+
+    @triton.jit
+    def _dequantize_kernel(CODES, SCALES, G, OUT, R, K, NB, scr, ssr, sor,
+                           BS: tl.constexpr, NBP: tl.constexpr, BLOCK_R: tl.constexpr, IS_FP4: tl.constexpr,
+                           EM: tl.constexpr, EEMIN: tl.constexpr, ENANC: tl.constexpr, SCALE_E8M0: tl.constexpr,
+                           SM: tl.constexpr, SEMIN: tl.constexpr, SNANC: tl.constexpr, HAS_G: tl.constexpr,
+                           OUT_KIND: tl.constexpr):
+        pid_r = tl.program_id(0)
+        pid_b = tl.program_id(1)
+        W: tl.constexpr = NBP * BS
+        rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+        cols = pid_b * W + tl.arange(0, W)
+        rmask = rows < R
+        blocks = pid_b * NBP + tl.arange(0, NBP)
+        sc = tl.load(SCALES + rows[:, None] * ssr + blocks[None, :], mask=rmask[:, None] & (blocks[None, :] < NB),
+                     other=0).to(tl.int32)
+        g = 1.0
+        if HAS_G:
+            g = tl.load(G)
+        total = _block_multiplier(sc, g, SCALE_E8M0, SM, SEMIN, SNANC, HAS_G)  # [BLOCK_R, NBP]
+        mask = rmask[:, None] & (cols[None, :] < K)
+        c = _load_elems(CODES, rows, rmask, pid_b * W, scr, K, IS_FP4, BLOCK_R, W)
+        val = tl.reshape(_decode_elem(c, IS_FP4, EM, EEMIN, ENANC), (BLOCK_R, NBP, BS)) * total[:, :, None]
+        _store_rounded(OUT + rows[:, None] * sor + cols[None, :], tl.reshape(val, (BLOCK_R, W)), mask, OUT_KIND)
+
+    @triton.jit
+    def _mx_matmul_kernel(A, CODES, SCALES, G, C, M, N, K, NB, sam, sak, scn, ssn, scm,
+                          BS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          IS_FP4: tl.constexpr, EM: tl.constexpr, EEMIN: tl.constexpr, ENANC: tl.constexpr,
+                          SCALE_E8M0: tl.constexpr, SM: tl.constexpr, SEMIN: tl.constexpr, SNANC: tl.constexpr,
+                          HAS_G: tl.constexpr, DOT: tl.constexpr, OUT_KIND: tl.constexpr):
+        """C[M, N] = A[M, K] @ W[N, K]^T with W dequantized tile by tile in registers.
+
+        DOT: 0 fp32 ("ieee"), 1 bf16, 2 fp16 tensor-core dot, 3 fp32 dot on fp16-rounded weights.
+        """
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        nmask = rn < N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            rk = k0 + tl.arange(0, BLOCK_K)
+            kmask = rk < K
+            a = tl.load(A + rm[:, None] * sam + rk[None, :] * sak, mask=(rm[:, None] < M) & kmask[None, :], other=0.0)
+            wmask = nmask[:, None] & kmask[None, :]
+            c = _load_elems(CODES, rn, nmask, k0, scn, K, IS_FP4, BLOCK_N, BLOCK_K)
+            w = _decode_elem(c, IS_FP4, EM, EEMIN, ENANC)  # [BLOCK_N, BLOCK_K]
+            if BLOCK_K >= BS:
+                rb = k0 // BS + tl.arange(0, BLOCK_K // BS)
+                sc = tl.load(SCALES + rn[:, None] * ssn + rb[None, :], mask=nmask[:, None] & (rb[None, :] < NB),
+                             other=0).to(tl.int32)
+                s = _block_multiplier(sc, 1.0, SCALE_E8M0, SM, SEMIN, SNANC, False)
+                w = tl.reshape(tl.reshape(w, (BLOCK_N, BLOCK_K // BS, BS)) * s[:, :, None], (BLOCK_N, BLOCK_K))
+            else:
+                sc = tl.load(SCALES + rn * ssn + k0 // BS, mask=nmask, other=0).to(tl.int32)
+                s = _block_multiplier(sc, 1.0, SCALE_E8M0, SM, SEMIN, SNANC, False)
+                w = w * s[:, None]
+            # codes past K are padding: zeroed so that a NaN block's padding cannot reach a masked-out a
+            w = tl.where(wmask, w, 0.0)
+            if DOT == 1:
+                acc += tl.dot(a.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)))
+            elif DOT == 2:
+                acc += tl.dot(a.to(tl.float16), tl.trans(w.to(tl.float16)))
+            elif DOT == 3:
+                acc += tl.dot(a.to(tl.float32), tl.trans(w.to(tl.float16).to(tl.float32)), input_precision="ieee")
+            else:
+                acc += tl.dot(a.to(tl.float32), tl.trans(w), input_precision="ieee")
+        if HAS_G:
+            acc = acc * tl.load(G)
+        _store_rounded(C + rm[:, None] * scm + rn[None, :], acc, (rm[:, None] < M) & nmask[None, :], OUT_KIND)
+
+
+def _out_kind(dtype: torch.dtype) -> int:
+    return {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}[dtype]
+
+
+def _tiles(block_size: int, rows: int) -> tuple[int, int]:
+    """(blocks per program, rows per program): ~4k elements a program on a GPU, fewer, larger
+    programs under the interpreter, which runs them one after another."""
+    width = max(block_size, 256 if _INTERPRETED else 128)
+    block_r = 32 if _INTERPRETED else max(1, 4096 // width)
+    block_r = min(block_r, triton.next_power_of_2(max(rows, 1)))
+    return width // block_size, block_r
+
+
+def quantize_triton(x: torch.Tensor, *, block_size: int = 32, scale_format="e8m0", elem_format="e2m1",
+                    global_scale: bool = False, underflow: str = "flush") -> MXTensor:
+    """`reference.quantize` with a Triton kernel: the same codes and scales, bit for bit."""
+    elem, scale = resolve_formats(block_size, scale_format, elem_format, global_scale, underflow)
+    _check_runnable(x)
+    if x.dim() == 0 or x.shape[-1] == 0:
+        raise ValueError(f"quantize needs a last dimension of at least one element, got shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"quantize takes a floating-point tensor, got {x.dtype}")
+    shape, k, dtype = x.shape, x.shape[-1], x.dtype
+    x2 = x.detach().reshape(-1, k)
+    x2 = (x2 if x.dtype in DTYPES else x2.float()).contiguous()
+    r, nb = x2.shape[0], -(-k // block_size)
+    fp4 = elem == E2M1
+    codes = torch.empty(r, nb * block_size // (2 if fp4 else 1), dtype=torch.uint8, device=x.device)
+    scales = torch.empty(r, nb, dtype=torch.uint8, device=x.device)
+    g = tensor_global_scale(x, elem, scale) if global_scale else None
+    if r:
+        nbp, block_r = _tiles(block_size, r)
+        e, s = _fmt_args(elem), _fmt_args(scale)
+        grid = (triton.cdiv(r, block_r), triton.cdiv(nb, nbp))
+        _quantize_kernel[grid](x2, codes, scales, g if g is not None else scales, r, k, nb,
+                               x2.stride(0), codes.stride(0), scales.stride(0),
+                               BS=block_size, NBP=nbp, BLOCK_R=block_r, IS_FP4=fp4, EM=e["M"], EEMIN=e["EMIN"],
+                               EMAXV=e["MAXV"], EEMAX=elem.emax, SCALE_E8M0=scale.name == "e8m0", SM=s["M"],
+                               SEMIN=s["EMIN"], SMAXV=s["MAXV"], SBADC=scale.nan_code if scale.nan else scale.max_code,
+                               SNANC=s["NANC"], HAS_G=g is not None, CLAMP=underflow == "clamp",
+                               ESIGN=1 << (elem.bits - 1))
+    return MXTensor(codes=codes.reshape(*shape[:-1], -1), scales=scales.reshape(*shape[:-1], nb), global_scale=g,
+                    shape=shape, block_size=block_size, elem_format=elem, scale_format=scale, dtype=dtype)
+
+
+def _scale_args(mx: MXTensor) -> dict:
+    e, s = _fmt_args(mx.elem_format), _fmt_args(mx.scale_format)
+    return dict(BS=mx.block_size, IS_FP4=mx.elem_format == E2M1, EM=e["M"], EEMIN=e["EMIN"], ENANC=e["NANC"],
+                SCALE_E8M0=mx.scale_format.name == "e8m0", SM=s["M"], SEMIN=s["EMIN"], SNANC=s["NANC"],
+                HAS_G=mx.global_scale is not None)
+
+
+def dequantize_triton(mx: MXTensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """`reference.dequantize` with a Triton kernel: the same values, bit for bit."""
+    _check_runnable(mx.codes)
+    dtype = dtype or mx.dtype
+    if dtype not in DTYPES:
+        return dequantize_triton(mx, torch.float32).to(dtype)
+    k = mx.shape[-1]
+    codes = mx.codes.reshape(-1, mx.codes.shape[-1]).contiguous()
+    scales = mx.scales.reshape(-1, mx.n_blocks).contiguous()
+    r = scales.shape[0]
+    out = torch.empty(r, k, dtype=dtype, device=mx.device)
+    if r:
+        nbp, block_r = _tiles(mx.block_size, r)
+        grid = (triton.cdiv(r, block_r), triton.cdiv(mx.n_blocks, nbp))
+        g = mx.global_scale if mx.global_scale is not None else scales
+        _dequantize_kernel[grid](codes, scales, g, out, r, k, mx.n_blocks, codes.stride(0), scales.stride(0),
+                                 out.stride(0), NBP=nbp, BLOCK_R=block_r, OUT_KIND=_out_kind(dtype), **_scale_args(mx))
+    return out.reshape(mx.shape)
+
+
+def mx_matmul_triton(a: torch.Tensor, w_mx: MXTensor, *, block_m: int | None = None, block_n: int | None = None,
+                     block_k: int | None = None) -> torch.Tensor:
+    """a [..., K] @ dequantize(w_mx).T, the weight dequantized in registers; fp32 accumulation.
+
+    bf16 and fp16 activations take the tensor-core dot of their dtype (fp16 needs the dequantized
+    weights within fp16's range), fp32 activations an fp32 dot. The result has a's dtype.
+    """
+    _check_runnable(a)
+    if len(w_mx.shape) != 2:
+        raise ValueError(f"mx_matmul needs a 2-D quantized weight [N, K], got shape {tuple(w_mx.shape)}")
+    n, k = w_mx.shape
+    if a.shape[-1] != k:
+        raise ValueError(f"inner dimensions differ: a has {a.shape[-1]}, w_mx has {k}")
+    if a.dtype not in DTYPES:
+        raise ValueError(f"mx_matmul_triton takes activations in {DTYPES}, got {a.dtype}")
+    a2 = a.reshape(-1, k)
+    m = a2.shape[0]
+    c = torch.empty(m, n, dtype=a.dtype, device=a.device)
+    if m and n:
+        if _INTERPRETED:
+            dot = 3 if a.dtype == torch.float16 else 0
+            bm, bn, bk = 32, 32, 64
+        else:
+            dot = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}[a.dtype]
+            bm, bn, bk = (64, 64, 32) if dot == 0 else (128, 128, 64)
+        bm, bn, bk = block_m or bm, block_n or bn, block_k or bk
+        if any(b < 16 or b & (b - 1) for b in (bm, bn, bk)):
+            raise ValueError(f"matmul tiles must be powers of two >= 16, got {(bm, bn, bk)}")
+        grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
+        codes, scales = w_mx.codes.contiguous(), w_mx.scales.contiguous()
+        g = w_mx.global_scale if w_mx.global_scale is not None else scales
+        extra = {} if _INTERPRETED else dict(num_warps=8 if bm * bn >= 128 * 128 else 4, num_stages=3)
+        _mx_matmul_kernel[grid](a2, codes, scales, g, c, m, n, k, w_mx.n_blocks, a2.stride(0), a2.stride(1),
+                                codes.stride(0), scales.stride(0), c.stride(0),
+                                BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT=dot, OUT_KIND=_out_kind(a.dtype),
+                                **_scale_args(w_mx), **extra)
+    return c.reshape(*a.shape[:-1], n)
