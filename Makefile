@@ -21,8 +21,13 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 
 setup: $(STAMP)
 
+# The demo: one celerity_lm run with 2 DDP workers, then reference runs and a tau sweep with
+# loss-curve-collapse early stopping, all on the local Ray, tracked in ./mlruns.db.
 demo: setup
 	$(VENV)/bin/ladder run celerity_lm --workers 2 --set $(DEMO_SET)
+	$(VENV)/bin/ladder sweep sweeps/celerity_reference.py
+	$(VENV)/bin/ladder sweep sweeps/celerity_tuning.py
+	@echo "Open the results with: $(VENV)/bin/ladder ui   (experiments celerity_lm, celerity_reference, celerity_tuning)"
 
 test: setup
 	$(VENV)/bin/pytest -q

@@ -206,6 +206,7 @@ class SweepResult:
     trials: list[dict[str, Any]]
     wall_s: float
     storage: Path
+    metric: str = "objective"
 
 
 def sweep_storage(sweep: Sweep) -> Path:
@@ -239,10 +240,15 @@ def run_sweep(sweep: Sweep, *, resume: bool = False, progress: bool = True) -> S
             "Run it without --resume first"
         )
     if not resume and state_file.is_file():
-        raise SweepError(
-            f"sweep {sweep.name!r} already ran here ({state_file}); continue it with --resume, "
-            "or rename the sweep to start a new one"
-        )
+        previous = json.loads(state_file.read_text())
+        if not previous.get("finished"):
+            raise SweepError(
+                f"sweep {sweep.name!r} was interrupted ({state_file}): continue it with --resume, "
+                "or rename the sweep to start a new one"
+            )
+        # A finished sweep run again is a new invocation: a new parent run in the same experiment.
+        folder = state_file.parent
+        folder.rename(folder.with_name(f"{folder.name}.{previous['sweep_id'][len(sweep.name) + 1:]}"))
     if not os.environ.get("RAY_ADDRESS"):
         concurrency = resolve_concurrency(sweep, local_cpus())
     else:
@@ -303,6 +309,26 @@ def run_sweep(sweep: Sweep, *, resume: bool = False, progress: bool = True) -> S
     return _fit(sweep, meta, record, reference, concurrency, resume, progress)
 
 
+def _console_callback(metric: str) -> Any:
+    """One line per trial start and end, instead of Tune's periodic status tables."""
+    import sys
+
+    from ray import tune
+
+    class Console(tune.Callback):
+        def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            print(f"ladder: trial {trial.trial_id} started {trial.config.get('params')}", file=sys.stderr, flush=True)
+
+        def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            last = trial.last_result or {}
+            value = last.get(metric, float("nan"))
+            print(f"ladder: trial {trial.trial_id} ended at {last.get('progress', 0):.0%} of training, "
+                  f"{metric} {value:.4f} ({sum(t.is_finished() or t is trial for t in trials)}/{len(trials)} done)",
+                  file=sys.stderr, flush=True)
+
+    return Console()
+
+
 def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: Any, concurrency: int | None,
          resume: bool, progress: bool) -> SweepResult:
     import ray
@@ -339,7 +365,8 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
             param_space={"params": tune.grid_search(record["trial_params"])},
             tune_config=tune.TuneConfig(metric=metric, mode=mode, scheduler=scheduler,
                                         max_concurrent_trials=concurrency, reuse_actors=False),
-            run_config=tune.RunConfig(name="tune", storage_path=storage, verbose=1 if progress else 0,
+            run_config=tune.RunConfig(name="tune", storage_path=storage, verbose=0,
+                                      callbacks=[_console_callback(metric)] if progress else [],
                                       failure_config=tune.FailureConfig(max_failures=sweep.max_failures)),
         )
     results = tuner.fit()
@@ -368,8 +395,10 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
         tracking.log_text(meta["parent_run_id"], json.dumps(trials, indent=2, default=str), "trials.json",
                           uri=meta["tracking_uri"])
         tracking.end_run(meta["parent_run_id"], "FINISHED", uri=meta["tracking_uri"])
+    state_file = Path(storage) / "sweep.json"
+    state_file.write_text(json.dumps({**record, "finished": True}, indent=2))
     return SweepResult(sweep.name, record["sweep_id"], meta["parent_run_id"], meta["tracking_uri"], trials,
-                       time.monotonic() - started, Path(storage))
+                       time.monotonic() - started, Path(storage), metric)
 
 
 def _close_child_runs(meta: Mapping[str, Any], trials: list[dict[str, Any]]) -> None:
@@ -397,7 +426,8 @@ def format_trials(result: SweepResult) -> str:
     def num(x: Any) -> str:
         return "-" if x is None or (isinstance(x, float) and x != x) else f"{x:.4f}"
 
-    rows = [("trial", "params", "stopped at", "predicted final", "final/last objective")]
+    metric = result.metric
+    rows = [("trial", "params", "stopped at", "predicted final", f"final {metric}", f"{metric} when stopped")]
     for t in sorted(result.trials, key=lambda t: t["trial_id"]):
         params = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in t["params"].items())
         if t["diverged"]:
@@ -408,6 +438,8 @@ def format_trials(result: SweepResult) -> str:
             stopped = "error"
         else:
             stopped = "finished"
-        rows.append((t["trial_id"], params, stopped, num(t["predicted"]), num(t["objective"])))
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        done = stopped == "finished"
+        rows.append((t["trial_id"], params, stopped, num(t["predicted"]), num(t["objective"]) if done else "-",
+                     "-" if done else num(t["objective"])))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)

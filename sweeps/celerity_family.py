@@ -3,7 +3,7 @@ that TPP, two seeds each. Their normalized loss curves must collapse: after 20% 
 spread across widths stays within the seed-to-seed spread (`ladder audit celerity_family`).
 
 At this tiny scale curves collapse at TPP 80 but not at TPP 20 (the early token-bound phase is a
-large share of a short run), so the family trains at TPP 80: about 15 minutes on 2 cores.
+large share of a short run), so the family trains at TPP 80: about 12 minutes on 2 cores.
 """
 
 from orchestrator.recipe import Proxy, ScalingLaws, family
@@ -24,7 +24,7 @@ def non_embedding_params(width: int, depth: int) -> int:
 
 PROXY = Proxy(width=48, depth=3, lr=BASE.lr, batch_size=BASE.batch_size, seq_len=BASE.seq_len, tpp=TPP, tau=0.2,
               warmup_frac=BASE.warmup_frac)
-MEMBERS = family(PROXY, [(48, 3), (64, 3), (80, 3)], tpp=TPP, laws=ScalingLaws(), param_count=non_embedding_params)
+MEMBERS = family(PROXY, [(32, 3), (48, 3), (64, 3)], tpp=TPP, laws=ScalingLaws(), param_count=non_embedding_params)
 
 sweep = Sweep(
     name="celerity_family",

@@ -86,6 +86,10 @@ class CollapseScheduler(FIFOScheduler):
         self.decisions[tid] = record
         if changed:
             self._persist()
+            if decision.stop:
+                why = "non-finite loss: diverged" if decision.diverged else (
+                    f"predicted final {self._metric} {decision.predicted:.4f} > kept-quantile cutoff {decision.cutoff:.4f}")
+                print(f"ladder: stopped trial {tid} at {decision.progress:.0%} of training ({why})", file=sys.stderr, flush=True)
             if self.on_decision:
                 self.on_decision(tid, record)
         if self.diagnostics is not None:
