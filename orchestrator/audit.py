@@ -70,6 +70,8 @@ class TrialCurve:
     """N * D when the run recorded both (else D, else 1): the compute weight of the trial."""
     params: dict[str, str]
     """The run's MLflow params (the flattened config)."""
+    label: str = ""
+    """The trial's point of the search space, e.g. 'tau=0.1036'."""
 
     @property
     def diverged(self) -> bool:
@@ -142,6 +144,14 @@ def load_sweep(
     )
 
 
+def _label(trial_params: str | None) -> str:
+    try:
+        point = json.loads(trial_params or "{}")
+    except json.JSONDecodeError:
+        return ""
+    return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(point.items()))
+
+
 def _load_invocation(c: Any, experiment: str, sweep_id: str, runs: list[Any], metric: str) -> SweepCurves:
     trials, left_out = [], {}
     parents = {r.data.tags.get("mlflow.parentRunId") for r in runs} - {None}
@@ -171,7 +181,7 @@ def _load_invocation(c: Any, experiment: str, sweep_id: str, runs: list[Any], me
         cost = float(n_params) * float(tokens) if n_params and tokens else float(tokens or 1.0)
         trials.append(
             TrialCurve(tid, run.info.run_id, p, y, float(last.get("tau", math.nan)), float(last.get("tpp", math.nan)),
-                       cost, dict(run.data.params))
+                       cost, dict(run.data.params), _label(tags.get("ladder.trial_params")))
         )
     parent = parents.pop() if len(parents) == 1 else None
     return SweepCurves(experiment, sweep_id, parent, metric, trials, left_out)
@@ -201,7 +211,8 @@ def _same_controls(a: TrialCurve, b: TrialCurve, rtol: float = 0.05) -> bool:
     )
 
 
-def _schedule(trials: Sequence[TrialCurve]) -> Any:
+def schedule_of(trials: Sequence[TrialCurve]) -> Any:
+    """The LR schedule of the runs (their common warmup), for fitting the parametric curve."""
     from orchestrator.collapse import LinearDecaySchedule
 
     # the parametric curve's LR term must follow the runs' own warmup
@@ -220,7 +231,7 @@ def leave_one_out(trials: Sequence[TrialCurve], smooth_window: float = 0.0) -> t
 
     usable = [t for t in trials if not t.diverged]
     refs, kinds = [], set()
-    schedule = _schedule(usable)
+    schedule = schedule_of(usable)
     controlled = all(math.isfinite(t.tau) and math.isfinite(t.tpp) for t in usable)
     for trial in trials:
         others = [t for t in usable if t.trial_id != trial.trial_id]
@@ -313,6 +324,8 @@ class AuditResult:
     finals: dict[str, float]
     left_out: dict[str, str] = field(default_factory=dict)
     artifacts: list[str] = field(default_factory=list)
+    labels: dict[str, str] = field(default_factory=dict)
+    """trial id -> its point of the search space."""
 
     def policy(self, name: str) -> list[AuditRow]:
         return [r for r in self.rows if r.policy == name]
@@ -399,7 +412,7 @@ def audit(
     order = {p: i for i, p in enumerate(("collapse", "asha", "predicted-best", "current-best", "median", "random"))}
     rows.sort(key=lambda r: (order.get(r.policy, 99), r.budget if r.budget is not None else 0.0))
     result = AuditResult(experiment, sweep.sweep_id, sweep.parent_run_id, metric, ref_label, len(ids), best_id, best,
-                         rows, finals, dict(sweep.left_out))
+                         rows, finals, dict(sweep.left_out), labels={t.trial_id: t.label for t in sweep.trials if t.label})
     if log and sweep.parent_run_id:
         _log(result, sweep, refs, uri, plot)
     return result
@@ -475,12 +488,14 @@ def format_audit(result: AuditResult) -> str:
     """The audit as a plain-text table, one row per policy and stop point."""
     lines = [
         f"audit of {result.experiment!r} (sweep {result.sweep_id}): {result.n_trials} full curves of {result.metric}",
-        f"best final {result.metric}: {result.best_final:.4f} (trial {result.best_trial}); reference: {result.reference}",
+        f"best final {result.metric}: {result.best_final:.4f} (trial {result.best_trial}"
+        + (f", {result.labels[result.best_trial]}" if result.best_trial in result.labels else "")
+        + f"); reference: {result.reference}",
     ]
     if result.left_out:
         lines.append(f"left out (not full curves): {len(result.left_out)} trial(s): "
                      + ", ".join(f"{t} {why}" for t, why in sorted(result.left_out.items())))
-    head = ("policy", "stop at", "setting", "compute", "regret", "pick", f"pick final")
+    head = ("policy", "stop at", "setting", "compute", "regret", "pick", "pick final")
     table = [head]
     for r in result.rows:
         table.append((
@@ -489,7 +504,7 @@ def format_audit(result: AuditResult) -> str:
             r.setting,
             _pct(r.compute_fraction),
             _pct(r.regret),
-            r.chosen or "-",
+            "-" if r.chosen is None else (f"{r.chosen} ({result.labels[r.chosen]})" if r.chosen in result.labels else r.chosen),
             "-" if r.chosen_final is None else f"{r.chosen_final:.4f}",
         ))
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]

@@ -98,6 +98,12 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_audit(args: argparse.Namespace) -> int:
+    from orchestrator.audit import main_audit
+
+    return main_audit(args)
+
+
 def _cmd_ui(args: argparse.Namespace) -> int:
     from orchestrator import tracking
 
@@ -149,6 +155,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue an interrupted sweep: finished trials are kept, decisions too")
     p.add_argument("--check", action="store_true", help="validate the sweep and exit without running it")
     p.set_defaults(func=_cmd_sweep)
+
+    p = sub.add_parser("audit", help="replay stopping policies on a finished sweep's curves",
+                       description="Replay collapse, ASHA, median, current-best and random stopping on the full curves "
+                                   "of a sweep and print compute used and regret for each.")
+    p.add_argument("experiment", help="MLflow experiment of a sweep whose trials ran to the end (scheduler='fifo')")
+    p.add_argument("--metric", default="eval/loss", help="curve to replay; default eval/loss")
+    p.add_argument("--reference", dest="reference_experiment", help="experiment of reference runs (default: leave-one-out)")
+    p.add_argument("--reference-kind", choices=["empirical", "parametric"], default="empirical", help="reference built from them")
+    p.add_argument("--no-plot", dest="plot", action="store_false", help="skip the charts logged to the sweep's parent run")
+    p.set_defaults(func=_cmd_audit)
 
     p = sub.add_parser("ui", help="serve the MLflow UI on the tracking store (localhost only)")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind; default 127.0.0.1")

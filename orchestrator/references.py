@@ -29,6 +29,8 @@ def finished_curves(experiment: str, metric: str, uri: str | None = None) -> lis
     runs = c.search_runs([exp.experiment_id], filter_string="attributes.status = 'FINISHED' and tags.`ladder.trial_id` != ''")
     curves = []
     for run in runs:
+        if run.data.tags.get("ladder.stopped_early") == "true":
+            continue  # a stopped trial's curve has no final loss to normalize by
         loss = {m.step: m.value for m in c.get_metric_history(run.info.run_id, metric)}
         progress = {m.step: m.value for m in c.get_metric_history(run.info.run_id, "progress")}
         steps = sorted(set(loss) & set(progress))
