@@ -8,7 +8,9 @@ large share of a short run), so the family trains at TPP 80: about 25 minutes on
 Measured with widths 32/48/64 (2 seeds each): the range of normalized held-out curves across
 widths was 0.19 / 0.11 / 0.06 at t = 0.2 / 0.3 / 0.4 against a seed range of 0.03 / 0.02 / 0.04, so
 that family did not collapse; width 32 (below the proxy width, 2 heads) was the outlier: 48 and
-64 alone differ by 0.049 / 0.008 / 0.001. Hence widths from the proxy's up.
+64 alone differ by 0.049 / 0.008 / 0.001. Hence widths from the proxy's up. With 48/64/80 the
+width range is 0.051 / 0.009 / 0.008 at t = 0.2 / 0.3 / 0.4 against a seed range of
+0.021 / 0.033 / 0.015: within seed noise from 30% of training, not yet at 20% (width 48 lags).
 """
 
 from orchestrator.recipe import Proxy, ScalingLaws, family
