@@ -29,21 +29,20 @@ def forward_to_ray(metrics: Mapping[str, float]) -> bool:
     return any(k.startswith("eval/") for k in metrics) or metrics.get("progress", 0.0) >= 1.0 - 1e-9
 
 
-class RayTrainRun:
-    def __init__(self, *, sinks: list[Any], cpus_per_worker: float) -> None:
-        import ray.train
-        import ray.train.torch
+class RayReports:
+    """Reports, checkpoints and restores through one Ray API: `ray.train` inside a Train worker,
+    `ray.tune` inside a Tune trial (the two are not interchangeable under Train V2).
 
-        ctx = ray.train.get_context()
-        self.rank = ctx.get_world_rank()
-        self.world_size = ctx.get_world_size()
-        self.device = ray.train.torch.get_device()
-        self.sinks = sinks if self.rank == 0 else []
+    Every report goes to the sinks; those that `forward_to_ray` selects are held for one call,
+    so that a checkpoint of the same step travels with it in one Ray round trip.
+    """
+
+    def __init__(self, api: Any, *, sinks: list[Any], writes_checkpoints: bool) -> None:
+        self.api = api  # the module `ray.train` or `ray.tune`
+        self.sinks = sinks
+        self.writes_checkpoints = writes_checkpoints
         self._last: dict[str, float] = {}
         self._pending: dict[str, float] | None = None
-        # Ray caps OMP threads of an actor at its CPU reservation; torch must agree or a
-        # 2-CPU worker trains on one thread.
-        torch.set_num_threads(max(1, int(cpus_per_worker)))
 
     def report(self, metrics: Mapping[str, float], *, step: int) -> None:
         clean = check_metrics(metrics)
@@ -58,37 +57,48 @@ class RayTrainRun:
 
     def flush(self) -> None:
         """Send a held report to Ray (without a checkpoint)."""
-        import ray.train
-
         if self._pending is not None:
             pending, self._pending = self._pending, None
-            ray.train.report(pending)
+            self.api.report(pending)
 
     def save(self, state: dict[str, Any]) -> None:
-        import ray.train
-
         for sink in self.sinks:
             sink.flush()
-        # A held report of the same step travels with the checkpoint: one Ray round trip, not two.
         if self._pending is not None and self._pending.get("step") != float(state["step"]):
             self.flush()
         metrics = {**(self._pending or self._last), "step": float(state["step"])}
         self._pending = None
-        if self.rank != 0:
-            ray.train.report(metrics)
+        if not self.writes_checkpoints:
+            self.api.report(metrics)  # ranks other than 0 still meet the barrier
             return
         with tempfile.TemporaryDirectory(prefix="ladder-ckpt-") as tmp:
             checkpoints.write_checkpoint(tmp, state, keep=1)
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+            self.api.report(metrics, checkpoint=self.api.Checkpoint.from_directory(tmp))
 
     def restore(self) -> dict[str, Any] | None:
-        import ray.train
-
-        ckpt = ray.train.get_checkpoint()
+        ckpt = self.api.get_checkpoint()
         if ckpt is None:
             return None
         with ckpt.as_directory() as folder:
             return checkpoints.load_latest(folder)
+
+
+class RayTrainRun:
+    def __init__(self, *, sinks: list[Any], cpus_per_worker: float) -> None:
+        import ray.train
+        import ray.train.torch
+
+        ctx = ray.train.get_context()
+        self.rank = ctx.get_world_rank()
+        self.world_size = ctx.get_world_size()
+        self.device = ray.train.torch.get_device()
+        self.sinks = sinks if self.rank == 0 else []
+        self._ray = RayReports(ray.train, sinks=self.sinks, writes_checkpoints=self.rank == 0)
+        self.report, self.flush, self.save, self.restore = (
+            self._ray.report, self._ray.flush, self._ray.save, self._ray.restore)
+        # Ray caps OMP threads of an actor at its CPU reservation; torch must agree or a
+        # 2-CPU worker trains on one thread.
+        torch.set_num_threads(max(1, int(cpus_per_worker)))
 
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
         if self.world_size > 1:

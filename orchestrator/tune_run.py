@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from orchestrator import checkpoints, tracking
+from orchestrator import tracking
 from orchestrator.config import apply_overrides, flatten, to_dict, to_json
-from orchestrator.ray_train import forward_to_ray
-from orchestrator.run import check_metrics
+from orchestrator.ray_train import RayReports
 from orchestrator.sweep import Sweep, SweepError
 
 SWEEPS_DIR = "ladder-runs/sweeps"
@@ -29,54 +27,16 @@ class TuneRun:
     """`Run` inside a single-worker Tune trial: reports to MLflow and Tune, checkpoints via Tune."""
 
     def __init__(self, *, sinks: list[Any]) -> None:
+        import ray.tune
         import torch
 
         self.device = torch.device("cpu")
         self.rank = 0
         self.world_size = 1
         self.sinks = sinks
-        self._last: dict[str, float] = {}
-        self._pending: dict[str, float] | None = None
-
-    def report(self, metrics: Mapping[str, float], *, step: int) -> None:
-        clean = check_metrics(metrics)
-        self._last = {**self._last, **clean, "step": float(step)}
-        if "progress" in clean:
-            self._last["progress_pct"] = 100.0 * clean["progress"]  # ASHA/median rungs in percent
-        for sink in self.sinks:
-            sink.log_metrics(clean, int(step))
-        if forward_to_ray(clean):
-            self.flush()
-            self._pending = dict(self._last)
-
-    def flush(self) -> None:
-        import ray.tune
-
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
-            ray.tune.report(pending)
-
-    def save(self, state: dict[str, Any]) -> None:
-        import ray.tune
-
-        for sink in self.sinks:
-            sink.flush()
-        if self._pending is not None and self._pending.get("step") != float(state["step"]):
-            self.flush()
-        metrics = {**(self._pending or self._last), "step": float(state["step"])}
-        self._pending = None
-        with tempfile.TemporaryDirectory(prefix="ladder-ckpt-") as tmp:
-            checkpoints.write_checkpoint(tmp, state, keep=1)
-            ray.tune.report(metrics, checkpoint=ray.tune.Checkpoint.from_directory(tmp))
-
-    def restore(self) -> dict[str, Any] | None:
-        import ray.tune
-
-        ckpt = ray.tune.get_checkpoint()
-        if ckpt is None:
-            return None
-        with ckpt.as_directory() as folder:
-            return checkpoints.load_latest(folder)
+        self._ray = RayReports(ray.tune, sinks=sinks, writes_checkpoints=True)
+        self.report, self.flush, self.save, self.restore = (
+            self._ray.report, self._ray.flush, self._ray.save, self._ray.restore)
 
     def prepare(self, model: Any, optimizer: Any) -> tuple[Any, Any]:
         return model.to(self.device), optimizer

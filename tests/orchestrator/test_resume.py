@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import LADDER, run_cli
-from orchestrator import tracking
+from orchestrator import registry, tracking
 
 
 def _start(args: list[str], cwd: Path) -> subprocess.Popen:
@@ -60,7 +60,8 @@ def test_killed_local_run_resumes_from_its_checkpoint(workdir):
     c = tracking.client(record["tracking_uri"])
     assert c.get_run(record["mlflow_run_id"]).info.status == "FINISHED"
     steps = _steps(c, record["mlflow_run_id"], "train/loss")
-    total = int(c.get_run(record["mlflow_run_id"]).data.metrics["tokens"] // (16 * 64))
+    cfg = registry.load("celerity_lm").smoke()
+    total = int(c.get_run(record["mlflow_run_id"]).data.metrics["tokens"] // (cfg.batch_size * cfg.seq_len))
     assert steps == sorted(set(steps)), "a step was recorded twice"
     assert steps == list(range(5, total + 1, 5)) or steps == list(range(5, total, 5)) + [total], "a step is missing"
 
