@@ -98,6 +98,19 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_reproduce(args: argparse.Namespace) -> int:
+    from orchestrator import reproduce
+
+    if args.local and args.resume:
+        raise UsageError("--resume continues a reproduction on Ray; drop --local")
+    rep = reproduce.reproduce(args.name, smoke=args.smoke, seed=args.seed, local=args.local, resume=args.resume)
+    print(reproduce.format_claims(rep))
+    if rep.parent_run_id:
+        print(f"claim table, numbers and plot logged to MLflow experiment {rep.sweep.name!r}, run {rep.parent_run_id} "
+              "— open it with `ladder ui`")
+    return 0 if rep.holds else 1
+
+
 def _cmd_audit(args: argparse.Namespace) -> int:
     from orchestrator.audit import main_audit
 
@@ -155,6 +168,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue an interrupted sweep: finished trials are kept, decisions too")
     p.add_argument("--check", action="store_true", help="validate the sweep and exit without running it")
     p.set_defaults(func=_cmd_sweep)
+
+    p = sub.add_parser("reproduce", help="run a workload's reproduction sweep and check its paper's claims",
+                       description="Run sweeps/repro/NAME.py, evaluate the workload's CLAIMS on the finished trials, "
+                                   "print the claim table and log it to MLflow. Exits 1 when a claim does not hold.")
+    p.add_argument("name", help="workload name (see `ladder list`)")
+    p.add_argument("--smoke", action="store_true", help="the CPU-sized reproduction (what CI runs)")
+    p.add_argument("--seed", type=int, default=0, help="base seed of the reproduction; claims should hold for any")
+    p.add_argument("--local", action="store_true", help="run the trials one after another in this process, without Ray")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted reproduction on Ray")
+    p.set_defaults(func=_cmd_reproduce)
 
     p = sub.add_parser("audit", help="replay stopping policies on a finished sweep's curves",
                        description="Replay collapse, ASHA, median, current-best and random stopping on the full curves "

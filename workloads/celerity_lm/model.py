@@ -28,11 +28,18 @@ class Block(nn.Module):
         self.out = nn.Linear(ffn_mult * width, width)
         self.activation = activation
         self.branch_mult = branch_mult
+        # Attention over q, k, v [B, H, T, D] -> [B, H, T, D]; None is PyTorch's causal SDPA.
+        # Workloads that study an attention kernel set it (lowprec_attention).
+        self.attention = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(B, T, 3, self.n_heads, C // self.n_heads).unbind(2)
-        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if self.attention is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            y = self.attention(q, k, v)
         x = x + self.branch_mult * self.proj(y.transpose(1, 2).reshape(B, T, C))  # [B, T, C]
         h = self.fc(self.ln2(x))
         h = F.relu(h).square() if self.activation == "relu2" else F.gelu(h)

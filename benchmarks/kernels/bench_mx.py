@@ -11,7 +11,7 @@ Each timing is the median of CUDA-event-timed repeats after warm-up; the Triton 
 checked against the reference in the same run. Without CUDA it says so, skips the timings and
 runs the correctness part on small shapes under the Triton interpreter.
 
-    python benchmarks/mx_kernels.py [--size 8192] [--reps 20]
+    python benchmarks/kernels/bench_mx.py [--size 8192] [--reps 20]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are decorated, so before the import
 

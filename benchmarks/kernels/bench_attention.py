@@ -5,7 +5,7 @@ Times our Triton flash attention (with and without the rounding-bias fix) agains
 forward+backward, at a few sequence lengths, and prints the ratios measured in this run. Also
 prints each kernel's largest deviation from SDPA's output, so a fast wrong kernel shows.
 
-    python benchmarks/attention_kernels.py [--seq-lens 512 1024 2048 4096] [--batch 4] [--heads 16]
+    python benchmarks/kernels/bench_attention.py [--seq-lens 512 1024 2048 4096] [--batch 4] [--heads 16]
                                            [--head-dim 64] [--dtype bf16] [--causal both] [--reps 30]
 
 Needs a CUDA GPU and Triton; TFLOP/s count 4*B*H*T^2*D for the forward (halved when causal)
@@ -53,15 +53,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     if not torch.cuda.is_available():
-        print("attention_kernels: no CUDA device; this benchmark times GPU kernels and needs one.", file=sys.stderr)
+        print("bench_attention: no CUDA device; this benchmark times GPU kernels and needs one.", file=sys.stderr)
         return 2
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        print("attention_kernels: TRITON_INTERPRET is set; unset it (the interpreter times nothing useful).",
+        print("bench_attention: TRITON_INTERPRET is set; unset it (the interpreter times nothing useful).",
               file=sys.stderr)
         return 2
     from kernels.attention.triton import HAS_TRITON, flash_attention_triton
     if not HAS_TRITON:
-        print("attention_kernels: Triton is not installed.", file=sys.stderr)
+        print("bench_attention: Triton is not installed.", file=sys.stderr)
         return 2
 
     dtype = DTYPES[args.dtype]

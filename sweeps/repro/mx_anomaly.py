@@ -1,0 +1,33 @@
+"""Reproduction of "Is Finer Better? The Limits of Microscaling Formats in LLMs": FP4 E2M1 error
+against block size (256 down to 8) for each block-scale format, on synthetic tensors of controlled
+width and on a trained celerity_lm model.
+
+One trial per scale format; the block sizes are swept inside the trial, so the LM is trained
+(or loaded) once per format. The full size quantizes the default celerity_lm (width 256, depth 6,
+20 tokens per parameter), trained in the trial: point `lm_checkpoint` at a run folder of
+`ladder run celerity_lm` to quantize a model trained elsewhere.
+"""
+
+from orchestrator.sweep import Sweep
+
+SCALES = (
+    {"scale_format": "ue4m3", "global_scale": False},  # NVFP4 single-level scaling: the anomaly
+    {"scale_format": "ue4m3", "global_scale": True},  # NVFP4 with its per-tensor FP32 scale
+    {"scale_format": "ue5m3", "global_scale": False},  # the paper's fix, no global scale needed
+    {"scale_format": "e8m0", "global_scale": False},  # OCP MX
+)
+
+
+def build(*, smoke: bool = False, seed: int = 0) -> Sweep:
+    return Sweep(
+        name="mx_anomaly",
+        workload="mx_anomaly",
+        base="smoke" if smoke else "default",
+        overrides={"seed": seed},
+        points=SCALES,
+        scheduler="fifo",
+        objective=("eval/lm_loss_fp", "min"),
+    )
+
+
+sweep = build()

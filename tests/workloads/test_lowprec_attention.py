@@ -1,0 +1,83 @@
+"""lowprec_attention: the bias statistic, the decoder's pluggable attention, claims and the reproduction."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from orchestrator import registry
+from orchestrator.config import ConfigError
+from workloads import celerity_lm
+from workloads import lowprec_attention as m
+from workloads.lowprec_attention import claims
+from workloads.lowprec_attention.workload import attention_fn, bias_statistics
+
+
+def test_bad_configs_name_the_fix():
+    w = registry.load("lowprec_attention")
+    with pytest.raises(ConfigError, match="precision must be one of"):
+        w.validate(m.Config(precision="fp8"))
+    with pytest.raises(ConfigError, match="block must be a power of two"):
+        w.validate(m.Config(block=100))
+    with pytest.raises(ConfigError, match="not a multiple of head_dim"):
+        w.validate(m.Config(width=100))
+    with pytest.raises(ConfigError, match="bias_seeds must be at least 2"):
+        w.validate(m.Config(bias_seeds=1))
+
+
+def test_bias_statistic_with_and_without_the_fix():
+    cfg = dataclasses.replace(m.smoke(), bias_seeds=2)
+    base = bias_statistics(cfg)
+    fixed = bias_statistics(dataclasses.replace(cfg, stable_rounding=True))
+    assert base["eval/bias_r_abs_min"] > 1.0
+    assert fixed["eval/bias_r_abs_max"] < 0.25
+    flipped = bias_statistics(dataclasses.replace(cfg, v_mean=1.0))
+    assert flipped["eval/bias_r_mean"] < -1.0  # the bias takes its sign from V's mean
+    fp32 = bias_statistics(dataclasses.replace(cfg, precision="kernel"))
+    assert fp32["eval/bias_r_abs_max"] < 0.3  # fp32 row sums do not round: no bias to fix
+
+
+def test_decoder_attention_is_pluggable_and_matches_sdpa_in_fp32():
+    lm_cfg = dataclasses.replace(celerity_lm.smoke(), width=32, depth=1, head_dim=16, seq_len=24)
+    torch.manual_seed(0)
+    model, _, _ = celerity_lm.build(lm_cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))  # the readout starts at zero; make the logits depend on attention
+    x = torch.randint(0, 256, (2, 24))
+    expected = model(x)
+    cfg = dataclasses.replace(m.smoke(), dtype="fp32", precision="kernel", block=16)
+    model.blocks[0].attention = attention_fn(cfg, torch.device("cpu"))
+    assert torch.allclose(model(x), expected, atol=1e-5)
+    model.blocks[0].attention = attention_fn(dataclasses.replace(cfg, dtype="bf16", precision="paper"), torch.device("cpu"))
+    assert not torch.allclose(model(x), expected, atol=1e-5)  # the low-precision path really runs
+
+
+def _trial(fix, rs, loss=2.9, nonfinite=0.0):
+    t = {"stable_rounding": fix, "precision": "paper", "dtype": "bf16", "seed": 0, "bias_seeds": len(rs),
+         "eval/loss": loss, "train/nonfinite_steps": nonfinite}
+    t.update({f"eval/bias_r/seed{i}": r for i, r in enumerate(rs)})
+    return t
+
+
+def test_claims_judge_what_they_are_given():
+    good = [_trial(False, [1.3, 1.2, 1.4]), _trial(True, [0.1, -0.05, 0.2], loss=2.91)]
+    assert all(c(good)[0] for c in claims.CLAIMS)
+    weak = [_trial(False, [1.3, 0.9, 1.4]), _trial(True, [0.1, -0.3, 0.2], loss=3.2)]
+    assert not any(c(weak)[0] for c in claims.CLAIMS)
+    assert claims.fix_removes_bias(good)[1]["removed_fraction"] == pytest.approx(1 - (0.25 / 3) / 1.3)
+    exploded = [_trial(False, [1.3, 1.2]), _trial(True, [0.1, 0.0], nonfinite=3.0)]
+    assert not claims.fix_keeps_training(exploded)[0]
+
+
+@pytest.mark.slow
+def test_reproduce_lowprec_attention_smoke_holds(workdir):
+    from orchestrator.reproduce import reproduce
+
+    rep = reproduce("lowprec_attention", smoke=True, local=True)
+    assert rep.holds, [(c.name, c.measured, c.error) for c in rep.claims]
+    by = {c.name: c.measured for c in rep.claims}
+    assert by["baseline_is_biased"]["r_abs_min"] > 1.0 and by["fix_removes_bias"]["r_abs_max"] < 0.25
+    assert len(rep.trials) == 2 and rep.parent_run_id

@@ -1,0 +1,84 @@
+"""The paper's claims, measured on the trials of `sweeps/repro/lowprec_attention.py`, and its plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+BIASED = 1.0  # the baseline's mean error lies beyond one standard deviation of it
+FIXED = 0.25  # the fix leaves less than a quarter of one
+SAME_LOSS = 0.02  # the fix is the same maths: the trained loss may differ by rounding, not by 2%
+
+
+def _trials(trials: list[dict[str, Any]], stable_rounding: bool, precision: str = "paper") -> list[dict[str, Any]]:
+    """Every trial of one variant (several when the sweep has a seed axis)."""
+    found = [t for t in trials if bool(t["stable_rounding"]) == stable_rounding and t["precision"] == precision]
+    if not found:
+        raise LookupError(f"no trial with stable_rounding={stable_rounding}, precision={precision!r} among "
+                          f"{[(t['stable_rounding'], t['precision']) for t in trials]}")
+    return sorted(found, key=lambda t: t["seed"])
+
+
+def _trial(trials: list[dict[str, Any]], stable_rounding: bool, precision: str = "paper") -> dict[str, Any]:
+    return _trials(trials, stable_rounding, precision)[0]
+
+
+def _rs(found: dict[str, Any] | list[dict[str, Any]]) -> list[float]:
+    """The bias statistic of every input set of one trial or of several, pooled."""
+    found = [found] if isinstance(found, dict) else found
+    return [t[f"eval/bias_r/seed{i}"] for t in found for i in range(int(t["bias_seeds"]))]
+
+
+def baseline_is_biased(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
+    """Without the fix, bf16 flash attention's error on tied row maxima is biased: its mean lies beyond one standard deviation, on every input set."""
+    rs = _rs(_trials(trials, False))
+    return min(abs(r) for r in rs) > BIASED, {"r_mean": sum(rs) / len(rs), "r_abs_min": min(abs(r) for r in rs),
+                                              "seeds": float(len(rs))}
+
+
+def fix_removes_bias(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
+    """With the fix, the bias falls below a quarter of one standard deviation on every input set."""
+    base, fixed = _rs(_trials(trials, False)), _rs(_trials(trials, True))
+    worst = max(abs(r) for r in fixed)
+    mean_base = sum(base) / len(base)
+    mean_fixed = sum(fixed) / len(fixed)
+    return worst < FIXED, {"r_mean": mean_fixed, "r_abs_max": worst,
+                           "removed_fraction": 1 - abs(mean_fixed) / abs(mean_base)}
+
+
+def fix_keeps_training(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
+    """Training with the fix reaches the same held-out loss (it changes the rounding, not the maths)."""
+    base, fixed = _trials(trials, False), _trials(trials, True)
+    a = sum(t["eval/loss"] for t in base) / len(base)
+    b = sum(t["eval/loss"] for t in fixed) / len(fixed)
+    rel = abs(b - a) / a
+    finite = all(t["train/nonfinite_steps"] == 0 for t in base + fixed)
+    return rel < SAME_LOSS and finite, {"loss_baseline": a, "loss_fixed": b, "relative_gap": rel}
+
+
+CLAIMS = [baseline_is_biased, fix_removes_bias, fix_keeps_training]
+
+
+def plot(trials: list[dict[str, Any]], path: str | Path) -> None:
+    """The error-bias statistic per input set, a bar group per variant, with the claim's thresholds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    order = sorted(trials, key=lambda t: (t["precision"], bool(t["stable_rounding"])))
+    width = 0.8 / max(1, len(order))
+    for j, t in enumerate(order):
+        rs = _rs(t)
+        label = f"{t['precision']} {t['dtype']}" + (", fix" if t["stable_rounding"] else "")
+        ax.bar([i + j * width for i in range(len(rs))], rs, width=width, label=label)
+    for y in (BIASED, -BIASED):
+        ax.axhline(y, color="grey", lw=0.8, ls="--")
+    for y in (FIXED, -FIXED):
+        ax.axhline(y, color="grey", lw=0.8, ls=":")
+    ax.set(xlabel="input set (seed)", ylabel="mean(err) / std(err)", title="flash attention error bias, tied maxima")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

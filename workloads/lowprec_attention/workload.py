@@ -1,0 +1,236 @@
+"""lowprec_attention: Config, the bias measurement and the low-precision training loop."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from kernels import attention as attn
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+PRECISIONS = ("paper", "kernel")
+
+
+@dataclass(frozen=True)
+class Config:
+    stable_rounding: bool = False
+    """The paper's fix: shift a tile's row max when it is attained more than once."""
+    precision: str = "paper"
+    """Reference arithmetic: 'paper' (statistics in the input dtype, as the paper's code) or 'kernel' (fp32, as FA-2)."""
+    block: int = 512
+    """Attention tile (block_m = block_n) of the reference; the paper's code uses 512."""
+    dtype: str = "bf16"
+    """Low precision of attention inputs and of the training run's matmuls: 'bf16', 'fp16' or 'fp32'."""
+    bias_seeds: int = 5
+    """Tied-maximum input sets measured for the error-bias statistic."""
+    bias_queries: int = 128
+    """Queries per bias input set."""
+    bias_keys: int = 1024
+    """Keys per bias input set (most of them tie at every row's maximum)."""
+    bias_head_dim: int = 64
+    """Head dimension of the bias inputs."""
+    v_mean: float = -1.0
+    """Mean of V in the bias inputs; the bias takes its sign from it."""
+    impl: str = "auto"
+    """Attention in the training run: 'auto' (Triton on CUDA, else the reference), 'triton' or 'reference'."""
+    width: int = 768
+    """Decoder width (GPT-2 small: 768)."""
+    depth: int = 12
+    """Decoder blocks (GPT-2 small: 12)."""
+    head_dim: int = 64
+    """Per-head dimension."""
+    seq_len: int = 1024
+    """Context length in bytes."""
+    batch_size: int = 32
+    """Sequences per step."""
+    steps: int = 20000
+    """Training steps."""
+    lr: float = 6e-4
+    """Peak learning rate (AdamW, linear warmup then linear decay)."""
+    weight_decay: float = 0.1
+    """AdamW weight decay on hidden matrices."""
+    warmup_frac: float = 0.02
+    """Fraction of steps in linear warmup."""
+    data: str = "stdlib"
+    """'stdlib' (the Python standard library's source) or a folder of text files."""
+    max_bytes: int = 0
+    """Cap on training bytes read from the corpus (0: all of it)."""
+    eval_every: int = 500
+    """Evaluate the held-out loss every this many steps (and at the end)."""
+    eval_tokens: int = 65536
+    """Held-out tokens per evaluation."""
+    log_every: int = 10
+    """Report train/loss every this many steps."""
+    checkpoint_every: int = 1000
+    """Save a checkpoint every this many steps (and at the end)."""
+    seed: int = 0
+    """Seed of the bias inputs, the initialization and the data order."""
+
+
+def smoke() -> Config:
+    """Seconds on a CPU: five bias input sets and a one-block decoder trained 80 steps in bf16 (the
+    emulating reference rounds tensor by tensor, so the decoder is kept tiny)."""
+    return Config(width=32, depth=1, head_dim=16, seq_len=32, batch_size=8, steps=80, lr=3e-3, max_bytes=1_000_000,
+                  eval_every=40, eval_tokens=2048, log_every=5, checkpoint_every=40)
+
+
+def validate(cfg: Config, world_size: int = 1) -> None:
+    if cfg.precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {cfg.precision!r}")
+    if cfg.dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {cfg.dtype!r}")
+    if cfg.impl not in attn.IMPLS:
+        raise ValueError(f"impl must be one of {attn.IMPLS}, got {cfg.impl!r}")
+    if cfg.impl == "triton" and not attn.HAS_TRITON:
+        raise ValueError("impl='triton' needs Triton installed; use impl='reference'")
+    for name in ("block", "bias_seeds", "bias_queries", "bias_keys", "bias_head_dim", "width", "depth", "head_dim",
+                 "seq_len", "batch_size", "steps", "eval_every", "eval_tokens", "log_every", "checkpoint_every"):
+        if getattr(cfg, name) <= 0:
+            raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
+    if cfg.block & (cfg.block - 1):
+        raise ValueError(f"block must be a power of two, got {cfg.block}")
+    if cfg.width % cfg.head_dim:
+        raise ValueError(f"width={cfg.width} is not a multiple of head_dim={cfg.head_dim}")
+    if cfg.bias_seeds < 2:
+        raise ValueError(f"bias_seeds must be at least 2 (the claims judge a spread), got {cfg.bias_seeds}")
+    if cfg.batch_size % world_size:
+        raise ValueError(f"batch_size={cfg.batch_size} does not split over {world_size} workers")
+    if cfg.data != "stdlib":
+        from workloads.celerity_lm.data import corpus_files
+
+        corpus_files(cfg.data)
+
+
+def bias_statistics(cfg: Config) -> dict[str, float]:
+    """`error_bias` of the emulated flash attention on tied-maximum inputs, one value per seed."""
+    dtype = DTYPES[cfg.dtype]
+    out: dict[str, float] = {}
+    rs = []
+    for i in range(cfg.bias_seeds):
+        seed = cfg.seed * 1000 + i
+        q, k, v = attn.tied_max_inputs(seed, queries=cfg.bias_queries, keys=cfg.bias_keys, head_dim=cfg.bias_head_dim,
+                                       v_mean=cfg.v_mean, dtype=dtype)
+        o, _ = attn.reference.flash_attention_forward(q, k, v, stable_rounding=cfg.stable_rounding, block_m=cfg.block,
+                                                      block_n=cfg.block, precision=cfg.precision)
+        r = attn.error_bias(o, attn.attention_fp64(q, k, v))
+        out[f"eval/bias_r/seed{i}"] = r
+        rs.append(r)
+    mean = sum(rs) / len(rs)
+    out["eval/bias_r_mean"] = mean
+    out["eval/bias_r_abs_min"] = min(abs(r) for r in rs)
+    out["eval/bias_r_abs_max"] = max(abs(r) for r in rs)
+    return out
+
+
+def attention_fn(cfg: Config, device: torch.device):
+    """The decoder's attention: q, k, v [B, H, T, D] in the run's low precision, causal."""
+    dtype = DTYPES[cfg.dtype]
+    probe = torch.empty(0, device=device)
+    if attn.resolve_impl(cfg.impl, probe) == "triton":
+        kernel = partial(attn.flash_attention_triton, causal=True, stable_rounding=cfg.stable_rounding)
+    else:
+        kernel = partial(attn.flash_attention_reference, causal=True, stable_rounding=cfg.stable_rounding,
+                         block_m=cfg.block, block_n=cfg.block, precision=cfg.precision)
+
+    def attention(q, k, v):
+        return kernel(q.to(dtype), k.to(dtype), v.to(dtype)).to(q.dtype)
+
+    return attention
+
+
+def lm_config(cfg: Config):
+    from workloads import celerity_lm
+
+    # celerity_lm's model at its base width and depth: no muP/CompleteP rescaling, GPT-2-style init.
+    return dataclasses.replace(
+        celerity_lm.Config(), width=cfg.width, depth=cfg.depth, head_dim=cfg.head_dim, seq_len=cfg.seq_len,
+        batch_size=cfg.batch_size, lr=cfg.lr, weight_decay=cfg.weight_decay, base_width=cfg.width,
+        base_depth=cfg.depth, data=cfg.data, max_bytes=cfg.max_bytes, seed=cfg.seed)
+
+
+def _evaluate(model, batches, device, autocast) -> float:
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad(), autocast():
+        for x, y in batches:
+            logits = model(x.to(device)).float()
+            total += F.cross_entropy(logits.flatten(0, 1), y.to(device).flatten(), reduction="sum").item()
+            count += y.numel()
+    model.train()
+    return total / count
+
+
+def train(cfg: Config, run) -> dict[str, float]:
+    from workloads import celerity_lm
+    from workloads.celerity_lm.data import BatchSampler, heldout_batches, load_corpus
+    from workloads.celerity_lm.workload import lr_factor
+
+    validate(cfg, run.world_size)
+    bias = bias_statistics(cfg)
+    torch.manual_seed(cfg.seed)
+    lm_cfg = lm_config(cfg)
+    train_bytes, held_bytes = load_corpus(cfg.data, heldout_frac=lm_cfg.heldout_frac, max_bytes=cfg.max_bytes)
+    model, optimizer, _ = celerity_lm.build(lm_cfg)
+    for g in optimizer.param_groups:
+        g["lr"] = cfg.lr
+    for block in model.blocks:
+        block.attention = attention_fn(cfg, run.device)
+    model, optimizer = run.prepare(model, optimizer)
+    raw = getattr(model, "module", model)
+    sampler = BatchSampler(train_bytes, cfg.seq_len, cfg.batch_size // run.world_size, seed=cfg.seed, rank=run.rank)
+    heldout = heldout_batches(held_bytes, cfg.seq_len, cfg.eval_tokens, batch=32)
+    dtype = DTYPES[cfg.dtype]
+    autocast = partial(torch.autocast, device_type=run.device.type, dtype=dtype, enabled=dtype != torch.float32)
+
+    start = 0
+    state = run.restore()
+    if state is not None:
+        raw.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        sampler.load_state(state["sampler"])
+        start = int(state["step"])
+    window, n = 0.0, 0
+    train_loss = eval_loss = math.nan
+    nonfinite = float(state.get("nonfinite", 0.0)) if state is not None else 0.0
+    for step in range(start + 1, cfg.steps + 1):
+        factor = lr_factor(step, cfg.steps, cfg.warmup_frac)
+        for g in optimizer.param_groups:
+            g["lr"] = cfg.lr * factor
+        x, y = sampler.next()
+        x, y = x.to(run.device), y.to(run.device)
+        with autocast():
+            logits = model(x)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        if not math.isfinite(loss.item()):
+            nonfinite += 1  # the paper's failure is a loss that explodes; count it, do not hide it
+        window += loss.item()
+        n += 1
+        metrics: dict[str, float] = {}
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            train_loss = window / n
+            metrics["train/loss"] = train_loss
+            window, n = 0.0, 0
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            eval_loss = _evaluate(model, heldout, run.device, autocast)
+            metrics["eval/loss"] = eval_loss
+        if metrics:
+            metrics["progress"] = step / cfg.steps
+            if step == start + 1 or step == cfg.steps:
+                metrics.update(bias)
+            run.report(metrics, step=step)
+        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+            run.save({"step": step, "model": raw.state_dict(), "optimizer": optimizer.state_dict(),
+                      "sampler": sampler.state(), "nonfinite": nonfinite})
+    if math.isnan(eval_loss):
+        eval_loss = _evaluate(model, heldout, run.device, autocast)
+    return {**bias, "train/loss": train_loss, "eval/loss": eval_loss, "train/nonfinite_steps": nonfinite}

@@ -1,0 +1,355 @@
+"""mx_anomaly: Config, the measurement loop over block sizes, and the LM it quantizes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from kernels import mx
+
+LINEARS = ("qkv", "proj", "fc", "out")  # every hidden matrix; embeddings and readout stay high precision
+LM_PRESETS = ("default", "smoke")
+DISTRIBUTIONS = ("gaussian", "laplace")
+PRETRAIN_SHARE = 0.9  # progress given to training the LM when the trial trains it
+
+
+@dataclass(frozen=True)
+class Config:
+    scale_format: str = "ue4m3"
+    """Block-scale format: 'e8m0' (OCP MX), 'ue4m3' (NVFP4) or 'ue5m3' (the paper's proposal)."""
+    global_scale: bool = False
+    """NVFP4's per-tensor FP32 scale on top of the block scales (ue4m3/ue5m3 only)."""
+    block_sizes: tuple[int, ...] = (256, 128, 64, 32, 16, 8)
+    """Block sizes measured, largest first (each of 8, 16, 32, 64, 128, 256)."""
+    elem_format: str = "e2m1"
+    """Element format: 'e2m1' (FP4) or 'e4m3' (FP8)."""
+    underflow: str = "flush"
+    """A block scale below the format's smallest: 'flush' to zero or 'clamp' to the smallest."""
+    ue5m3_bias: int = 15
+    """Exponent bias of UE5M3 (the paper's encoding is not public; 15 matches OCP E5M3)."""
+    sigmas: tuple[float, ...] = (0.001, 0.005, 0.02, 1.0)
+    """Standard deviations of the synthetic tensors; LLM weights sit around 0.01-0.03."""
+    distribution: str = "gaussian"
+    """Synthetic tensor distribution: 'gaussian' or 'laplace' (heavier tails), zero mean."""
+    synthetic_rows: int = 256
+    """Rows of each synthetic tensor (1024 columns, so every block size divides a row)."""
+    quantize_activations: bool = True
+    """Also measure W4A4: the inputs of every hidden linear layer fake-quantized too."""
+    lm_checkpoint: str = ""
+    """A celerity_lm run folder (with run.json) whose latest checkpoint is quantized; empty: train one here."""
+    lm_preset: str = "default"
+    """When training the LM here: celerity_lm's 'default' config or its CPU-sized 'smoke' one."""
+    lm_width: int = 0
+    """When training the LM here: its width (0 keeps the preset's)."""
+    lm_tpp: float = 0.0
+    """When training the LM here: tokens per parameter (0 keeps the preset's)."""
+    lm_narrow_std: float = 0.005
+    """Also measure a narrowed copy of the LM: qkv and fc weights rescaled to this std, their LayerNorms
+    compensating, so the function is unchanged (large LLMs' weights are this narrow; 0 skips it)."""
+    eval_tokens: int = 32768
+    """Held-out tokens for the loss of the quantized LM."""
+    seed: int = 0
+    """Seed of the synthetic tensors and of the LM trained here."""
+
+
+def smoke() -> Config:
+    """Seconds on a CPU: the smoke celerity_lm at width 64 and four synthetic widths."""
+    return Config(synthetic_rows=128, lm_preset="smoke", lm_width=64, eval_tokens=8192)
+
+
+def validate(cfg: Config, world_size: int = 1) -> None:
+    if world_size != 1:
+        raise ValueError(f"mx_anomaly measures on one worker, got {world_size}: run it with --workers 1")
+    if cfg.scale_format not in mx.SCALE_FORMATS:
+        raise ValueError(f"scale_format must be one of {sorted(mx.SCALE_FORMATS)}, got {cfg.scale_format!r}")
+    if cfg.global_scale and cfg.scale_format == "e8m0":
+        raise ValueError("global_scale applies to ue4m3/ue5m3 scales; set global_scale=false for e8m0")
+    if cfg.elem_format not in mx.ELEM_FORMATS:
+        raise ValueError(f"elem_format must be one of {sorted(mx.ELEM_FORMATS)}, got {cfg.elem_format!r}")
+    if cfg.underflow not in mx.UNDERFLOW_MODES:
+        raise ValueError(f"underflow must be one of {mx.UNDERFLOW_MODES}, got {cfg.underflow!r}")
+    bad = [b for b in cfg.block_sizes if b not in mx.BLOCK_SIZES]
+    if not cfg.block_sizes or bad:
+        raise ValueError(f"block_sizes must be a non-empty subset of {mx.BLOCK_SIZES}, got {cfg.block_sizes}")
+    if len(set(cfg.block_sizes)) != len(cfg.block_sizes):
+        raise ValueError(f"block_sizes has repeats: {cfg.block_sizes}")
+    if not cfg.sigmas or any(not (s > 0 and math.isfinite(s)) for s in cfg.sigmas):
+        raise ValueError(f"sigmas must be positive and finite, got {cfg.sigmas}")
+    if cfg.distribution not in DISTRIBUTIONS:
+        raise ValueError(f"distribution must be one of {DISTRIBUTIONS}, got {cfg.distribution!r}")
+    if cfg.synthetic_rows <= 0 or cfg.eval_tokens <= 0:
+        raise ValueError("synthetic_rows and eval_tokens must be positive")
+    if cfg.lm_preset not in LM_PRESETS:
+        raise ValueError(f"lm_preset must be one of {LM_PRESETS}, got {cfg.lm_preset!r}")
+    if not 1 <= cfg.ue5m3_bias <= 30:
+        raise ValueError(f"ue5m3_bias must lie in 1..30, got {cfg.ue5m3_bias}")
+    if cfg.lm_narrow_std < 0:
+        raise ValueError(f"lm_narrow_std must be >= 0 (0 skips the narrowed LM), got {cfg.lm_narrow_std}")
+    if cfg.lm_checkpoint:
+        _find_lm(cfg.lm_checkpoint)  # raises naming what is missing
+    else:
+        from workloads import celerity_lm
+
+        celerity_lm.validate(lm_config(cfg), 1)
+
+
+def quant_options(cfg: Config, block_size: int) -> dict[str, Any]:
+    scale = mx.ue5m3(bias=cfg.ue5m3_bias) if cfg.scale_format == "ue5m3" else cfg.scale_format
+    return dict(block_size=block_size, scale_format=scale, elem_format=cfg.elem_format,
+                global_scale=cfg.global_scale, underflow=cfg.underflow)
+
+
+def sigma_key(sigma: float) -> str:
+    return f"s{sigma:g}"
+
+
+def rel_mse(x: torch.Tensor, x_hat: torch.Tensor) -> float:
+    """Quantization error power over signal power."""
+    x, x_hat = x.double(), x_hat.double()
+    return float(((x_hat - x) ** 2).sum() / (x**2).sum().clamp_min(1e-300))
+
+
+def synthetic(cfg: Config, sigma: float) -> torch.Tensor:
+    g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + int(round(sigma * 1e6)))
+    shape = (cfg.synthetic_rows, 1024)
+    if cfg.distribution == "gaussian":
+        return sigma * torch.randn(shape, generator=g)
+    u = torch.rand(shape, generator=g) - 0.5  # Laplace by inverse CDF, std sigma
+    return -sigma / math.sqrt(2) * torch.sign(u) * torch.log1p(-2 * u.abs())
+
+
+# --- the language model ------------------------------------------------------------------------
+
+
+def lm_config(cfg: Config):
+    from workloads import celerity_lm
+
+    base = celerity_lm.smoke() if cfg.lm_preset == "smoke" else celerity_lm.Config()
+    changes: dict[str, Any] = {"seed": cfg.seed}
+    if cfg.lm_width:
+        changes["width"] = cfg.lm_width
+    if cfg.lm_tpp:
+        changes["tpp"] = cfg.lm_tpp
+    return dataclasses.replace(base, **changes)
+
+
+def _find_lm(folder: str) -> tuple[dict[str, Any], Path]:
+    """The run record's config and the newest checkpoint file of a celerity_lm run folder."""
+    root = Path(folder)
+    record = root / "run.json"
+    if not record.is_file():
+        raise ValueError(f"lm_checkpoint {folder!r} has no run.json: pass the folder `ladder run celerity_lm` printed")
+    meta = json.loads(record.read_text())
+    if meta.get("workload") != "celerity_lm":
+        raise ValueError(f"lm_checkpoint {folder!r} is a run of {meta.get('workload')!r}, not celerity_lm")
+    found = sorted(root.rglob("step-*.pt"), key=lambda p: int(p.stem.split("-")[1]) if p.stem.split("-")[1].isdigit() else -1)
+    if not found:
+        raise ValueError(f"lm_checkpoint {folder!r} holds no checkpoint (step-*.pt): the run saved none yet")
+    return meta["config"], found[-1]
+
+
+def load_lm(folder: str):
+    from orchestrator.checkpoints import read_checkpoint
+    from workloads import celerity_lm
+
+    config, path = _find_lm(folder)
+    fields = {f.name for f in dataclasses.fields(celerity_lm.Config)}
+    lm_cfg = celerity_lm.Config(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in config.items() if k in fields})
+    model, _, _ = celerity_lm.build(lm_cfg)
+    model.load_state_dict(read_checkpoint(path)["model"])
+    return model, lm_cfg
+
+
+class _PretrainRun:
+    """The trial's `Run` as celerity_lm's loop sees it while it trains the model to quantize:
+    its training loss is the trial's, its progress a share of the trial's, its checkpoints the
+    trial's (so a restarted trial continues the LM's training)."""
+
+    def __init__(self, outer, restored: dict[str, Any] | None) -> None:
+        self.outer = outer
+        self.device, self.rank, self.world_size = outer.device, outer.rank, outer.world_size
+        self.restored = restored
+        self.last_state: dict[str, Any] | None = restored
+
+    def report(self, metrics: dict[str, float], *, step: int) -> None:
+        out = {k: v for k, v in metrics.items() if k == "train/loss"}
+        if "eval/loss" in metrics:
+            out["eval/lm_loss"] = metrics["eval/loss"]
+        if "progress" in metrics:
+            out["progress"] = PRETRAIN_SHARE * metrics["progress"]
+        if out:
+            self.outer.report(out, step=step)
+
+    def save(self, state: dict[str, Any]) -> None:
+        self.last_state = state
+        self.outer.save({"step": state["step"], "phase": "pretrain", "pretrain": state})
+
+    def restore(self) -> dict[str, Any] | None:
+        return self.restored
+
+    def prepare(self, model, optimizer):
+        return model.to(self.device), optimizer
+
+    def log_artifact(self, path) -> None:
+        self.outer.log_artifact(path)
+
+
+class ActivationQuant:
+    """Forward pre-hooks that fake-quantize every hidden linear layer's input and total the error."""
+
+    def __init__(self, model: torch.nn.Module, opts: dict[str, Any]) -> None:
+        self.err = self.power = 0.0
+        self.handles = [
+            getattr(block, name).register_forward_pre_hook(self._hook) for block in model.blocks for name in LINEARS
+        ]
+        self.opts = opts
+
+    def _hook(self, module, args):
+        x = args[0]
+        q = mx.fake_quant(x, **self.opts)
+        self.err += float(((q.double() - x.double()) ** 2).sum())
+        self.power += float((x.double() ** 2).sum())
+        return (q,)
+
+    def remove(self) -> float:
+        for h in self.handles:
+            h.remove()
+        return self.err / max(self.power, 1e-300)
+
+
+def narrowed(model: torch.nn.Module, std: float) -> torch.nn.Module:
+    """A copy of `model` whose LayerNorm-fed matrices (qkv, fc) have weight std `std`: a LayerNorm's
+    gain and shift are divided by the factor its following matrix is multiplied by, so the network
+    computes the same function with the narrow weights of a large LLM."""
+    import copy
+
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        for block in out.blocks:
+            for norm, lin in ((block.ln1, block.qkv), (block.ln2, block.fc)):
+                c = std / float(lin.weight.std())
+                lin.weight.mul_(c)
+                norm.weight.div_(c)
+                norm.bias.div_(c)
+    return out
+
+
+def heldout_loss(model: torch.nn.Module, batches, device) -> float:
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for x, y in batches:
+            logits = model(x.to(device))
+            total += F.cross_entropy(logits.flatten(0, 1), y.to(device).flatten(), reduction="sum").item()
+            count += y.numel()
+    return total / count
+
+
+def measure_block(cfg: Config, block_size: int, models: dict[str, Any], batches, device,
+                  loss_fp: float) -> dict[str, float]:
+    """Every metric of one block size (this trial's scale format)."""
+    opts = quant_options(cfg, block_size)
+    b = f"b{block_size}"
+    out: dict[str, float] = {}
+    for sigma in cfg.sigmas:
+        x = synthetic(cfg, sigma)
+        out[f"eval/rel_mse/{sigma_key(sigma)}/{b}"] = rel_mse(x, mx.fake_quant(x, **opts))
+    for name, model in models.items():
+        out.update(measure_lm(cfg, opts, name, model, batches, device, loss_fp, b))
+    return out
+
+
+def measure_lm(cfg: Config, opts: dict[str, Any], name: str, model, batches, device, loss_fp: float,
+               b: str) -> dict[str, float]:
+    """Weight and activation error of one LM and its held-out loss increase, weights quantized in place
+    and restored afterwards."""
+    out: dict[str, float] = {}
+    originals = {}
+    errors = []
+    with torch.no_grad():
+        for i, block in enumerate(model.blocks):
+            for lin in LINEARS:
+                w = getattr(block, lin).weight
+                originals[(i, lin)] = w.detach().clone()
+                w_hat = mx.fake_quant(w, **opts)
+                errors.append(rel_mse(w, w_hat))
+                w.copy_(w_hat)
+    # Each matrix counts alike: pooled power would let the widest matrices hide the narrow ones.
+    out[f"eval/rel_mse/{name}_weights/{b}"] = sum(errors) / len(errors)
+    try:
+        out[f"eval/{name}_dloss_w4/{b}"] = heldout_loss(model, batches, device) - loss_fp
+        if cfg.quantize_activations:
+            hooks = ActivationQuant(model, opts)
+            try:
+                out[f"eval/{name}_dloss_w4a4/{b}"] = heldout_loss(model, batches, device) - loss_fp
+            finally:
+                out[f"eval/rel_mse/{name}_acts/{b}"] = hooks.remove()
+    finally:
+        with torch.no_grad():
+            for (i, lin), w in originals.items():
+                getattr(model.blocks[i], lin).weight.copy_(w)
+    return out
+
+
+def weight_std(model) -> float:
+    ws = torch.cat([getattr(b, n).weight.detach().flatten() for b in model.blocks for n in LINEARS])
+    return float(ws.std())
+
+
+def train(cfg: Config, run) -> dict[str, float]:
+    from workloads import celerity_lm
+    from workloads.celerity_lm.data import heldout_batches, load_corpus
+
+    validate(cfg, run.world_size)
+    state = run.restore()
+    results: dict[str, float] = {}
+    step = 0
+    pretrained = not cfg.lm_checkpoint
+    share = PRETRAIN_SHARE if pretrained else 0.0
+    if cfg.lm_checkpoint:
+        model, lm_cfg = load_lm(cfg.lm_checkpoint)
+    else:
+        lm_cfg = lm_config(cfg)
+        model, _, _ = celerity_lm.build(lm_cfg)
+    if state is not None and state.get("phase") == "quant":
+        model.load_state_dict(state["lm"])
+        results, step = dict(state["results"]), int(state["step"])
+    elif pretrained:
+        # The LM is trained by celerity_lm's own loop; its checkpoints are this trial's.
+        inner = _PretrainRun(run, state["pretrain"] if state is not None else None)
+        lm_final = celerity_lm.train(lm_cfg, inner)
+        model.load_state_dict(inner.last_state["model"])
+        step = int(inner.last_state["step"])
+        results["eval/lm_loss_trained"] = float(lm_final["eval/loss"])
+    model = model.to(run.device).eval()
+    _, held = load_corpus(lm_cfg.data, heldout_frac=lm_cfg.heldout_frac, max_bytes=lm_cfg.max_bytes)
+    batches = heldout_batches(held, lm_cfg.seq_len, cfg.eval_tokens, batch=32)
+    loss_fp = heldout_loss(model, batches, run.device)
+    results.update({"eval/lm_loss_fp": loss_fp, "eval/lm_weight_std": weight_std(model)})
+    models = {"lm": model}
+    if cfg.lm_narrow_std > 0:
+        models["lm_narrow"] = narrowed(model, cfg.lm_narrow_std)
+        # The narrowing must not change the function; measured, not assumed.
+        results["eval/lm_narrow_loss_change"] = heldout_loss(models["lm_narrow"], batches, run.device) - loss_fp
+
+    done = {int(k.rsplit("/b", 1)[1]) for k in results if k.startswith("eval/rel_mse/lm_weights/")}
+    todo = [b for b in cfg.block_sizes if b not in done]
+    for i, block_size in enumerate(cfg.block_sizes):
+        if block_size not in todo:
+            continue
+        step += 1
+        metrics = measure_block(cfg, block_size, models, batches, run.device, loss_fp)
+        results.update(metrics)
+        progress = share + (1 - share) * (i + 1) / len(cfg.block_sizes)
+        loss_key = f"eval/lm_dloss_w4a4/b{block_size}" if cfg.quantize_activations else f"eval/lm_dloss_w4/b{block_size}"
+        # train/loss here is the quantized model's held-out loss: what this trial optimizes for.
+        run.report({**metrics, "train/loss": loss_fp + metrics[loss_key], "eval/block_size": float(block_size),
+                    "progress": min(1.0, progress)}, step=step)
+        run.save({"step": step, "phase": "quant", "lm": model.state_dict(), "results": results})
+    return {k: float(v) for k, v in results.items()}
