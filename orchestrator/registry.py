@@ -17,6 +17,8 @@ from orchestrator.config import ConfigError, closest
 
 WORKLOADS: dict[str, str] = {
     "celerity_lm": "workloads.celerity_lm",
+    "lowprec_attention": "workloads.lowprec_attention",
+    "mx_anomaly": "workloads.mx_anomaly",
 }
 
 
