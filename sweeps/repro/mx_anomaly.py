@@ -18,12 +18,18 @@ SCALES = (
 )
 
 
+# CPU-sized, every block size: a smoke celerity_lm at width 64 trained to 4 tokens per parameter
+# (about 400 steps), so that its held-out loss responds to quantization.
+SMOKE = {"block_sizes": (256, 128, 64, 32, 16, 8), "sigmas": (0.001, 0.005, 0.02, 1.0), "synthetic_rows": 128,
+         "lm_width": 64, "lm_tpp": 4.0, "eval_tokens": 8192}
+
+
 def build(*, smoke: bool = False, seed: int = 0) -> Sweep:
     return Sweep(
         name="mx_anomaly",
         workload="mx_anomaly",
         base="smoke" if smoke else "default",
-        overrides={"seed": seed},
+        overrides={"seed": seed, **(SMOKE if smoke else {})},
         points=SCALES,
         scheduler="fifo",
         objective=("eval/lm_loss_fp", "min"),

@@ -60,8 +60,10 @@ class Config:
 
 
 def smoke() -> Config:
-    """Seconds on a CPU: the smoke celerity_lm at width 64 and four synthetic widths."""
-    return Config(synthetic_rows=128, lm_preset="smoke", lm_width=64, eval_tokens=8192)
+    """Seconds on a CPU: a barely trained smoke celerity_lm, three block sizes. The reproduction's
+    smoke size (`sweeps/repro/mx_anomaly.py`) trains the LM longer and measures every block size."""
+    return Config(block_sizes=(64, 16, 8), sigmas=(0.005, 1.0), synthetic_rows=64, lm_preset="smoke", lm_tpp=1.0,
+                  eval_tokens=4096)
 
 
 def validate(cfg: Config, world_size: int = 1) -> None:
