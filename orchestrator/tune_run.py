@@ -323,7 +323,10 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
         tuner = tune.Tuner(
             trainable,
             param_space={"params": tune.grid_search(record["trial_params"])},
-            tune_config=tune.TuneConfig(metric=metric, mode=mode, scheduler=scheduler,
+            # FIFO ranks nothing while trials run: without a metric, Tune does not demand the
+            # objective in every report (a workload may compute it only at the end).
+            tune_config=tune.TuneConfig(metric=None if sweep.scheduler == "fifo" else metric,
+                                        mode=None if sweep.scheduler == "fifo" else mode, scheduler=scheduler,
                                         max_concurrent_trials=concurrency, reuse_actors=False),
             run_config=tune.RunConfig(name="tune", storage_path=storage, verbose=0,
                                       callbacks=[_console_callback(metric)] if progress else [],
