@@ -1,0 +1,259 @@
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import workloads.consistent_lra as clra
+from orchestrator.run import LocalRun
+from workloads.consistent_lra.algorithms import (
+    ConsistentLRA,
+    best_subspace,
+    projection_distance,
+    ridge_leverage,
+    split_accuracy,
+    subspace_cost,
+)
+from workloads.consistent_lra.claims import (
+    iid_rows_barely_differ,
+    lazy_cost_within_additive_bound,
+    lazy_recourse_10x_below_baseline,
+    lazy_refreshes_within_log_bound,
+    multiplicative_cost_within_1_plus_eps,
+)
+from workloads.consistent_lra.streams import make_stream
+from workloads.consistent_lra.workload import curve_steps
+
+
+def _orthonormal(d: int, k: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.linalg.qr(torch.randn(d, k, generator=g, dtype=torch.float64))[0]
+
+
+def test_projection_distance_by_hand_and_against_the_projectors():
+    e0, e1 = torch.tensor([[1.0], [0.0]], dtype=torch.float64), torch.tensor([[0.0], [1.0]], dtype=torch.float64)
+    diag = torch.tensor([[1.0], [1.0]], dtype=torch.float64) / math.sqrt(2)
+    assert projection_distance(e0, e0) == pytest.approx(0.0, abs=1e-12)
+    assert projection_distance(e0, e1) == pytest.approx(2.0)  # orthogonal lines
+    assert projection_distance(e0, diag) == pytest.approx(1.0)  # 2 sin^2(45 deg)
+    v, w = _orthonormal(7, 3, 0), _orthonormal(7, 3, 1)
+    direct = float((v @ v.T - w @ w.T).square().sum())
+    assert projection_distance(v, w) == pytest.approx(direct, rel=1e-12)
+
+
+def test_best_subspace_and_cost_match_numpy_svd():
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((40, 6)) * np.array([5.0, 4.0, 3.0, 1.0, 0.5, 0.1])
+    gram = torch.from_numpy(a.T @ a)
+    frob = float((a**2).sum())
+    for k in (1, 2, 4):
+        basis, opt = best_subspace(gram, k)
+        sigma = np.linalg.svd(a, compute_uv=False)
+        assert opt == pytest.approx(float((sigma[k:] ** 2).sum()), rel=1e-10)
+        assert subspace_cost(gram, frob, basis) == pytest.approx(opt, rel=1e-9)
+        v = basis.numpy()
+        assert subspace_cost(gram, frob, basis) == pytest.approx(float(((a - a @ v @ v.T) ** 2).sum()), rel=1e-9)
+        other = _orthonormal(6, k, 3)
+        assert subspace_cost(gram, frob, other) > opt
+
+
+def test_additive_rule_recomputes_on_the_hand_computed_schedule():
+    # Unit rows: ||A^(t)||_F^2 = t, so with eps = 0.1 it recomputes at t > 1.1 * t_last.
+    algo = ConsistentLRA(2, 1, "additive", 0.1)
+    row = torch.tensor([1.0, 0.0], dtype=torch.float64)
+    refreshed = [t for t in range(1, 27) if algo.update(row).refreshed]
+    assert refreshed == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 14, 16, 18, 20, 23, 26]
+
+
+def test_every_step_cost_and_opt_match_a_direct_computation():
+    cfg = dataclasses.replace(clra.smoke(), stream="gaussian", n=60, d=5, k=2)
+    rows = make_stream(cfg).numpy()
+    for algorithm in ("every", "additive", "multiplicative"):
+        algo = ConsistentLRA(cfg.d, cfg.k, algorithm, 0.5)
+        for t in range(1, cfg.n + 1):
+            step = algo.update(torch.from_numpy(rows[t - 1]), u=0.3)
+            prefix = rows[:t]
+            v = algo.basis.numpy()
+            assert step.cost == pytest.approx(float(((prefix - prefix @ v @ v.T) ** 2).sum()), rel=1e-8, abs=1e-9)
+            sigma = np.linalg.svd(prefix, compute_uv=False)
+            assert step.opt == pytest.approx(float((sigma[cfg.k:] ** 2).sum()), rel=1e-8, abs=1e-9)
+            if algorithm == "additive":
+                assert step.cost <= step.opt + 0.5 * step.frob + 1e-9
+
+
+def test_flip_stream_changes_its_best_subspace_at_every_row(tmp_path):
+    cfg = dataclasses.replace(clra.smoke(), n=200, d=2, k=1, algorithm="every")
+    final = clra.train(cfg, LocalRun(tmp_path))
+    # Each row makes the other axis the leader: 199 changes of 2 (orthogonal lines) each.
+    assert final["eval/changes"] == 199
+    assert final["eval/recourse"] == pytest.approx(2 * 199, rel=1e-3)
+    assert final["eval/max_cost_ratio"] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_ridge_leverage_scores_sum_to_the_rank_and_match_the_formula():
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((30, 4))
+    gram = torch.from_numpy(a.T @ a)
+    frob = float((a**2).sum())
+    scores = [ridge_leverage(gram, torch.from_numpy(r), 0.0, 2, frob) for r in a]
+    assert sum(scores) == pytest.approx(4.0, rel=1e-6)  # plain leverage scores sum to rank(A)
+    _, opt = best_subspace(gram, 2)
+    lam = opt / 2
+    expected = a[0] @ np.linalg.solve(a.T @ a + lam * np.eye(4), a[0])
+    assert ridge_leverage(gram, torch.from_numpy(a[0]), opt, 2, frob) == pytest.approx(expected, rel=1e-10)
+
+
+@pytest.mark.parametrize("eps", [0.05, 0.1, 0.5, 1.0, 4.0])
+def test_split_accuracy_composes_to_one_plus_eps(eps):
+    a = split_accuracy(eps)
+    assert 0 < a < min(eps, 1)
+    assert (1 + a) ** 2 / (1 - a) == pytest.approx(1 + eps, rel=1e-12)
+
+
+def test_exact_multiplicative_recomputes_only_when_past_one_plus_eps():
+    cfg = dataclasses.replace(clra.smoke(), n=400)
+    rows = make_stream(cfg)
+    algo = ConsistentLRA(cfg.d, cfg.k, "multiplicative", 0.2, sketch="exact")
+    refreshes = 0
+    for t in range(cfg.n):
+        before = None if algo.basis is None else algo.basis.clone()
+        step = algo.update(rows[t])
+        if step.opt > 1e-9 * step.frob:
+            assert step.cost <= 1.2 * step.opt * (1 + 1e-12)
+        if step.refreshed and before is not None:
+            refreshes += 1
+            stale = subspace_cost(algo.gram, algo.frob, before)
+            assert stale > 1.2 * step.opt  # the old subspace had become too expensive
+    assert 0 < refreshes < cfg.n // 10
+
+
+def test_leverage_sketch_preserves_projection_costs():
+    cfg = dataclasses.replace(clra.smoke(), stream="gaussian", n=3000, d=10, k=2)
+    rows = make_stream(cfg)
+    gen = torch.Generator().manual_seed(5)
+    algo = ConsistentLRA(cfg.d, cfg.k, "multiplicative", 1.0, sketch="leverage")
+    for t in range(cfg.n):
+        algo.update(rows[t], u=float(torch.rand((), generator=gen)))
+    assert algo.kept < cfg.n / 2  # it does sample
+    for seed in range(5):
+        v = _orthonormal(cfg.d, cfg.k, seed)
+        true = subspace_cost(algo.gram, algo.frob, v)
+        sketched = subspace_cost(algo.sketch_gram, algo.sketch_frob, v)
+        assert sketched == pytest.approx(true, rel=split_accuracy(1.0))
+
+
+def test_streams_are_seeded_and_shaped():
+    for stream, d, k in (("flip", 6, 3), ("gaussian", 8, 3), ("emerging", 6, 2), ("randint", 4, 1)):
+        cfg = dataclasses.replace(clra.smoke(), stream=stream, n=500, d=d, k=k)
+        a, b = make_stream(cfg), make_stream(cfg)
+        c = make_stream(dataclasses.replace(cfg, seed=1))
+        assert a.shape == (500, d) and a.dtype == torch.float64
+        assert torch.equal(a, b) and not torch.equal(a, c)
+    # emerging: before the onset OPT is the weak direction and the noise, a sliver of ||A||^2
+    cfg = dataclasses.replace(clra.smoke(), stream="emerging", n=2000, d=6, k=2, noise=0.01)
+    a = make_stream(cfg)[:1400]
+    _, opt = best_subspace(a.T @ a, 2)
+    assert opt / float(a.square().sum()) < 2e-3
+    a = make_stream(cfg)
+    _, opt_after = best_subspace(a.T @ a, 2)
+    assert opt_after > 2 * opt  # the new direction pushed the weak one out of the optimum
+
+
+def test_curve_steps_are_log_spaced_and_end_at_n():
+    steps = curve_steps(3000, 20)
+    assert steps[0] == 10 and steps[-1] == 3000 and steps == sorted(set(steps)) and len(steps) == 20
+    assert curve_steps(5, 20)[-1] == 5
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"d": 3, "k": 2}, "d >= 2k"),
+        ({"k": 4, "d": 4}, "must be below d"),
+        ({"eps": 0.0}, "eps must be a positive"),
+        ({"stream": "emerging", "k": 1, "d": 4}, "k >= 2"),
+        ({"stream": "emerging", "onset": 1.0}, "onset"),
+        ({"n": 1}, "at least 2 rows"),
+        ({"oversample": -1.0}, "oversample"),
+        ({"curve_points": 500}, "at most 60"),
+        ({"algorithm": "lazy"}, "algorithm must be one of"),
+    ],
+)
+def test_bad_configs_name_the_problem(change, match):
+    cfg = dataclasses.replace(clra.smoke(), **change)
+    with pytest.raises(ValueError, match=match):
+        clra.validate(cfg)
+
+
+def test_more_than_one_worker_is_refused():
+    with pytest.raises(ValueError, match="workers=1"):
+        clra.validate(clra.smoke(), world_size=2)
+
+
+class _Killed(Exception):
+    pass
+
+
+class _DiesAfterSave(LocalRun):
+    def save(self, state):
+        super().save(state)
+        raise _Killed()
+
+
+def test_a_resumed_stream_ends_exactly_where_an_uninterrupted_one_does(tmp_path):
+    cfg = dataclasses.replace(clra.smoke(), algorithm="multiplicative", eps=0.5, checkpoint_every=700)
+    whole = clra.train(cfg, LocalRun(tmp_path / "whole"))
+    with pytest.raises(_Killed):
+        clra.train(cfg, _DiesAfterSave(tmp_path / "cut"))
+    resumed_run = LocalRun(tmp_path / "cut")
+    resumed = clra.train(cfg, resumed_run)
+    assert resumed_run.restored_step == 700
+    for key, value in whole.items():
+        if not key.startswith("perf/"):
+            assert resumed[key] == pytest.approx(value, rel=1e-12, nan_ok=True), key
+
+
+def _trial(stream: str, algorithm: str, eps: float, **metrics: float) -> dict:
+    base = {"stream": stream, "n": 100, "d": 4, "k": 2, "noise": 0.0, "gap": 0.0, "tail": 0.0, "weak": 0.0,
+            "onset": 0.5, "normalize": False, "seed": 0, "algorithm": algorithm, "eps": eps}
+    return {**base, **{f"eval/{k}": v for k, v in metrics.items()}}
+
+
+def test_claims_measure_and_can_fail():
+    every = _trial("flip", "every", 0.1, recourse=1000.0)
+    good = _trial("flip", "additive", 0.1, recourse=25.0, max_excess=0.05, refreshes=10.0, frob_growth=1e4)
+    close = _trial("flip", "additive", 0.1, recourse=200.0, max_excess=0.12, refreshes=200.0, frob_growth=1e4)
+    holds, measured = lazy_recourse_10x_below_baseline([every, good])
+    assert holds and measured["k2_eps0.1_ratio"] == pytest.approx(40.0)
+    assert not lazy_recourse_10x_below_baseline([every, close])[0]
+    assert not lazy_recourse_10x_below_baseline([good])[0]  # no baseline: nothing to judge
+    assert lazy_cost_within_additive_bound([good])[0] and not lazy_cost_within_additive_bound([close])[0]
+    # bound: 1 + ceil(log(1e4) / log(1.1)) = 98
+    holds, measured = lazy_refreshes_within_log_bound([good])
+    assert holds and measured["flip_k2_eps0.1_bound"] == 98
+    assert not lazy_refreshes_within_log_bound([close])[0]
+    mult = _trial("gaussian", "multiplicative", 0.1, max_cost_ratio=1.2)
+    assert not multiplicative_cost_within_1_plus_eps([mult])[0]
+    assert not multiplicative_cost_within_1_plus_eps([{**mult, "eval/max_cost_ratio": math.nan}])[0]
+    iid_every = _trial("gaussian", "every", 0.1, recourse=1000.0)
+    assert not iid_rows_barely_differ([iid_every, _trial("gaussian", "additive", 0.1, recourse=10.0)])[0]
+    assert iid_rows_barely_differ([iid_every, _trial("gaussian", "additive", 0.1, recourse=800.0)])[0]
+
+
+@pytest.mark.slow
+def test_smoke_reproduction_holds(workdir):
+    from orchestrator.reproduce import reproduce
+
+    rep = reproduce("consistent_lra", smoke=True, local=True)
+    assert not rep.failed_trials
+    assert rep.holds, [(c.name, c.measured, c.error) for c in rep.claims if not c.holds]
+    assert {c.name for c in rep.claims} == {f.__name__ for f in clra.CLAIMS}
+    for claim in rep.claims:
+        assert claim.measured and all(math.isfinite(v) for v in claim.measured.values()), claim.name
+    sep = next(c for c in rep.claims if c.name == "lazy_recourse_10x_below_baseline").measured
+    assert sep["k2_eps0.1_ratio"] >= 10 and sep["k2_eps0.5_ratio"] >= 10
+    clra.plot(rep.trials, workdir / "claims.png")
+    assert (workdir / "claims.png").stat().st_size > 10_000

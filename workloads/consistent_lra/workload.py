@@ -1,0 +1,203 @@
+"""consistent_lra: Config, the streaming loop and its measurements (see the package docstring)."""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator, Literal
+
+import numpy as np
+import torch
+
+from workloads.consistent_lra.algorithms import ConsistentLRA
+from workloads.consistent_lra.streams import make_stream, uniforms
+
+# A prefix whose optimum is below this fraction of ||A^(t)||_F^2 has rank <= k up to rounding:
+# cost/OPT is not defined there, and the additive excess (cost - OPT)/||A||_F^2 says all there is.
+OPT_FLOOR = 1e-9
+SINGLE_THREAD_MAX_D = 256
+MAX_CURVE_POINTS = 60
+
+
+@dataclass(frozen=True)
+class Config:
+    stream: Literal["flip", "gaussian", "emerging", "randint"] = "flip"
+    """Row stream: 'flip' (best subspace changes every row), 'gaussian' (i.i.d.), 'emerging', 'randint'."""
+    algorithm: Literal["every", "additive", "multiplicative"] = "additive"
+    """'every' (recompute each row), 'additive' (lazy, on Frobenius growth), 'multiplicative'."""
+    n: int = 100_000
+    """Rows in the stream."""
+    d: int = 50
+    """Columns (the flip stream needs d >= 2k, the emerging stream d >= k + 1)."""
+    k: int = 25
+    """Rank of the output subspace."""
+    eps: float = 0.1
+    """Accuracy: additive recomputes past (1 + eps) growth; multiplicative targets (1 + eps) OPT."""
+    noise: float = 1e-3
+    """Std of the Gaussian noise on every entry (flip: breaks ties) or direction (emerging: floor)."""
+    gap: float = 0.01
+    """gaussian: spacing of the k+1 nearly tied leading covariance eigenvalues 1, 1-gap, ..."""
+    tail: float = 0.1
+    """gaussian: covariance eigenvalue of the remaining d-k-1 directions."""
+    weak: float = 0.03
+    """emerging: std of the weak k-th signal direction (OPT before the onset is about weak^2 * t)."""
+    onset: float = 0.75
+    """emerging: fraction of the stream after which the new strong direction appears."""
+    normalize: bool = False
+    """randint: divide each column by its norm (the paper's text) instead of raw integers (its code)."""
+    sketch: Literal["leverage", "exact"] = "leverage"
+    """multiplicative: online ridge-leverage-score sample of the rows, or every row (no sampling)."""
+    oversample: float = 1.0
+    """multiplicative: sampling constant c in p = min(1, c * ridge score / a^2) [reconstructed]."""
+    trigger: Literal["check", "kept"] = "check"
+    """multiplicative: recompute when the sketch finds V's cost above (1 + a) OPT, or at every kept row."""
+    curve_points: int = 20
+    """Log-spaced steps at which recourse and the segment's worst cost/OPT are kept for the plot."""
+    log_every: int = 1000
+    """Report metrics every this many rows (and at the last)."""
+    checkpoint_every: int = 20_000
+    """Save a checkpoint every this many rows (and at the last)."""
+    seed: int = 0
+    """Seed of the stream (noise, rotation, Gaussian rows) and of the sketch's sampling coins."""
+
+
+def smoke() -> Config:
+    """A CPU-sized run: 3,000 rows of the two-pair flip stream, well under a second."""
+    return Config(n=3000, d=4, k=2, log_every=50, checkpoint_every=1000)
+
+
+def validate(cfg: Config, world_size: int = 1) -> None:
+    """Checks that need no data: raised before anything is launched."""
+    if world_size != 1:
+        raise ValueError(f"consistent_lra follows one stream on one worker; got {world_size} workers: set workers=1")
+    for name in ("n", "d", "k", "curve_points", "log_every", "checkpoint_every"):
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
+    if cfg.curve_points > MAX_CURVE_POINTS:
+        # The curves travel in the final metrics, which Ray runs store as one MLflow tag (8,000 chars).
+        raise ValueError(f"curve_points={cfg.curve_points} is too many for the final metrics: use at most {MAX_CURVE_POINTS}")
+    if cfg.n < 2:
+        raise ValueError(f"n must be at least 2 rows to have any recourse, got {cfg.n}")
+    if not cfg.k < cfg.d:
+        raise ValueError(f"k={cfg.k} must be below d={cfg.d}: a rank-d subspace never changes")
+    if not (cfg.eps > 0 and math.isfinite(cfg.eps)):
+        raise ValueError(f"eps must be a positive number, got {cfg.eps}")
+    if cfg.oversample <= 0:
+        raise ValueError(f"oversample must be positive, got {cfg.oversample}")
+    if cfg.noise < 0 or cfg.tail < 0 or cfg.weak < 0 or cfg.gap < 0:
+        raise ValueError("noise, tail, weak and gap are scales and must be >= 0")
+    if cfg.stream == "flip" and cfg.d < 2 * cfg.k:
+        raise ValueError(
+            f"the flip stream needs d >= 2k (k alternating pairs): d={cfg.d}, k={cfg.k}: set d={2 * cfg.k}"
+        )
+    if cfg.stream == "gaussian" and cfg.gap * cfg.k >= 1:
+        raise ValueError(
+            f"gap*k = {cfg.gap * cfg.k:g} must be below 1 (the leading variances 1 - i*gap must stay positive)"
+        )
+    if cfg.stream == "emerging":
+        if cfg.k < 2 or cfg.d < cfg.k + 1:
+            raise ValueError(f"the emerging stream needs k >= 2 and d >= k + 1, got k={cfg.k}, d={cfg.d}")
+        if not 0 < cfg.onset < 1:
+            raise ValueError(f"onset must lie strictly between 0 and 1, got {cfg.onset}")
+    for name, options in (("stream", ("flip", "gaussian", "emerging", "randint")),
+                          ("algorithm", ("every", "additive", "multiplicative")),
+                          ("sketch", ("leverage", "exact")), ("trigger", ("check", "kept"))):
+        if getattr(cfg, name) not in options:
+            raise ValueError(f"{name} must be one of {', '.join(options)}, got {getattr(cfg, name)!r}")
+
+
+def curve_steps(n: int, points: int) -> list[int]:
+    """Rows (1-based) at which the curves are sampled: log-spaced from 10 (or 1) to n."""
+    start = min(10, n)
+    return sorted({int(round(x)) for x in np.geomspace(start, n, points)} | {n})
+
+
+@contextmanager
+def _few_threads(d: int) -> Iterator[None]:
+    """One intra-op thread for the per-row d x d eigendecompositions: they are far too small to
+    share out, and with several threads LAPACK spends more on synchronising than on the work
+    (about 10x slower at d = 50)."""
+    threads = torch.get_num_threads()
+    if d <= SINGLE_THREAD_MAX_D:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _fresh_tally() -> dict[str, Any]:
+    return {"recourse": 0.0, "changes": 0, "max_ratio": -math.inf, "max_excess": 0.0, "segment": -math.inf,
+            "curve_recourse": [], "curve_ratio": [], "last_cost": 0.0, "last_opt": 0.0, "last_frob": 0.0}
+
+
+def train(cfg: Config, run) -> dict[str, float]:
+    validate(cfg, run.world_size)
+    rows = make_stream(cfg).to(run.device)  # [n, d]
+    draws = uniforms(cfg.n, cfg.seed).tolist()
+    algo = ConsistentLRA(cfg.d, cfg.k, cfg.algorithm, cfg.eps, sketch=cfg.sketch, oversample=cfg.oversample,
+                         trigger=cfg.trigger, device=run.device)
+    ends = curve_steps(cfg.n, cfg.curve_points)
+    tally = _fresh_tally()
+    start = 0
+    state = run.restore()
+    if state is not None:
+        algo.load_state_dict(state["algo"])
+        tally = state["tally"]
+        start = int(state["step"])
+
+    began = time.perf_counter()
+    with _few_threads(cfg.d):
+        for t in range(start + 1, cfg.n + 1):
+            s = algo.update(rows[t - 1], draws[t - 1])
+            tally["recourse"] += s.recourse
+            tally["changes"] += int(s.recourse > 1e-9)
+            tally["max_excess"] = max(tally["max_excess"], (s.cost - s.opt) / s.frob if s.frob > 0 else 0.0)
+            ratio = s.cost / s.opt if s.opt > OPT_FLOOR * s.frob else math.nan
+            if not math.isnan(ratio):
+                tally["max_ratio"] = max(tally["max_ratio"], ratio)
+                tally["segment"] = max(tally["segment"], ratio)
+            tally.update(last_cost=s.cost, last_opt=s.opt, last_frob=s.frob)
+            if t == ends[len(tally["curve_recourse"])]:
+                tally["curve_recourse"].append(tally["recourse"])
+                tally["curve_ratio"].append(tally["segment"] if tally["segment"] > -math.inf else math.nan)
+                tally["segment"] = -math.inf
+            if t % cfg.log_every == 0 or t == cfg.n:
+                metrics = {
+                    "train/loss": s.cost / s.frob if s.frob > 0 else 0.0,
+                    "eval/recourse": tally["recourse"],
+                    "eval/refreshes": float(algo.refreshes),
+                    "eval/excess": (s.cost - s.opt) / max(s.frob, 1e-300),
+                    "progress": t / cfg.n,
+                }
+                if not math.isnan(ratio):
+                    metrics["eval/cost_ratio"] = ratio
+                run.report(metrics, step=t)
+            if t % cfg.checkpoint_every == 0 or t == cfg.n:
+                run.save({"step": t, "algo": algo.state_dict(), "tally": tally})
+    elapsed = time.perf_counter() - began
+    return summary(cfg, algo, tally, rows_per_s=(cfg.n - start) / elapsed if elapsed > 0 else math.nan)
+
+
+def summary(cfg: Config, algo: ConsistentLRA, tally: dict[str, Any], *, rows_per_s: float) -> dict[str, float]:
+    """The final metrics: totals, worst cases over t, and the sampled curves (for the plot)."""
+    cost, opt, frob = tally["last_cost"], tally["last_opt"], tally["last_frob"]
+    sampled = algo.algorithm == "multiplicative" and algo.sketch == "leverage"
+    out = {
+        "train/loss": cost / frob if frob > 0 else 0.0,
+        "eval/recourse": float(tally["recourse"]),
+        "eval/changes": float(tally["changes"]),
+        "eval/refreshes": float(algo.refreshes),
+        "eval/max_cost_ratio": tally["max_ratio"] if tally["max_ratio"] > -math.inf else math.nan,
+        "eval/final_cost_ratio": cost / opt if opt > OPT_FLOOR * frob else math.nan,
+        "eval/max_excess": float(tally["max_excess"]),
+        "eval/frob_growth": frob / algo.frob_first if algo.frob_first > 0 else math.nan,
+        "eval/sketch_rows": float(algo.kept if sampled else cfg.n),
+        "perf/rows_per_s": float(rows_per_s),
+    }
+    for i, (r, q) in enumerate(zip(tally["curve_recourse"], tally["curve_ratio"])):
+        out[f"eval/curve/recourse/{i:02d}"] = float(r)
+        out[f"eval/curve/ratio/{i:02d}"] = float(q)
+    return out
