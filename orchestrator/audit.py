@@ -153,6 +153,8 @@ def _label(trial_params: str | None) -> str:
 
 
 def _load_invocation(c: Any, experiment: str, sweep_id: str, runs: list[Any], metric: str) -> SweepCurves:
+    from orchestrator.tracking import get_final
+
     trials, left_out = [], {}
     parents = {r.data.tags.get("mlflow.parentRunId") for r in runs} - {None}
     for run in sorted(runs, key=lambda r: r.data.tags["ladder.trial_id"]):
@@ -176,7 +178,7 @@ def _load_invocation(c: Any, experiment: str, sweep_id: str, runs: list[Any], me
             left_out[tid] = f"ended at progress {p.max():.0%}"
             continue
         last = run.data.metrics
-        final = json.loads(tags["ladder.final"]) if "ladder.final" in tags else {}
+        final = get_final(run, mlflow_client=c) or {}
         n_params, tokens = final.get("params"), last.get("tokens")
         cost = float(n_params) * float(tokens) if n_params and tokens else float(tokens or 1.0)
         trials.append(

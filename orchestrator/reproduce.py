@@ -152,7 +152,7 @@ def _run_local(sweep: Sweep) -> tuple[list[Trial], list[str], str, str]:
         try:
             final = workload.train(cfg, run)
             sink.flush()
-            tracking.set_tags(run_id, {"ladder.final": json.dumps(final)}, uri=uri)
+            tracking.set_final(run_id, final, uri=uri)
             trials.append(trial_record(cfg, final, trial_id))
             status = "FINISHED"
         except Exception as exc:
@@ -174,14 +174,14 @@ def _run_ray(sweep: Sweep, resume: bool) -> tuple[list[Trial], list[str], str | 
     c = tracking.client(result.tracking_uri)
     exp = c.get_experiment_by_name(sweep.name)
     runs = c.search_runs([exp.experiment_id], filter_string=f"tags.`ladder.sweep_id` = '{result.sweep_id}'")
-    finals = {r.data.tags.get("ladder.trial_id"): r.data.tags.get("ladder.final") for r in runs}
+    finals = {r.data.tags.get("ladder.trial_id"): tracking.get_final(r, result.tracking_uri) for r in runs}
     trials, failed = [], []
     for t in sorted(result.trials, key=lambda t: t["trial_id"]):
         final = finals.get(t["trial_id"])
         if t["error"] or not final:
             failed.append(f"{t['trial_id']} {t['params']}: {t['error'] or 'no final metrics recorded'}")
             continue
-        trials.append(trial_record(apply_overrides(base, t["params"]), json.loads(final), t["trial_id"]))
+        trials.append(trial_record(apply_overrides(base, t["params"]), final, t["trial_id"]))
     return trials, failed, result.parent_run_id, result.tracking_uri
 
 

@@ -8,6 +8,7 @@ points everything at a server instead. Only the driver and rank 0 write.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -125,6 +126,32 @@ def set_tags(run_id: str, tags: Mapping[str, str], uri: str | None = None) -> No
 
 def log_text(run_id: str, text: str, artifact_file: str, uri: str | None = None) -> None:
     client(uri).log_text(run_id, text, artifact_file)
+
+
+FINAL_TAG = "ladder.final"
+FINAL_TAG_MAX = 5000  # MLflow caps a tag value at 8000 characters; larger finals live in final.json only
+
+
+def set_final(run_id: str, final: Mapping[str, float], uri: str | None = None) -> None:
+    """Record a run's final metrics (what `train` returned): `final.json`, and a tag when small."""
+    text = json.dumps(dict(final))
+    log_text(run_id, text, "final.json", uri=uri)
+    set_tags(run_id, {FINAL_TAG: text if len(text) <= FINAL_TAG_MAX else "final.json"}, uri=uri)
+
+
+def get_final(run: Any, uri: str | None = None, *, mlflow_client: Any = None) -> dict[str, float] | None:
+    """The final metrics `set_final` recorded on an MLflow run (an entity from search_runs), or None."""
+    tag = run.data.tags.get(FINAL_TAG)
+    if tag is None:
+        return None
+    if tag != "final.json":
+        return json.loads(tag)
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="ladder-final-") as tmp:
+        path = (mlflow_client or client(uri)).download_artifacts(run.info.run_id, "final.json", tmp)
+        with open(path) as fh:
+            return json.load(fh)
 
 
 def last_recorded_step(run_id: str, uri: str | None = None) -> int | None:

@@ -61,8 +61,8 @@ def _child_run(meta: Mapping[str, Any], trial_id: str, cfg: Any, params: Mapping
     )
     if found:
         run = found[0]
-        if run.info.status == "FINISHED" and "ladder.final" in run.data.tags:
-            return run.info.run_id, json.loads(run.data.tags["ladder.final"])
+        if run.info.status == "FINISHED" and tracking.FINAL_TAG in run.data.tags:
+            return run.info.run_id, tracking.get_final(run, uri)
         c.update_run(run.info.run_id, status="RUNNING")
         return run.info.run_id, None
     run_id = tracking.start_run(
@@ -116,7 +116,7 @@ def trial_main(config: dict[str, Any], meta: dict[str, Any]) -> None:
         else:
             final = _fit_train(meta, cfg, trial_id, run_id)
         if run_id:
-            tracking.set_tags(run_id, {"ladder.final": json.dumps(final)}, uri=uri)
+            tracking.set_final(run_id, final, uri=uri)
         status = "FINISHED"
     finally:
         if run_id:

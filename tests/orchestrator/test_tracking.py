@@ -92,3 +92,15 @@ def test_runs_reach_an_mlflow_server_when_pointed_at_one(workdir, monkeypatch):
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
+
+
+@pytest.mark.parametrize("keys", [3, 400])
+def test_final_metrics_round_trip_past_the_tag_limit(workdir, keys):
+    """A run's final metrics come back whole, also when they are too long for an MLflow tag."""
+    uri = tracking.tracking_uri()
+    run_id = tracking.start_run("finals", run_name="r", uri=uri)
+    final = {f"eval/rel_mse/some_long_tensor_name/b{i}": 1.0 / (i + 1) for i in range(keys)}
+    tracking.set_final(run_id, final, uri=uri)
+    run = tracking.client(uri).get_run(run_id)
+    assert tracking.get_final(run, uri) == final
+    assert (run.data.tags[tracking.FINAL_TAG] == "final.json") == (keys == 400)
