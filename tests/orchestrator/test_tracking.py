@@ -98,7 +98,7 @@ def test_runs_reach_an_mlflow_server_when_pointed_at_one(workdir, monkeypatch):
 def test_final_metrics_round_trip_past_the_tag_limit(workdir, keys):
     """A run's final metrics come back whole, also when they are too long for an MLflow tag."""
     uri = tracking.tracking_uri()
-    run_id = tracking.start_run("finals", run_name="r", uri=uri)
+    run_id = tracking.start_run("finals", run_name="r", tags={}, uri=uri)
     final = {f"eval/rel_mse/some_long_tensor_name/b{i}": 1.0 / (i + 1) for i in range(keys)}
     tracking.set_final(run_id, final, uri=uri)
     run = tracking.client(uri).get_run(run_id)
