@@ -1,0 +1,343 @@
+"""tubal_fgd: the t-product algebra against its definitions, the FGD maths against autograd, the
+loop's early stopping and resumption, bad configs, the claims, and the smoke reproduction."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from orchestrator.run import LocalRun
+from workloads.tubal_fgd import CLAIMS, Config, plot, smoke, train, validate
+from workloads.tubal_fgd.claims import (
+    early_stopping_near_best, small_init_flat_in_rank, small_init_overfits_late, spectral_grows_with_rank,
+)
+from workloads.tubal_fgd.problem import (
+    adjoint, gradient, loss, make_problem, measure, relative_error, small_init, spectral_init, symmetrise,
+)
+from workloads.tubal_fgd.tensor import (
+    t_gram, t_identity, t_product, t_transpose, top_factor, tubal_rank,
+)
+from workloads.tubal_fgd.workload import CURVE_PREFIX, Tracker, curve_steps, measurements
+
+f64 = torch.float64
+
+
+def rand(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=f64)
+
+
+def bcirc_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """A * B from the definition: C_l = sum_j A_j B_{(l - j) mod k}, with no FFT."""
+    k = a.shape[2]
+    c = torch.zeros(a.shape[0], b.shape[1], k, dtype=a.dtype)
+    for l in range(k):
+        for j in range(k):
+            c[:, :, l] += a[:, :, j] @ b[:, :, (l - j) % k]
+    return c
+
+
+def tiny(**kw) -> Config:
+    """A problem small enough for a unit test to run to convergence in well under a second."""
+    base = dict(n=6, k=3, rank=1, factor_rank=3, oversample=12.0, val_frac=0.25, noise_std=0.0,
+                init_scale=1e-6, lr=0.3, steps=600, log_every=50, curve_points=10)
+    return Config(**{**base, **kw})
+
+
+# --- t-product algebra -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
+def test_t_product_matches_block_circulant_definition(k):
+    a, b = rand(4, 3, k, seed=1), rand(3, 5, k, seed=2)
+    torch.testing.assert_close(t_product(a, b), bcirc_product(a, b))
+
+
+def test_t_product_hand_example():
+    # k = 2: C_0 = A_0 B_0 + A_1 B_1, C_1 = A_0 B_1 + A_1 B_0, with 1 x 1 slices.
+    a = torch.tensor([[[1.0, 2.0]]], dtype=f64)
+    b = torch.tensor([[[3.0, 5.0]]], dtype=f64)
+    torch.testing.assert_close(t_product(a, b), torch.tensor([[[13.0, 11.0]]], dtype=f64))
+
+
+def test_t_transpose_reverses_slices_after_the_first():
+    a = rand(2, 3, 4, seed=3)
+    at = t_transpose(a)
+    assert at.shape == (3, 2, 4)
+    for l, src in enumerate([0, 3, 2, 1]):
+        torch.testing.assert_close(at[:, :, l], a[:, :, src].T)
+
+
+@pytest.mark.parametrize("k", [3, 4])
+def test_transpose_of_product_and_identity(k):
+    a, b = rand(4, 3, k, seed=4), rand(3, 2, k, seed=5)
+    torch.testing.assert_close(t_transpose(t_product(a, b)), t_product(t_transpose(b), t_transpose(a)))
+    torch.testing.assert_close(t_product(t_identity(4, k), a), a)
+    torch.testing.assert_close(t_transpose(t_transpose(a)), a)
+
+
+def test_product_size_mismatch_is_an_error():
+    with pytest.raises(ValueError, match="inner sizes"):
+        t_product(rand(4, 3, 3), rand(4, 3, 3))
+
+
+@pytest.mark.parametrize("k", [3, 4])
+def test_gram_is_u_times_u_transpose_and_has_its_tubal_rank(k):
+    u = rand(7, 2, k, seed=6)
+    x = t_gram(u)
+    torch.testing.assert_close(x, t_product(u, t_transpose(u)))
+    torch.testing.assert_close(x, t_transpose(x))
+    assert tubal_rank(x) == 2
+    assert tubal_rank(torch.zeros(3, 3, k, dtype=f64)) == 0
+
+
+def test_tubal_rank_is_the_largest_fourier_slice_rank():
+    # Slices (1, 1, 1) of a rank-one matrix: the DC Fourier slice is 3x it, the others vanish.
+    m = torch.outer(torch.tensor([1.0, 2.0, 0.0], dtype=f64), torch.tensor([1.0, 0.0, 1.0], dtype=f64))
+    a = torch.stack([m, m, m], dim=2)
+    assert tubal_rank(a) == 1
+    a[:, :, 1] = torch.eye(3, dtype=f64)  # now the non-DC Fourier slices carry the identity
+    assert tubal_rank(a) == 3
+
+
+@pytest.mark.parametrize("k", [3, 4])
+@pytest.mark.parametrize("by", ["eig", "svd"])
+def test_top_factor_recovers_a_psd_low_rank_tensor_exactly(k, by):
+    # Even k has a real Nyquist slice besides the DC one: both must come back without phase loss.
+    y = t_gram(rand(6, 2, k, seed=7))
+    for rank in (2, 4):
+        torch.testing.assert_close(t_gram(top_factor(y, rank, by=by)), y)
+
+
+def test_top_factor_clips_or_keeps_negative_eigenvalues_by_mode():
+    # diag(3, -2, 1) in the first slice only: every Fourier slice is that same diagonal matrix.
+    y = torch.zeros(3, 3, 3, dtype=f64)
+    y[:, :, 0] = torch.diag(torch.tensor([3.0, -2.0, 1.0], dtype=f64))
+    expect_eig = torch.zeros_like(y)
+    expect_eig[:, :, 0] = torch.diag(torch.tensor([3.0, 0.0, 1.0], dtype=f64))
+    expect_svd = torch.zeros_like(y)
+    expect_svd[:, :, 0] = torch.diag(torch.tensor([3.0, 2.0, 0.0], dtype=f64))
+    torch.testing.assert_close(t_gram(top_factor(y, 2, by="eig")), expect_eig)
+    torch.testing.assert_close(t_gram(top_factor(y, 2, by="svd")), expect_svd)
+    with pytest.raises(ValueError, match="rank must lie"):
+        top_factor(y, 4)
+
+
+# --- measurements and the gradient -----------------------------------------------------------
+
+
+def test_symmetrised_sensing_is_symmetric_and_measures_symmetric_tensors_alike():
+    a = rand(5, 4, 4, 3, seed=8)
+    s = symmetrise(a)
+    torch.testing.assert_close(t_transpose(s), s)
+    x = t_gram(rand(4, 2, 3, seed=9))
+    torch.testing.assert_close(measure(s.reshape(5, -1), x), measure(a.reshape(5, -1), x))
+
+
+def test_adjoint_is_the_transpose_of_measure():
+    a = rand(7, 4 * 4 * 3, seed=10)
+    x, z = rand(4, 4, 3, seed=11), rand(7, seed=12)
+    lhs = torch.dot(measure(a, x), z)
+    rhs = (x * adjoint(a, z, (4, 4, 3))).sum()
+    torch.testing.assert_close(lhs, rhs)
+
+
+def test_problem_target_measurements_and_seeding():
+    p = make_problem(n=5, k=3, rank=2, measurements=40, val_measurements=10, noise_std=0.0, seed=3)
+    assert p.a_train.shape == (40, 75) and p.a_val.shape == (10, 75)
+    assert float(torch.linalg.vector_norm(p.target)) == pytest.approx(1.0)
+    assert tubal_rank(p.target) == 2
+    torch.testing.assert_close(measure(p.a_train, p.target), p.y_train)  # noise-free
+    again = make_problem(n=5, k=3, rank=2, measurements=40, val_measurements=10, noise_std=0.0, seed=3)
+    other = make_problem(n=5, k=3, rank=2, measurements=40, val_measurements=10, noise_std=0.0, seed=4)
+    torch.testing.assert_close(again.y_val, p.y_val)
+    assert not torch.allclose(other.target, p.target)
+
+
+def test_gradient_matches_autograd_of_the_loss():
+    p = make_problem(n=5, k=4, rank=2, measurements=60, val_measurements=1, noise_std=0.1, seed=1)
+    u = rand(5, 3, 4, seed=13).requires_grad_(True)
+    loss(p, u).backward()
+    torch.testing.assert_close(gradient(p, u.detach()), u.grad)
+
+
+def test_small_init_scale_and_spectral_init_of_noise_free_data():
+    u0 = small_init(30, 10, 3, 1e-3, seed=0)
+    assert float(u0.std()) == pytest.approx(1e-3 / math.sqrt(10), rel=0.1)
+    p = make_problem(n=6, k=3, rank=1, measurements=4000, val_measurements=1, noise_std=0.0, seed=2)
+    # (1/m) M*(y) -> X* as m grows: the spectral start is already close, and no worse for larger R.
+    assert relative_error(p, t_gram(spectral_init(p, 1))) < 0.05
+    assert relative_error(p, t_gram(spectral_init(p, 6, by="svd"))) > relative_error(p, t_gram(spectral_init(p, 1)))
+
+
+# --- the loop ---------------------------------------------------------------------------------
+
+
+def test_tracker_best_and_early_stopped_iterates():
+    t = Tracker(patience=0)
+    for step, (rse, val) in enumerate([(5, 9), (3, 6), (1, 7), (2, 5), (4, 8)]):
+        t.update(step, rse, val)
+    assert (t.best_rse, t.best_step) == (1, 2)
+    assert (t.es_rse, t.es_step, t.val_min) == (2, 3, 5)
+    patient = Tracker(patience=1)
+    for step, (rse, val) in enumerate([(5, 9), (3, 6), (1, 7), (2, 5)]):
+        patient.update(step, rse, val)
+    assert (patient.es_rse, patient.es_step) == (3, 1)  # frozen at step 2, one step without improvement
+    assert patient.best_rse == 1
+
+
+def test_curve_steps_are_log_spaced_and_include_the_ends():
+    s = curve_steps(1000, 10)
+    assert s[0] == 0 and s[-1] == 1000 and s == sorted(set(s))
+    assert 10 in s and 100 in s
+
+
+def test_noise_free_small_init_recovers_the_target_at_every_rank(tmp_path):
+    for i, R in enumerate((1, 3)):
+        out = train(tiny(factor_rank=R), LocalRun(tmp_path / str(i)))
+        assert out["eval/best_rse"] < 1e-6, out
+        assert out["eval/rse"] < 1e-6 and out["eval/diverged"] == 0.0
+        assert out[f"{CURVE_PREFIX}0"] == pytest.approx(1.0, abs=1e-6)  # U_0 U_0^T ~ 0: error of X = 0
+
+
+def test_noisy_run_early_stops_before_its_over_fitted_end(tmp_path):
+    out = train(tiny(noise_std=0.2, factor_rank=6, steps=3000), LocalRun(tmp_path))
+    assert out["eval/es_rse"] >= out["eval/best_rse"]
+    assert out["eval/rse"] > out["eval/best_rse"]
+    assert 0 < out["eval/es_step"] < 3000
+
+
+def test_too_large_a_step_is_reported_as_diverged(tmp_path):
+    run = LocalRun(tmp_path)
+    out = train(tiny(init="spectral", lr=50.0), run)
+    assert out["eval/diverged"] == 1.0
+    assert run.history[-1][1]["progress"] == 1.0
+
+
+def test_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
+    cfg = tiny(noise_std=0.1, factor_rank=3, checkpoint_every_frac=0.5)
+    whole = train(cfg, LocalRun(tmp_path / "whole"))
+
+    class Dies(LocalRun):
+        def save(self, state):
+            super().save(state)
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, Dies(tmp_path / "cut"))
+    resumed = LocalRun(tmp_path / "cut")
+    again = train(cfg, resumed)
+    assert resumed.restored_step == cfg.steps // 2
+    for key in ("eval/best_rse", "eval/best_step", "eval/es_rse", "eval/es_step", "eval/rse"):
+        assert again[key] == pytest.approx(whole[key], rel=1e-9), key
+    assert {k for k in again if k.startswith(CURVE_PREFIX)} == {k for k in whole if k.startswith(CURVE_PREFIX)}
+
+
+def test_train_restores_torch_threads(tmp_path):
+    before = torch.get_num_threads()
+    train(tiny(steps=5, threads=1), LocalRun(tmp_path))
+    assert torch.get_num_threads() == before
+
+
+# --- configs ----------------------------------------------------------------------------------
+
+
+def test_measurement_split():
+    assert measurements(Config()) == (1458, 162)  # m = 6 * 30 * 3 * 3, 10% held out
+    assert measurements(smoke()) == (576, 576)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"factor_rank": 40}, "factor_rank=40 exceeds n=30"),
+    ({"rank": 31}, "rank=31 exceeds n=30"),
+    ({"val_frac": 0.0}, "val_frac must lie in"),
+    ({"oversample": 0.01}, "raise oversample"),
+    ({"init": "large"}, "init must be"),
+    ({"spectral_by": "qr"}, "spectral_by must be"),
+    ({"init_scale": 0.0}, "init_scale must be positive"),
+    ({"lr": -1.0}, "lr must be positive"),
+    ({"steps": 0}, "steps must be positive"),
+    ({"es_patience": -1}, "es_patience"),
+    ({"threads": -1}, "threads must be"),
+    ({"dtype": "float16"}, "dtype must be"),
+])
+def test_bad_configs_name_the_problem(change, message):
+    with pytest.raises(ValueError, match=message):
+        validate(dataclasses.replace(Config(), **change))
+
+
+def test_more_than_one_worker_is_refused():
+    with pytest.raises(ValueError, match="workers=1"):
+        validate(Config(), world_size=2)
+
+
+# --- claims -----------------------------------------------------------------------------------
+
+
+def trials_for(small_best, spectral_best, *, es_factor=1.0, last_factor=2.0, r=2):
+    out = []
+    for mult, sb, pb in zip((1, 2, 4, 8), small_best, spectral_best):
+        for init, best in (("small", sb), ("spectral", pb)):
+            out.append({"init": init, "factor_rank": mult * r, "rank": r, "seed": 0,
+                        "eval/best_rse": best, "eval/es_rse": best * es_factor,
+                        "eval/rse": best * (last_factor if mult > 1 else 1.0),
+                        "eval/es_step": 10.0, "eval/best_step": 12.0,
+                        f"{CURVE_PREFIX}0": 1.0, f"{CURVE_PREFIX}100": best})
+    return out
+
+
+def test_claims_hold_on_the_papers_pattern():
+    trials = trials_for([1.0, 1.05, 1.0, 1.1], [1.0, 2.0, 3.0, 3.5])
+    results = {c.__name__: c(trials) for c in CLAIMS}
+    assert all(holds for holds, _ in results.values()), results
+    assert results["small_init_flat_in_rank"][1]["best_spread"] == pytest.approx(1.1)
+    assert results["spectral_grows_with_rank"][1]["ratio_8r_to_r"] == pytest.approx(3.5)
+    assert results["small_init_overfits_late"][1]["last_over_best_8r"] == pytest.approx(2.0)
+
+
+def test_claims_fail_when_the_pattern_is_absent():
+    assert not small_init_flat_in_rank(trials_for([1.0, 1.1, 1.2, 1.3], [1, 1, 1, 1]))[0]
+    assert not spectral_grows_with_rank(trials_for([1, 1, 1, 1], [1.0, 1.2, 1.5, 1.9]))[0]
+    assert not early_stopping_near_best(trials_for([1, 1, 1, 1], [1, 1, 1, 1], es_factor=1.2))[0]
+    assert not small_init_overfits_late(trials_for([1, 1, 1, 1], [1, 1, 1, 1], last_factor=1.2))[0]
+
+
+def test_claims_average_over_seeds_and_need_r_and_8r():
+    a = trials_for([1.0, 1.0, 1.0, 1.0], [1.0, 2.0, 3.0, 4.0])
+    b = [{**t, "seed": 1, "eval/best_rse": t["eval/best_rse"] * (1.5 if t["factor_rank"] == 16 and t["init"] == "small" else 1.0)}
+         for t in a]
+    holds, measured = small_init_flat_in_rank(a + b)
+    assert measured["best_R16"] == pytest.approx(1.25) and measured["best_spread"] == pytest.approx(1.25)
+    assert not holds
+    with pytest.raises(ValueError, match="no trials at R"):
+        spectral_grows_with_rank([t for t in a if t["factor_rank"] != 16])
+
+
+def test_plot_writes_a_png(tmp_path):
+    path = tmp_path / "claims.png"
+    plot(trials_for([1.0, 1.0, 1.0, 1.0], [1.0, 2.0, 3.0, 4.0]), path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- the reproduction -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_smoke_reproduction_holds(workdir):
+    from orchestrator.reproduce import reproduce
+
+    rep = reproduce("tubal_fgd", smoke=True, local=True)
+    assert not rep.failed_trials
+    assert len(rep.trials) == 8
+    assert rep.holds, [(c.name, c.measured, c.error) for c in rep.claims]
+    expected = {
+        "small_init_flat_in_rank": {"best_spread", "es_spread"},
+        "spectral_grows_with_rank": {"ratio_8r_to_r", "vs_small_at_8r"},
+        "early_stopping_near_best": {"worst_es_over_best"},
+        "small_init_overfits_late": {"last_over_best_8r", "last_over_best_r"},
+    }
+    for claim in rep.claims:
+        assert expected[claim.name] <= set(claim.measured), claim
+        assert all(math.isfinite(v) for v in claim.measured.values()), claim

@@ -1,0 +1,258 @@
+"""tubal_fgd: Config, the factorized gradient descent loop and its early stopping (see the package docstring)."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from workloads.tubal_fgd.problem import (
+    Problem, adjoint, make_problem, measure, relative_error, small_init, spectral_init,
+)
+from workloads.tubal_fgd.tensor import t_gram, t_product
+
+CURVE_PREFIX = "curve/rse/"
+"""Final-metric keys `curve/rse/<step>`: the error curve at log-spaced iterations, for the plot."""
+
+
+@dataclass(frozen=True)
+class Config:
+    n: int = 30
+    """Side of the target X* in R^{n x n x k}."""
+    k: int = 3
+    """Number of frontal slices (the tube length, the FFT axis)."""
+    rank: int = 3
+    """True tubal rank r of X*."""
+    factor_rank: int = 12
+    """Over-estimated rank R of the factor U in R^{n x R x k} (R >= r over-parameterises)."""
+    oversample: float = 6.0
+    """Measurements m = oversample * n * r * k, before the validation split."""
+    val_frac: float = 0.1
+    """Fraction of the m measurements held out for early stopping (never used by the gradient);
+    the early-stopped iterate minimises (1/4 m_val) ||y_val - M_val(U * U^T)||^2."""
+    noise_std: float = 0.1
+    """Std of the Gaussian measurement noise s_i (X* has unit Frobenius norm)."""
+    symmetric_sensing: bool = True
+    """Symmetrise each sensing tensor, A_i <- (A_i + A_i^T) / 2, so that the FGD step is the exact
+    gradient of f and stays symmetric (False: raw Gaussian A_i, the step as written)."""
+    init: Literal["small", "spectral"] = "small"
+    """'small': U_0 ~ N(0, init_scale^2 / R) entries; 'spectral': top-R factor of (1/m) M*(y)."""
+    spectral_by: Literal["eig", "svd"] = "eig"
+    """Spectral init keeps the top-R eigenpairs ('eig', negative ones clipped: the best PSD
+    approximation) or the top-R singular triplets ('svd', the truncated t-SVD); the paper's choice
+    was not available, and 'eig' is the stronger baseline."""
+    init_scale: float = 1e-10
+    """alpha of the small initialisation (1e-10 in the paper; a large value gives large random init)."""
+    lr: float = 0.3
+    """Step size eta of U <- U - eta * [(1/m) M*(M(U U^T) - y)] * U: a calibration, the paper's
+    was not available (with ||X*||_F = 1 no Fourier eigenvalue of X* exceeds sqrt(k))."""
+    steps: int = 5000
+    """Gradient steps."""
+    es_patience: int = 0
+    """Early stopping: 0 returns the argmin of the validation loss over the whole run; > 0 freezes the
+    choice once the validation loss has not improved for this many steps."""
+    eval_every: int = 1
+    """Measure the error and the validation loss every this many steps (best and early-stopped
+    iterates are chosen among these)."""
+    curve_points: int = 60
+    """Log-spaced iterations at which the error curve is kept in the final metrics."""
+    log_every: int = 100
+    """Report metrics every this many steps."""
+    checkpoint_every_frac: float = 0.25
+    """Save a checkpoint at every multiple of this training fraction (and at the end)."""
+    threads: int = 1
+    """Intra-op CPU threads during the run (0 leaves torch's setting): on tensors this small,
+    thread synchronisation costs more than it saves."""
+    dtype: Literal["float64", "float32"] = "float64"
+    """Arithmetic precision of the problem and the iterates."""
+    seed: int = 0
+    """Seed of the target, the measurements and noise (shared by every R and init) and of U_0."""
+
+
+def smoke() -> Config:
+    """A CPU-sized run: n = 16, k = 3, r = 2, R = 8r, 2,000 steps, a couple of seconds.
+
+    Training uses 6nrk measurements as in the paper's simulations, and as many again are held
+    out, where the paper holds out 5-10%: early stopping has to tell a 10% error difference from
+    validation noise, and that noise relative to the error shrinks only with the held-out count
+    per degree of freedom nrk, which is small at this size. Over 16 seeds the worst
+    early-stopped/best ratio was 1.14 with 3nrk held out and 1.04 with 6nrk; at the full size
+    (nrk = 270) 10% is enough.
+    """
+    return Config(
+        n=16, k=3, rank=2, factor_rank=16, oversample=12.0, val_frac=0.5, init_scale=1e-6,
+        steps=2000, log_every=100,
+    )
+
+
+def measurements(cfg: Config) -> tuple[int, int]:
+    """(training, validation) measurement counts."""
+    total = round(cfg.oversample * cfg.n * cfg.rank * cfg.k)
+    val = round(cfg.val_frac * total)
+    return total - val, val
+
+
+def validate(cfg: Config, world_size: int = 1) -> None:
+    """Checks that need no training: raised before anything is launched."""
+    if world_size != 1:
+        raise ValueError(f"tubal_fgd runs on one worker (the problem is small); got world_size={world_size}: use workers=1")
+    for name in ("n", "k", "rank", "factor_rank", "steps", "eval_every", "log_every", "curve_points"):
+        if getattr(cfg, name) <= 0:
+            raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
+    if cfg.threads < 0:
+        raise ValueError(f"threads must be >= 0 (0: torch's own setting), got {cfg.threads}")
+    if cfg.rank > cfg.n:
+        raise ValueError(f"rank={cfg.rank} exceeds n={cfg.n}: a tubal rank is at most n")
+    if cfg.factor_rank > cfg.n:
+        raise ValueError(f"factor_rank={cfg.factor_rank} exceeds n={cfg.n}: use factor_rank <= n")
+    if not 0 < cfg.val_frac < 1:
+        raise ValueError(f"val_frac must lie in (0, 1): early stopping needs held-out measurements, got {cfg.val_frac}")
+    train_m, val_m = measurements(cfg)
+    if train_m < 1 or val_m < 1:
+        raise ValueError(f"oversample={cfg.oversample} gives {train_m} training and {val_m} validation measurements: raise oversample")
+    if cfg.init not in ("small", "spectral"):
+        raise ValueError(f"init must be 'small' or 'spectral', got {cfg.init!r}")
+    if cfg.spectral_by not in ("eig", "svd"):
+        raise ValueError(f"spectral_by must be 'eig' or 'svd', got {cfg.spectral_by!r}")
+    if cfg.init == "small" and not cfg.init_scale > 0:
+        raise ValueError(f"init_scale must be positive for init='small', got {cfg.init_scale}")
+    if not cfg.lr > 0 or not cfg.noise_std >= 0:
+        raise ValueError(f"lr must be positive and noise_std non-negative, got lr={cfg.lr}, noise_std={cfg.noise_std}")
+    if cfg.es_patience < 0:
+        raise ValueError(f"es_patience must be >= 0 (0: argmin over the run), got {cfg.es_patience}")
+    if not 0 < cfg.checkpoint_every_frac <= 1:
+        raise ValueError(f"checkpoint_every_frac must lie in (0, 1], got {cfg.checkpoint_every_frac}")
+    if cfg.dtype not in ("float64", "float32"):
+        raise ValueError(f"dtype must be 'float64' or 'float32', got {cfg.dtype!r}")
+
+
+def curve_steps(steps: int, points: int) -> list[int]:
+    """Step 0 and about `points` log-spaced steps up to `steps`, unique and sorted."""
+    grid = {0, steps}
+    for i in range(points):
+        grid.add(round(steps ** (i / max(1, points - 1))))
+    return sorted(s for s in grid if 0 <= s <= steps)
+
+
+def fractions(steps: int, frac: float) -> set[int]:
+    return {min(steps, max(1, round(j * frac * steps))) for j in range(1, math.ceil(1 / frac) + 1)}
+
+
+class Tracker:
+    """The best iterate (by the true error) and the early-stopped one (by the validation loss)."""
+
+    def __init__(self, patience: int) -> None:
+        self.patience = patience
+        self.best_rse, self.best_step = math.inf, -1
+        self.val_min, self.es_rse, self.es_step = math.inf, math.nan, -1
+        self.frozen = False
+
+    def update(self, step: int, rse: float, val: float) -> None:
+        if rse < self.best_rse:
+            self.best_rse, self.best_step = rse, step
+        if self.frozen:
+            return
+        if val < self.val_min:
+            self.val_min, self.es_rse, self.es_step = val, rse, step
+        elif self.patience and step - self.es_step >= self.patience:
+            self.frozen = True
+
+    def state(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+    def load(self, state: dict[str, Any]) -> None:
+        vars(self).update(state)
+
+
+def initial_factor(cfg: Config, problem: Problem) -> torch.Tensor:
+    if cfg.init == "spectral":
+        return spectral_init(problem, cfg.factor_rank, by=cfg.spectral_by)
+    return small_init(cfg.n, cfg.factor_rank, cfg.k, cfg.init_scale, seed=cfg.seed,
+                      dtype=problem.target.dtype, device=problem.target.device)
+
+
+def train(cfg: Config, run) -> dict[str, float]:
+    validate(cfg, run.world_size)
+    previous = torch.get_num_threads()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    try:
+        return _train(cfg, run)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _train(cfg: Config, run) -> dict[str, float]:
+    dtype = getattr(torch, cfg.dtype)
+    train_m, val_m = measurements(cfg)
+    problem = make_problem(
+        n=cfg.n, k=cfg.k, rank=cfg.rank, measurements=train_m, val_measurements=val_m,
+        noise_std=cfg.noise_std, seed=cfg.seed, symmetric_sensing=cfg.symmetric_sensing,
+        dtype=dtype, device=run.device,
+    )
+    tracker = Tracker(cfg.es_patience)
+    curve: dict[int, float] = {}
+    keep_curve = set(curve_steps(cfg.steps, cfg.curve_points))
+    save_at = fractions(cfg.steps, cfg.checkpoint_every_frac)
+
+    start, diverged = 0, False
+    state = run.restore()
+    if state is not None:
+        u = state["u"].to(device=run.device, dtype=dtype)
+        tracker.load(state["tracker"])
+        curve = {int(s): float(v) for s, v in state["curve"].items()}
+        start = int(state["step"])
+    else:
+        u = initial_factor(cfg, problem)
+
+    def evaluate(step: int, x: torch.Tensor) -> tuple[float, float]:
+        rse = relative_error(problem, x)
+        val = float((measure(problem.a_val, x) - problem.y_val).square().mean() / 4)
+        tracker.update(step, rse, val)
+        if step in keep_curve:
+            curve[step] = rse
+        return rse, val
+
+    x = t_gram(u)
+    residual = measure(problem.a_train, x) - problem.y_train
+    train_loss = float(residual.square().mean() / 4)
+    rse, val = evaluate(start, x) if state is None else (relative_error(problem, x), math.nan)
+    window_start, window_steps, iters_per_s = time.perf_counter(), 0, math.nan
+    for step in range(start + 1, cfg.steps + 1):
+        # One FGD step; the residual of the new iterate is the next step's gradient input.
+        g = adjoint(problem.a_train, residual, problem.shape) / train_m
+        u = u - cfg.lr * t_product(g, u)
+        x = t_gram(u)
+        residual = measure(problem.a_train, x) - problem.y_train
+        window_steps += 1
+        if step % cfg.eval_every == 0 or step in keep_curve or step == cfg.steps:
+            rse, val = evaluate(step, x)
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            train_loss = float(residual.square().mean() / 4)
+            diverged = not math.isfinite(train_loss)
+            now = time.perf_counter()
+            iters_per_s = window_steps / max(now - window_start, 1e-9)
+            window_start, window_steps = now, 0
+            run.report({
+                "train/loss": train_loss, "eval/rse": rse, "eval/val_loss": val,
+                "eval/best_rse": tracker.best_rse, "eval/es_rse": tracker.es_rse,
+                "perf/iters_per_s": iters_per_s, "progress": 1.0 if diverged else step / cfg.steps,
+            }, step=step)
+        if step in save_at or diverged:
+            run.save({"step": step, "u": u.cpu(), "tracker": tracker.state(), "curve": curve})
+        if diverged:  # the iterate overflowed: later steps only carry NaNs
+            break
+    return {
+        "train/loss": train_loss,
+        "eval/rse": rse,
+        "eval/best_rse": tracker.best_rse,
+        "eval/best_step": float(tracker.best_step),
+        "eval/es_rse": tracker.es_rse,
+        "eval/es_step": float(tracker.es_step),
+        "eval/diverged": float(diverged),
+        "perf/iters_per_s": iters_per_s,
+        **{f"{CURVE_PREFIX}{s}": v for s, v in sorted(curve.items())},
+    }
