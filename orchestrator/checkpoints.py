@@ -9,6 +9,7 @@ and the previous checkpoint is used instead.
 from __future__ import annotations
 
 import os
+import pickle
 import sys
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,16 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
 
     path = Path(path)
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=False)
+        # weights_only: tensors, numbers, strings and containers, never arbitrary pickled objects,
+        # so loading a checkpoint from a shared folder cannot run code.
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if "weights_only" not in str(exc) and "Weights only" not in str(exc):
+            raise CheckpointError(f"checkpoint {path} is unreadable (UnpicklingError: {exc})") from exc
+        raise CheckpointError(
+            f"checkpoint {path} holds objects other than tensors, numbers, strings, lists and dicts, and ladder "
+            f"does not unpickle arbitrary objects. Save plain state (tensors, state_dict(), numbers). "
+            f"({str(exc).splitlines()[0]})") from exc
     except Exception as exc:  # torn zip, truncated pickle, wrong format: all mean "unusable"
         raise CheckpointError(f"checkpoint {path} is unreadable ({type(exc).__name__}: {exc})") from exc
     if not isinstance(payload, dict) or payload.get("ladder_checkpoint") != FORMAT_VERSION:

@@ -186,10 +186,25 @@ def from_dict(cls: type, data: Mapping[str, Any]) -> Any:
     return cls(**{k: coerce(k, hints[k], v) for k, v in data.items()})
 
 
+SECRET_WORDS = ("token", "password", "passwd", "secret", "apikey", "credential", "credentials")
+REDACTED = "<redacted>"
+
+
+def is_secret(name: str) -> bool:
+    """A field whose name says it holds a secret: token, password, secret, api_key, ..._key."""
+    parts = name.lower().split("_")
+    return any(p in SECRET_WORDS for p in parts) or parts[-1] == "key" or "api_key" in name.lower()
+
+
+def redacted(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` with the values of secret-looking fields replaced, for anything that leaves the run."""
+    return {k: (REDACTED if is_secret(k) and v not in ("", None) else v) for k, v in data.items()}
+
+
 def flatten(cfg: Any) -> dict[str, str]:
-    """Config as MLflow params: every field a string (tuples comma-joined)."""
+    """Config as MLflow params: every field a string (tuples comma-joined), secrets redacted."""
     out = {}
-    for key, value in to_dict(cfg).items():
+    for key, value in redacted(to_dict(cfg)).items():
         if isinstance(value, (list, tuple)):
             value = ",".join(str(v) for v in value)
         out[key] = str(value)
@@ -197,4 +212,5 @@ def flatten(cfg: Any) -> dict[str, str]:
 
 
 def to_json(cfg: Any) -> str:
-    return json.dumps(to_dict(cfg), indent=2, sort_keys=True, default=str)
+    """Config as the JSON logged next to a run, secrets redacted."""
+    return json.dumps(redacted(to_dict(cfg)), indent=2, sort_keys=True, default=str)

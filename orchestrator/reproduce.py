@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from orchestrator import registry, tracking
-from orchestrator.config import ConfigError, apply_overrides, flatten, to_dict, to_json
+from orchestrator.config import ConfigError, apply_overrides, flatten, redacted, to_dict, to_json
 from orchestrator.sweep import Sweep, SweepError
 
 REPRO_DIR = Path(__file__).resolve().parents[1] / "sweeps" / "repro"
@@ -143,7 +143,7 @@ def _run_local(sweep: Sweep) -> tuple[list[Trial], list[str], str, str]:
         run_id = tracking.start_run(
             sweep.name, run_name=f"{sweep_id}-{trial_id}", parent_run_id=parent, uri=uri, params=flatten(cfg),
             tags={"workload": sweep.workload, "paper": workload.paper, "ladder.trial_id": trial_id,
-                  "ladder.sweep_id": sweep_id, "ladder.trial_params": json.dumps(params, default=str)},
+                  "ladder.sweep_id": sweep_id, "ladder.trial_params": json.dumps(redacted(dict(params)), default=str)},
         )
         tracking.log_text(run_id, to_json(cfg), "config.json", uri=uri)
         sink = tracking.MlflowSink(run_id, uri)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from orchestrator import tracking
-from orchestrator.config import apply_overrides, flatten, to_dict, to_json
+from orchestrator.config import apply_overrides, flatten, redacted, to_dict, to_json
 from orchestrator.ray_train import RayReports
 from orchestrator.sweep import Sweep, SweepError
 
@@ -73,7 +73,7 @@ def _child_run(meta: Mapping[str, Any], trial_id: str, cfg: Any, params: Mapping
             "paper": meta["paper"],
             "ladder.trial_id": trial_id,
             "ladder.sweep_id": meta["sweep_id"],
-            "ladder.trial_params": json.dumps(params, default=str),
+            "ladder.trial_params": json.dumps(redacted(dict(params)), default=str),
         },
         params=flatten(cfg),
         parent_run_id=meta["parent_run_id"],

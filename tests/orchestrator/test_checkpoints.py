@@ -38,3 +38,28 @@ def test_empty_folder_means_fresh_start(tmp_path):
 def test_state_without_step_is_refused(tmp_path):
     with pytest.raises(ValueError, match="step"):
         checkpoints.write_checkpoint(tmp_path, {"w": 1})
+
+
+class _RunsCode:
+    """A pickle payload that would create a file when unpickled."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_checkpoints_load_without_unpickling_arbitrary_objects(tmp_path):
+    import torch
+
+    marker = tmp_path / "pwned"
+    folder = tmp_path / "ckpt"
+    checkpoints.write_checkpoint(folder, {"step": 1, "w": torch.ones(2)})
+    evil = folder / "step-000000002.pt"
+    torch.save({"ladder_checkpoint": 1, "state": {"step": 2, "x": _RunsCode(str(marker))}}, evil)
+    with pytest.raises(checkpoints.CheckpointError, match="does not unpickle arbitrary objects"):
+        checkpoints.read_checkpoint(evil)
+    assert not marker.exists()
+    state = checkpoints.load_latest(folder)  # falls back to the good one, still without running the payload
+    assert state["step"] == 1 and not marker.exists()

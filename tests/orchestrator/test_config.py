@@ -76,3 +76,25 @@ def test_flatten_and_round_trip():
     assert flat["widths"] == "7,9" and flat["tau"] == "0.25" and flat["flag"] == "False"
     assert from_dict(Toy, to_dict(cfg)) == cfg
     assert from_dict(Toy, {k: v for k, v in flat.items()}) == cfg
+
+
+def test_secret_looking_fields_are_redacted_before_they_leave_the_run():
+    import json
+
+    from orchestrator.config import REDACTED, flatten, is_secret, to_json
+
+    @dataclass(frozen=True)
+    class WithSecrets:
+        hf_token: str = "hf_abc123"
+        api_key: str = "sk-123"
+        db_password: str = "hunter2"
+        bias_keys: int = 1024
+        tokenizer: str = "bytes"
+        wandb_key: str = ""
+
+    flat = flatten(WithSecrets())
+    assert flat["hf_token"] == flat["api_key"] == flat["db_password"] == REDACTED
+    assert flat["bias_keys"] == "1024" and flat["tokenizer"] == "bytes"
+    assert flat["wandb_key"] == ""  # nothing set, nothing to hide
+    assert "hf_abc123" not in to_json(WithSecrets()) and json.loads(to_json(WithSecrets()))["api_key"] == REDACTED
+    assert not is_secret("max_tokens") and not is_secret("eval_tokens") and is_secret("access_token")
