@@ -19,7 +19,7 @@ VARIANTS = ({"stable_rounding": False}, {"stable_rounding": True})
 def build(*, smoke: bool = False, seed: int = 0) -> Sweep:
     if smoke:
         return Sweep(name="lowprec_attention", workload="lowprec_attention", base="smoke",
-                     overrides={"seed": seed, "bias_seeds": 5, "steps": 80, "eval_every": 40, "checkpoint_every": 40},
+                     overrides={"seed": seed, "bias_seeds": 8, "steps": 80, "eval_every": 40, "checkpoint_every": 40},
                      points=VARIANTS, objective=("eval/loss", "min"))
     return Sweep(name="lowprec_attention", workload="lowprec_attention", base="default",
                  points=VARIANTS, space={"seed": seeds(3, start=seed)}, objective=("eval/loss", "min"))
