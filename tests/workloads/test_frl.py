@@ -1,0 +1,343 @@
+"""frl: the solvers against exact solutions, the spectral maths against hand-computed values, the
+FRL layers' resolution alignment, the losses, the claims on synthetic trials, config errors, and
+the smoke reproduction."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from orchestrator.run import LocalRun
+from workloads.frl import claims as C
+from workloads.frl import workload as W
+from workloads.frl.losses import cross_scale_loss, rel_mse, spectral_loss
+from workloads.frl.model import CNN, FNO, AlignedConv, FRLSpectralConv, SpectralConv, frequency_channels
+from workloads.frl.solver import Burgers, NavierStokes2d, burgers_initial, truncate, upsample
+
+TWO_PI = 2 * math.pi
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """These tensors are tiny: with more threads than free cores, synchronising costs more than it saves."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def grid(n: int) -> torch.Tensor:
+    return torch.arange(n, dtype=torch.float64) * (TWO_PI / n)
+
+
+# --- spectral resampling ---------------------------------------------------------------------
+
+
+def test_truncate_keeps_exactly_the_modes_below_half_the_target_grid():
+    x = grid(256)
+    u = torch.sin(3 * x) + 0.5 * torch.cos(15 * x) + 0.25 * torch.sin(16 * x) + 0.1 * torch.sin(40 * x)
+    x32 = grid(32)
+    # |k| < 16 survive; k = 16 is the 32-grid's Nyquist and k = 40 lies above it.
+    expected = torch.sin(3 * x32) + 0.5 * torch.cos(15 * x32)
+    torch.testing.assert_close(truncate(u, 32), expected, atol=1e-12, rtol=0)
+
+
+def test_upsample_is_trigonometric_interpolation():
+    u16 = torch.sin(3 * grid(16)) + torch.cos(5 * grid(16))
+    torch.testing.assert_close(upsample(u16, 128), torch.sin(3 * grid(128)) + torch.cos(5 * grid(128)), atol=1e-12, rtol=0)
+
+
+def test_truncate_and_upsample_in_two_dimensions():
+    x = grid(64)[:, None]
+    y = grid(64)[None, :]
+    u = torch.sin(2 * x) * torch.cos(3 * y) + torch.cos(-5 * x + 7 * y) + torch.sin(20 * x)
+    x16, y16 = grid(16)[:, None], grid(16)[None, :]
+    expected = torch.sin(2 * x16) * torch.cos(3 * y16) + torch.cos(-5 * x16 + 7 * y16)
+    low = truncate(u, 16, dims=2)
+    torch.testing.assert_close(low, expected, atol=1e-12, rtol=0)
+    torch.testing.assert_close(upsample(low, 64, dims=2), u - torch.sin(20 * x), atol=1e-12, rtol=0)
+
+
+# --- solvers against exact solutions ----------------------------------------------------------
+
+
+def test_burgers_matches_the_cole_hopf_solution():
+    # phi = a + b exp(-nu t) cos x solves the heat equation, so u = -2 nu phi_x / phi solves Burgers.
+    nu, a, b, t = 0.1, 1.5, 1.0, 0.5
+    x = grid(128)
+    exact = lambda s: 2 * nu * b * math.exp(-nu * s) * torch.sin(x) / (a + b * math.exp(-nu * s) * torch.cos(x))  # noqa: E731
+    solver = Burgers(128, nu, 1e-3)
+    u = solver.evolve(exact(0.0)[None], t)[0]
+    assert (u - exact(t)).abs().max() < 1e-9
+
+
+def test_burgers_initial_condition_is_band_limited_and_scaled():
+    u = burgers_initial(5, 128, 8, torch.Generator().manual_seed(0))
+    assert u.abs().amax(dim=1).sub(1).abs().max() < 1e-12
+    spectrum = torch.fft.rfft(u).abs()
+    assert spectrum[:, 9:].max() < 1e-10 and spectrum[:, 1:9].max() > 1e-3
+
+
+def test_navier_stokes_taylor_green_decays_at_its_exact_rate():
+    # w = 2 cos x cos y is a steady Euler flow (w = 2 psi); viscosity and drag damp it at 2 nu + drag.
+    nu, drag, t = 0.05, 0.1, 0.5
+    x, y = grid(32)[:, None], grid(32)[None, :]
+    w0 = 2 * torch.cos(x) * torch.cos(y)
+    solver = NavierStokes2d(32, nu, 1e-2, forcing_amp=0.0, drag=drag)
+    w = solver.evolve(w0[None], t)[0]
+    torch.testing.assert_close(w, w0 * math.exp(-(2 * nu + drag) * t), atol=1e-10, rtol=0)
+
+
+def test_kolmogorov_flow_is_a_steady_state():
+    # w = A sin(4y) / (16 nu + drag) balances forcing, viscosity and drag; its advection vanishes.
+    nu, drag, amp = 0.02, 0.1, 0.1
+    y = grid(32)[None, :].expand(32, 32)
+    w0 = amp * torch.sin(4 * y) / (16 * nu + drag)
+    w = NavierStokes2d(32, nu, 1e-2, forcing_amp=amp, drag=drag).evolve(w0[None], 1.0)[0]
+    torch.testing.assert_close(w, w0, atol=1e-10, rtol=0)
+
+
+# --- layers ----------------------------------------------------------------------------------
+
+
+def test_baseline_spectral_conv_is_blind_above_its_modes():
+    torch.manual_seed(0)
+    conv = SpectralConv(4, 16, 1)
+    x = grid(128).float()
+    high = torch.sin(20 * x).expand(2, 4, 128)
+    assert conv(high).abs().max() < 1e-5  # the blind zone: no response at all at k = 20
+    low = torch.sin(3 * x).expand(2, 4, 128)
+    assert conv(low).abs().max() > 1e-2
+
+
+def test_frl_physical_weights_are_aligned_across_grids_and_held_above_the_training_nyquist():
+    torch.manual_seed(0)
+    layer = FRLSpectralConv(3, 1, rho0=32, coord="physical")
+    w32, _ = layer.weights(32, torch.device("cpu"))
+    w128, keep = layer.weights(128, torch.device("cpu"))
+    torch.testing.assert_close(w128[:16], w32[:16])  # the same physical mode, the same weight
+    torch.testing.assert_close(w128[40], w128[16])  # held above k_Nyq(rho0) = 16
+    assert keep[:64].all() and not keep[64]  # every mode below the 128-grid's Nyquist is used
+    # The notes' coordinate: |k| / k_Nyq(rho) plus log2(rho / rho0).
+    nyq = FRLSpectralConv(3, 1, rho0=32, coord="nyquist")
+    f64, _ = nyq.coordinates(64, torch.device("cpu"))
+    f32, _ = nyq.coordinates(32, torch.device("cpu"))
+    torch.testing.assert_close(f64[10, :-1], f32[5, :-1])  # nu = 10/32 = 5/16
+    assert f64[10, -1] == 1.0 and f32[5, -1] == 0.0
+
+
+def test_frequency_channels_with_index_coordinate_are_the_same_physical_function():
+    fine = frequency_channels((64,), 4, "index", torch.float64, torch.device("cpu"))
+    coarse = frequency_channels((32,), 4, "index", torch.float64, torch.device("cpu"))
+    torch.testing.assert_close(fine[:, ::2], coarse)
+    torch.testing.assert_close(fine[1], torch.sin(4 * grid(64)))  # m = 2: sin(2 m x_phys)
+    fine_p = frequency_channels((64,), 4, "physical", torch.float64, torch.device("cpu"))
+    coarse_p = frequency_channels((32,), 4, "physical", torch.float64, torch.device("cpu"))
+    assert (fine_p[:, ::2] - coarse_p).abs().max() > 0.1
+
+
+def test_aligned_conv_is_the_ordinary_convolution_on_the_training_grid():
+    torch.manual_seed(0)
+    layer = AlignedConv(3, 1, rho0=32, radius=2)
+    conv = torch.nn.Conv1d(3, 3, 5, padding=2, padding_mode="circular")
+    with torch.no_grad():
+        conv.weight.copy_(layer.weight.flip(-1))  # Conv1d correlates; the layer convolves
+        conv.bias.copy_(layer.bias)
+    h = truncate(torch.randn(2, 3, 32, dtype=torch.float64), 32).float()  # no Nyquist mode
+    torch.testing.assert_close(layer(h), conv(h), atol=1e-5, rtol=0)
+
+
+def test_aligned_conv_is_the_same_physical_filter_on_a_finer_grid():
+    torch.manual_seed(0)
+    layer = AlignedConv(2, 1, rho0=32, radius=2)
+    conv = torch.nn.Conv1d(2, 2, 5, padding=2, padding_mode="circular")
+    smooth = lambda n: torch.stack([torch.sin(grid(n)), torch.cos(3 * grid(n))])[None].float()  # noqa: E731
+    with torch.no_grad():
+        a32, a128 = layer(smooth(32)), layer(smooth(128))
+        c32, c128 = conv(smooth(32)), conv(smooth(128))
+    torch.testing.assert_close(a128[..., ::4], a32, atol=1e-5, rtol=0)
+    assert (c128[..., ::4] - c32).abs().max() > 1e-2  # grid taps shrink with the cell
+
+
+@pytest.mark.parametrize("backbone", ["fno", "cnn"])
+@pytest.mark.parametrize("frl", [False, True])
+@pytest.mark.parametrize("dims", [1, 2])
+def test_backbones_map_any_grid_to_itself(backbone, frl, dims):
+    torch.manual_seed(0)
+    cls = FNO if backbone == "fno" else CNN
+    model = cls(dims, 8, 2, 4 if backbone == "fno" else 3, 8, frl)
+    for n in (8, 16, 32):
+        u = torch.randn(2, *([n] * dims))
+        assert model(u).shape == u.shape
+
+
+# --- losses ----------------------------------------------------------------------------------
+
+
+def test_rel_mse_by_hand():
+    y = torch.tensor([[3.0, 4.0]])
+    assert rel_mse(torch.tensor([[3.0, 2.0]]), y).item() == pytest.approx(4 / 25)
+
+
+def test_spectral_loss_weighs_each_octave_alike():
+    x = grid(32)
+    y = (torch.cos(x) + torch.cos(5 * x))[None]
+    # An error of a tenth of the k = 5 mode: its octave [4, 8) has relative error 0.01, the other
+    # three octaves below the Nyquist of 16 ({0, 1}, [2, 4), [8, 16)) none.
+    p = y + 0.1 * torch.cos(5 * x)[None]
+    n_octaves = 4
+    expected = 0.01 / (1 + 1e-6 * 2) / n_octaves  # floor: 1e-6 of the sample's energy
+    assert spectral_loss(p, y, 1).item() == pytest.approx(expected, rel=1e-4)
+    # The same error as a plain relative L2 counts against the whole field's energy (half as much).
+    assert rel_mse(p, y).item() == pytest.approx(0.01 / 2, rel=1e-6)
+    assert spectral_loss(y, y, 1).item() == 0.0
+
+
+def test_cross_scale_loss_is_zero_for_a_truncation_consistent_model():
+    u = torch.randn(3, 32, dtype=torch.float64)
+    fine = truncate(u, 32)
+    coarse = truncate(u, 16)
+    assert cross_scale_loss(fine, coarse, coarse, 1).item() == pytest.approx(0.0, abs=1e-20)
+    assert cross_scale_loss(fine, torch.zeros_like(coarse), coarse, 1).item() == pytest.approx(1.0)
+
+
+def test_band_error_counts_only_the_blind_zone():
+    x = grid(128)
+    y = (torch.sin(2 * x) + 0.1 * torch.sin(30 * x))[None]
+    p = (2 * torch.sin(2 * x))[None]  # wrong below 16, silent above: all of the band is missed
+    assert W.band_error(p, y, 16, 1) == pytest.approx(1.0)
+    assert W.band_error(y, y, 16, 1) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_lr_factor_warms_up_and_decays_to_zero():
+    assert W.lr_factor(5, 100) == pytest.approx(1.0)
+    assert W.lr_factor(1, 100) == pytest.approx(0.2)
+    assert W.lr_factor(100, 100) == pytest.approx(0.0, abs=1e-12)
+
+
+# --- claims on synthetic trials ----------------------------------------------------------------
+
+
+def _trial(backbone: str, frl: bool, e1: float, e4: float, solver=(0.1, 0.01)) -> dict:
+    cfg = W.Config(backbone=backbone, frl=frl, multires_levels=2 if frl else 0,
+                   spectral_weight=0.1 if frl else 0.0, cross_scale_weight=0.1 if frl else 0.0)
+    t = dataclasses.asdict(cfg)
+    t.update({"eval/rel_l2/x1": e1, "eval/rel_l2/x2": (e1 + e4) / 2, "eval/rel_l2/x4": e4,
+              "eval/rel_l2_grid/x1": e1, "eval/rel_l2_grid/x2": e1, "eval/rel_l2_grid/x4": e4,
+              "eval/solver_rel_l2/x1": solver[0], "eval/solver_rel_l2/x2": 0.05, "eval/solver_rel_l2/x4": solver[1]})
+    return t
+
+
+def test_claims_hold_on_the_paper_pattern_and_fail_without_it():
+    paper = [_trial("fno", False, 0.05, 0.052), _trial("fno", True, 0.05, 0.02),
+             _trial("cnn", False, 0.06, 0.12), _trial("cnn", True, 0.06, 0.04)]
+    for claim in C.CLAIMS:
+        holds, measured = claim(paper)
+        assert holds, claim.__name__
+        assert all(math.isfinite(v) for v in measured.values())
+    holds, measured = C.baseline_anchored(paper)
+    assert measured["burgers/fno/baseline_ratio"] == pytest.approx(1.04)
+
+    unanchored = [_trial("fno", False, 0.05, 0.04)] + paper[1:]
+    assert not C.baseline_anchored(unanchored)[0]
+    flat = paper[:1] + [_trial("fno", True, 0.05, 0.05)] + paper[2:]
+    assert not C.frl_error_falls(flat)[0]
+    worse = paper[:1] + [_trial("fno", True, 0.06, 0.055)] + paper[2:]
+    assert C.frl_error_falls(worse)[0] and not C.frl_below_baseline(worse)[0]
+    assert not C.solver_calibration([_trial("fno", False, 0.05, 0.05, solver=(0.01, 0.02))])[0]
+
+
+def test_claims_average_seeds_and_need_both_variants():
+    trials = [_trial("fno", False, 0.05, 0.06), _trial("fno", False, 0.05, 0.02),
+              _trial("fno", True, 0.05, 0.01)]
+    holds, measured = C.baseline_anchored(trials)
+    assert measured["burgers/fno/baseline_x4"] == pytest.approx(0.04) and not holds
+    with pytest.raises(LookupError, match="no frl"):
+        C.frl_below_baseline(trials[:2])
+
+
+def test_plot_writes_a_png(tmp_path):
+    trials = [_trial("fno", False, 0.05, 0.052), _trial("fno", True, 0.05, 0.02)]
+    path = tmp_path / "frl.png"
+    C.plot(trials, path)
+    assert path.stat().st_size > 10_000
+
+
+# --- config errors ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        ({"pde": "heat"}, "pde must be one of"),
+        ({"backbone": "gnn"}, "backbone must be one of"),
+        ({"modes": 17}, "modes=17 must lie in 1..rho0/2=16"),
+        ({"eval_factors": (2, 4)}, "include 1 \\(the training resolution\\)"),
+        ({"ref_n": 64}, "rho0 \\* max\\(eval_factors\\) = 128 <= ref_n = 64"),
+        ({"cross_scale_weight": 0.1}, "set multires_levels >= 1"),
+        ({"multires_levels": 4}, "rho0=32 with multires_levels=4"),
+        ({"kernel": 4, "backbone": "cnn"}, "positive odd number"),
+        ({"frl_coord": "log"}, "frl_coord must be"),
+        ({"lag": 0.0}, "lag must be positive"),
+    ],
+)
+def test_bad_configs_name_the_problem(changes, match):
+    with pytest.raises(ValueError, match=match):
+        W.validate(dataclasses.replace(W.Config(), **changes))
+
+
+def test_more_than_one_worker_is_refused():
+    with pytest.raises(ValueError, match="1 worker"):
+        W.validate(W.Config(), world_size=2)
+
+
+# --- training --------------------------------------------------------------------------------
+
+
+TINY_NS = dict(pde="navier_stokes", nu=2e-2, dns_n=32, dns_dt=2e-2, ref_n=32, rho0=8, modes=4,
+               t_starts=(0.2,), lag=0.2, n_train=8, n_test=4, steps=3, width=6, depth=2,
+               batch_size=4, log_every=1, eval_batch=4)
+
+
+@pytest.mark.parametrize("backbone", ["fno", "cnn"])
+def test_frl_trains_in_two_dimensions(backbone, tmp_path):
+    cfg = dataclasses.replace(W.Config(), backbone=backbone, frl=True, multires_levels=1,
+                              spectral_weight=0.1, cross_scale_weight=0.1, **TINY_NS)
+    final = W.train(cfg, LocalRun(tmp_path))
+    for f in (1, 2, 4):
+        assert math.isfinite(final[f"eval/rel_l2/x{f}"]) and math.isfinite(final[f"eval/rel_l2_grid/x{f}"])
+    assert final["eval/solver_rel_l2/x4"] < 1e-9  # at the reference grid the solver is the DNS
+
+
+def test_train_restores_the_thread_setting(tmp_path):
+    torch.set_num_threads(2)
+    W.train(dataclasses.replace(W.Config(), **TINY_NS, threads=1), LocalRun(tmp_path))
+    assert torch.get_num_threads() == 2
+
+
+@pytest.mark.slow
+def test_smoke_reproduction(workdir):
+    from orchestrator.reproduce import reproduce
+
+    rep = reproduce("frl", smoke=True, local=True)
+    assert not rep.failed_trials
+    by_name = {c.name: c for c in rep.claims}
+    assert set(by_name) == {c.__name__ for c in C.CLAIMS}
+    for claim in rep.claims:
+        assert claim.measured and not claim.error, claim.name
+    for backbone in ("fno", "cnn"):
+        assert f"burgers/{backbone}/baseline_ratio" in by_name["baseline_anchored"].measured
+        assert f"burgers/{backbone}/frl_ratio" in by_name["frl_error_falls"].measured
+    failing = {c.name for c in rep.claims if not c.holds}
+    assert failing <= {"baseline_anchored"}, "\n".join(f"{c.name}: {c.holds} {c.measured}" for c in rep.claims)
+    anchored = by_name["baseline_anchored"].measured
+    assert anchored["burgers/cnn/baseline_ratio"] >= 1.0
+    if not rep.holds:
+        # Known gap of this reconstruction: the baseline FNO's pointwise path carries part of the
+        # band above rho0/2 on the finer grids, so its error against the reference falls ~25%
+        # from 1x to 4x (the paper reports ratios of 1.02-1.06). Any other failure is a real one.
+        assert anchored["burgers/fno/baseline_ratio"] < 1.0
+        pytest.xfail(f"FNO baseline not anchored: error ratio 4x/1x = {anchored['burgers/fno/baseline_ratio']:.3f}")
