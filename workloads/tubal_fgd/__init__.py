@@ -1,4 +1,4 @@
-"""The Power of Small Initialization in Noisy Low-Tubal-Rank Tensor Recovery (Liu, Geng, Wang, Tang, Han, Wang; ICLR 2026) — https://arxiv.org/abs/2603.02729
+"""The Power of Small Initialization in Noisy Low-Tubal-Rank Tensor Recovery (ICLR 2026) — https://arxiv.org/abs/2603.02729
 
 tubal_fgd: recover a low-tubal-rank PSD tensor X* = X * X^T in R^{n x n x k} (t-product: slice-wise
 products after an FFT along the third mode) from noisy Gaussian linear measurements, by
