@@ -163,6 +163,8 @@ class Sweep:
         w = self.load_workload()
         try:
             base = self.base_config()
+            if not self.points:  # with points, each point completes the base and is checked below
+                w.validate(base, world_size=self.workers)
             check_fields(w.Config, self.space, what="search-space field")
             for point in self.points:
                 check_fields(w.Config, point, what="field of a sweep point")
