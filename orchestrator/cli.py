@@ -135,6 +135,15 @@ def _cmd_ui(args: argparse.Namespace) -> int:
         return 0
 
 
+def _cmd_sync(args: argparse.Namespace) -> int:
+    from orchestrator import outbox
+
+    folder = args.folder or outbox.default_dir()
+    if args.folder and not os.path.isdir(args.folder):
+        raise UsageError(f"no outbox folder {args.folder!r}: runs keep undelivered metrics in ./{outbox.OUTBOX_DIR}")
+    return 1 if outbox.sync(folder) else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ladder",
@@ -188,6 +197,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference-kind", choices=["empirical", "parametric"], default="empirical", help="reference built from them")
     p.add_argument("--no-plot", dest="plot", action="store_false", help="skip the charts logged to the sweep's parent run")
     p.set_defaults(func=_cmd_audit)
+
+    p = sub.add_parser("sync", help="send metrics kept locally while the tracking server was unreachable",
+                       description="Deliver the outbox: metric points, final metrics and end statuses that runs kept "
+                                   "on disk because the MLflow server did not answer. Exits 1 while some still wait.")
+    p.add_argument("folder", nargs="?", help="outbox folder; default ./ladder-runs/outbox")
+    p.set_defaults(func=_cmd_sync)
 
     p = sub.add_parser("ui", help="serve the MLflow UI on the tracking store (localhost only)")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind; default 127.0.0.1")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator import registry, tracking
+from orchestrator import outbox, registry, tracking
 from orchestrator.config import ConfigError, flatten, from_dict, to_dict, to_json
 
 RUNS_DIR = "ladder-runs"
@@ -132,7 +132,7 @@ def run_local(
     sinks: list[Any] = []
     if run_id:
         skip = tracking.last_recorded_step(run_id, uri) if resume is not None else None
-        mlflow_sink = tracking.MlflowSink(run_id, uri, skip_through=skip)
+        mlflow_sink = tracking.MlflowSink(run_id, uri, skip_through=skip, outbox_dir=outbox.default_dir())
         mlflow_sink.set_tags({"ladder.world_size": "1", "ladder.backend": "none"})
         sinks.append(mlflow_sink)
     if progress:
@@ -154,7 +154,7 @@ def run_local(
         if wandb_sink:
             wandb_sink.finish()
         if run_id:
-            tracking.end_run(run_id, status, uri=uri)
+            tracking.end_run(run_id, status, uri=uri, outbox_dir=outbox.default_dir())
     return RunResult(name, metrics, run_dir, run_id, uri, time.monotonic() - started, run.history)
 
 
@@ -209,6 +209,7 @@ def run_ray(
             "tracking_uri": uri,
             "cpus_per_worker": cpus_per_worker,
             "progress": progress,
+            "outbox_dir": str(outbox.default_dir()),
         },
         torch_config=TorchConfig(backend="gloo"),
         scaling_config=ray.train.ScalingConfig(num_workers=workers, resources_per_worker={"CPU": cpus_per_worker}),
@@ -231,7 +232,7 @@ def run_ray(
         raise
     finally:
         if run_id:
-            tracking.end_run(run_id, status, uri=uri)
+            tracking.end_run(run_id, status, uri=uri, outbox_dir=outbox.default_dir())
     metrics = dict(result.return_value or {})
     return RunResult(name, metrics, run_dir, run_id, uri, time.monotonic() - started)
 

@@ -136,7 +136,8 @@ def worker_entry(loop_config: dict[str, Any]) -> dict[str, float]:
             from orchestrator.tracking import last_recorded_step
 
             run_id, uri = loop_config["mlflow_run_id"], loop_config["tracking_uri"]
-            sink = MlflowSink(run_id, uri, skip_through=last_recorded_step(run_id, uri))
+            sink = MlflowSink(run_id, uri, skip_through=last_recorded_step(run_id, uri),
+                              outbox_dir=loop_config.get("outbox_dir"))
             # Recorded from inside the worker group: what ran, not what was asked for.
             ctx = ray.train.get_context()
             sink.set_tags({"ladder.world_size": str(ctx.get_world_size()), "ladder.backend": _backend()})

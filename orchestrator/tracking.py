@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from orchestrator.config import ConfigError
+
 DEFAULT_DB = "mlruns.db"
 DEFAULT_ARTIFACTS = "mlartifacts"
 
@@ -84,6 +86,10 @@ def ensure_experiment(name: str, uri: str | None = None, base: str | os.PathLike
         return found.experiment_id
 
 
+class TrackingUnavailable(ConfigError):
+    """The tracking server does not answer when a run or sweep is about to start."""
+
+
 def start_run(
     experiment: str,
     *,
@@ -97,7 +103,20 @@ def start_run(
     from mlflow.entities import Param, RunTag
 
     c = client(uri)
-    exp_id = ensure_experiment(experiment, uri)
+    try:
+        from orchestrator.outbox import fail_fast
+
+        with fail_fast():
+            exp_id = ensure_experiment(experiment, uri)
+    except Exception as exc:
+        from orchestrator.outbox import is_unreachable
+
+        if is_unreachable(exc):
+            raise TrackingUnavailable(
+                f"the MLflow tracking server {uri or tracking_uri()} does not answer: start it, or unset "
+                "MLFLOW_TRACKING_URI to record into ./mlruns.db"
+            ) from exc
+        raise
     all_tags = {
         "ladder.version": ladder_version(),
         "git.commit": git_commit(),
@@ -114,8 +133,12 @@ def start_run(
     return run.info.run_id
 
 
-def end_run(run_id: str, status: str = "FINISHED", uri: str | None = None) -> None:
-    client(uri).set_terminated(run_id, status=status)
+def end_run(run_id: str, status: str = "FINISHED", uri: str | None = None, *, outbox_dir: str | os.PathLike | None = None) -> None:
+    """Mark the run ended; with `outbox_dir`, an unreachable server gets the status later (`ladder sync`)."""
+    from orchestrator.outbox import guarded
+
+    uri = uri or tracking_uri()
+    guarded(outbox_dir, run_id, uri, "end", status, lambda: client(uri).set_terminated(run_id, status=status))
 
 
 def set_tags(run_id: str, tags: Mapping[str, str], uri: str | None = None) -> None:
@@ -132,8 +155,16 @@ FINAL_TAG = "ladder.final"
 FINAL_TAG_MAX = 5000  # MLflow caps a tag value at 8000 characters; larger finals live in final.json only
 
 
-def set_final(run_id: str, final: Mapping[str, float], uri: str | None = None) -> None:
-    """Record a run's final metrics (what `train` returned): `final.json`, and a tag when small."""
+def set_final(run_id: str, final: Mapping[str, float], uri: str | None = None, *, outbox_dir: str | os.PathLike | None = None) -> None:
+    """Record a run's final metrics (what `train` returned): `final.json`, and a tag when small.
+
+    With `outbox_dir`, an unreachable server gets them later, from the run's outbox."""
+    if outbox_dir is not None:
+        from orchestrator.outbox import guarded
+
+        uri = uri or tracking_uri()
+        guarded(outbox_dir, run_id, uri, "final", dict(final), lambda: set_final(run_id, final, uri))
+        return
     text = json.dumps(dict(final))
     log_text(run_id, text, "final.json", uri=uri)
     set_tags(run_id, {FINAL_TAG: text if len(text) <= FINAL_TAG_MAX else "final.json"}, uri=uri)
@@ -178,12 +209,26 @@ class MlflowSink:
 
     Batching keeps tracking off the training loop's critical path: one `log_batch` per
     `flush_every_s` seconds (and at every checkpoint and at the end) instead of one request per
-    metric per step.
+    metric per step. When the run records to a server and the server stops answering, training
+    goes on: undelivered points go to the run's outbox on disk (`orchestrator.outbox`), the
+    console says so once, and the sink retries at a growing interval (up to a minute) until the
+    server is back, then delivers everything and says so.
     """
 
+    RETRY_MAX_S = float(os.environ.get("LADDER_TRACKING_RETRY_MAX_S", "60"))
+    """Longest wait between two tries to reach a server that stopped answering."""
+
     def __init__(
-        self, run_id: str, uri: str | None = None, *, flush_every_s: float = 5.0, skip_through: int | None = None
+        self,
+        run_id: str,
+        uri: str | None = None,
+        *,
+        flush_every_s: float = 5.0,
+        skip_through: int | None = None,
+        outbox_dir: str | os.PathLike | None = None,
     ) -> None:
+        from orchestrator import outbox
+
         self.run_id = run_id
         self.uri = uri or tracking_uri()
         self.flush_every_s = flush_every_s
@@ -194,6 +239,27 @@ class MlflowSink:
         self._buffer: list[Any] = []
         self._last_flush = time.monotonic()
         self._client = client(self.uri)
+        self._box = outbox.Outbox(outbox_dir, run_id, self.uri) if outbox_dir and outbox.is_remote(self.uri) else None
+        self._spooled = 0  # how many of self._buffer are already in the outbox file
+        self._down_since: float | None = None
+        self._retry_s = min(flush_every_s, self.RETRY_MAX_S)
+        if self._box is not None and self._box.path.is_file():
+            # An earlier attempt of this run left points undelivered: they go first, and a replay
+            # of their steps must not record them twice.
+            try:
+                with outbox.fail_fast():
+                    self._box.deliver()
+            except Exception as exc:
+                if not outbox.is_unreachable(exc):
+                    raise
+                self._went_down(exc)
+            waiting = self._box.max_step() if self._box.path.is_file() else None
+            if waiting is not None:
+                self.skip_through = max(waiting, self.skip_through if self.skip_through is not None else waiting)
+
+    @property
+    def unreachable(self) -> bool:
+        return self._down_since is not None
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         from mlflow.entities import Metric
@@ -202,21 +268,76 @@ class MlflowSink:
             return
         now_ms = int(time.time() * 1000)
         self._buffer.extend(Metric(k, float(v), now_ms, int(step)) for k, v in metrics.items())
-        if len(self._buffer) >= 900 or time.monotonic() - self._last_flush > self.flush_every_s:
+        if self.unreachable:
+            self._spool()  # on disk at once: a crash during the outage loses nothing reported
+            if time.monotonic() - self._last_flush > self._retry_s:
+                self.flush()
+        elif len(self._buffer) >= 900 or time.monotonic() - self._last_flush > self.flush_every_s:
             self.flush()
 
     def flush(self) -> None:
-        while self._buffer:
-            chunk, self._buffer = self._buffer[:900], self._buffer[900:]
-            self._client.log_batch(self.run_id, metrics=chunk)
+        from orchestrator import outbox
+
+        if self._box is None:
+            self._send_buffer()
+            self._last_flush = time.monotonic()
+            return
         self._last_flush = time.monotonic()
+        try:
+            with outbox.fail_fast():
+                if self._box.path.is_file():
+                    self._box.deliver()  # the outage's points, in order, before the newer ones
+                # The spooled points went with the outbox (or `ladder sync` already sent them).
+                self._buffer, self._spooled = self._buffer[self._spooled :], 0
+                self._send_buffer()
+        except Exception as exc:
+            if not outbox.is_unreachable(exc):
+                raise
+            self._spool()
+            self._went_down(exc)
+            return
+        if self._down_since is not None:
+            warn(f"tracking server {self.uri} is back after {time.monotonic() - self._down_since:.0f} s: "
+                 f"the points kept meanwhile are recorded")
+        self._down_since = None
+        self._retry_s = min(self.flush_every_s, self.RETRY_MAX_S)
+
+    def _send_buffer(self) -> None:
+        while self._buffer:
+            chunk = self._buffer[:900]
+            self._client.log_batch(self.run_id, metrics=chunk)
+            self._buffer = self._buffer[900:]
+
+    def _spool(self) -> None:
+        from orchestrator.outbox import metric_rows
+
+        if self._box is not None and self._spooled < len(self._buffer):
+            self._box.append("metrics", metric_rows(self._buffer[self._spooled :]))
+            self._spooled = len(self._buffer)
+
+    def _went_down(self, exc: BaseException) -> None:
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+            first = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+            warn(f"tracking server {self.uri} unreachable ({first}); training goes on, metrics are kept in "
+                 f"{self._box.path if self._box else 'memory'} and sent when it is back (or with `ladder sync`)")
+        else:
+            self._retry_s = min(self.RETRY_MAX_S, self._retry_s * 2)
 
     def log_artifact(self, path: str) -> None:
         self._client.log_artifact(self.run_id, path)
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
-        for k, v in tags.items():
-            self._client.set_tag(self.run_id, k, str(v))
+        from orchestrator import outbox
+
+        def send() -> None:
+            for k, v in tags.items():
+                self._client.set_tag(self.run_id, k, str(v))
+
+        if self._box is None:
+            send()
+        else:
+            outbox.guarded(self._box.path.parent, self.run_id, self.uri, "tags", outbox.as_tags(tags), send)
 
 
 class WandbSink:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from orchestrator import tracking
+from orchestrator import outbox, tracking
 from orchestrator.config import apply_overrides, flatten, redacted, to_dict, to_json
 from orchestrator.ray_train import RayReports
 from orchestrator.sweep import Sweep, SweepError
@@ -107,7 +107,7 @@ def trial_main(config: dict[str, Any], meta: dict[str, Any]) -> None:
 
             torch.set_num_threads(max(1, int(meta["cpus_per_worker"])))
             skip = tracking.last_recorded_step(run_id, uri) if run_id else None
-            sinks = [tracking.MlflowSink(run_id, uri, skip_through=skip)] if run_id else []
+            sinks = [tracking.MlflowSink(run_id, uri, skip_through=skip, outbox_dir=meta.get("outbox_dir"))] if run_id else []
             run = TuneRun(sinks=sinks)
             final = workload.train(cfg, run)
             run.flush()
@@ -116,11 +116,11 @@ def trial_main(config: dict[str, Any], meta: dict[str, Any]) -> None:
         else:
             final = _fit_train(meta, cfg, trial_id, run_id)
         if run_id:
-            tracking.set_final(run_id, final, uri=uri)
+            tracking.set_final(run_id, final, uri=uri, outbox_dir=meta.get("outbox_dir"))
         status = "FINISHED"
     finally:
         if run_id:
-            tracking.end_run(run_id, status, uri=uri)
+            tracking.end_run(run_id, status, uri=uri, outbox_dir=meta.get("outbox_dir"))
 
 
 def _fit_train(meta: Mapping[str, Any], cfg: Any, trial_id: str, run_id: str | None) -> dict[str, float]:
@@ -139,6 +139,7 @@ def _fit_train(meta: Mapping[str, Any], cfg: Any, trial_id: str, run_id: str | N
             "tracking_uri": meta.get("tracking_uri"),
             "cpus_per_worker": meta["cpus_per_worker"],
             "progress": False,
+            "outbox_dir": meta.get("outbox_dir"),
         },
         torch_config=TorchConfig(backend="gloo"),
         scaling_config=ray.train.ScalingConfig(
@@ -265,6 +266,7 @@ def run_sweep(sweep: Sweep, *, resume: bool = False, progress: bool = True) -> S
         "sweep": sweep.name,
         "sweep_id": record["sweep_id"],
         "storage": str(sweep_storage(sweep) / sweep.name / "train"),
+        "outbox_dir": str(outbox.default_dir()),
     }
     return _fit(sweep, meta, record, reference, concurrency, resume, progress)
 

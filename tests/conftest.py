@@ -31,3 +31,48 @@ def run_cli(args: list[str], cwd: Path, timeout: float = 300, env: dict | None =
     """Run `ladder ARGS` as a real process in `cwd`."""
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(LADDER + args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_mlflow_server(data_dir: Path, port: int, timeout: float = 300) -> subprocess.Popen:
+    """`infra/mlflow/server.sh DATA_DIR PORT` as a real process group, returned once /health answers."""
+    import time
+    import urllib.request
+
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    server = subprocess.Popen(["bash", str(REPO / "infra/mlflow/server.sh"), str(data_dir), str(port)],
+                              cwd=data_dir.parent, env=env, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=open(data_dir.parent / f"mlflow-server-{port}.log", "a"))
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read() == b"OK":
+                return server
+        except OSError:
+            if time.monotonic() > deadline or server.poll() is not None:
+                stop_process_group(server)
+                log = (data_dir.parent / f"mlflow-server-{port}.log").read_text()[-2000:]
+                raise AssertionError(f"the MLflow server on port {port} did not come up:\n{log}")
+            time.sleep(0.3)
+
+
+def stop_process_group(proc: subprocess.Popen, sig: int | None = None) -> None:
+    """Signal the process group this test started (and only it), then reap it."""
+    import signal
+
+    try:
+        os.killpg(proc.pid, sig or signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)

@@ -1,0 +1,118 @@
+"""Faults injected into real processes: nothing reported is lost, nothing is recorded twice.
+
+Each test prints `points reported / recorded` for the fault it injects.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import LADDER, free_port, run_cli, start_mlflow_server, stop_process_group
+from orchestrator import registry, tracking
+
+OUTAGE_SET = ["--set", "tpp=24", "checkpoint_every_frac=0.5"]
+
+
+def _expected_steps(cfg, total: int) -> list[int]:
+    steps = list(range(cfg.log_every, total + 1, cfg.log_every))
+    return steps if steps and steps[-1] == total else steps + [total]
+
+
+def _wait(predicate, what: str, proc: subprocess.Popen | None = None, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the run ended before {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def _run_ids(url: str) -> list[str]:
+    c = tracking.client(url)
+    exp = c.get_experiment_by_name("celerity_lm")
+    return [r.info.run_id for r in c.search_runs([exp.experiment_id])] if exp else []
+
+
+def _recorded(url: str, run_id: str) -> list[int]:
+    return [m.step for m in tracking.client(url).get_metric_history(run_id, "train/loss")]
+
+
+def _start_run(workdir: Path, url: str, args: list[str], log: Path) -> subprocess.Popen:
+    env = {**os.environ, "MLFLOW_TRACKING_URI": url, "LADDER_TRACKING_RETRY_MAX_S": "1"}
+    return subprocess.Popen(LADDER + ["run", "celerity_lm", "--smoke", "--local", *args], cwd=workdir, env=env,
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+
+
+def _check_complete(url: str, run_id: str, what: str) -> None:
+    c = tracking.client(url)
+    run = c.get_run(run_id)
+    cfg = registry.load("celerity_lm").smoke()
+    total = int(run.data.metrics["tokens"] // (cfg.batch_size * cfg.seq_len))
+    expected = _expected_steps(cfg, total)
+    steps = _recorded(url, run_id)
+    print(f"{what}: points reported {len(expected)}, recorded {len(steps)}, distinct {len(set(steps))}")
+    assert sorted(steps) == expected, f"missing {sorted(set(expected) - set(steps))}, extra {len(steps) - len(set(steps))}"
+    assert run.info.status == "FINISHED"
+
+
+@pytest.mark.slow
+def test_tracking_server_outage_mid_run_loses_nothing(workdir):
+    """The server stops mid-run and comes back: training goes on and every point reaches it."""
+    port, data = free_port(), workdir / "srv"
+    url = f"http://127.0.0.1:{port}"
+    server = start_mlflow_server(data, port)
+    log = workdir / "run.log"
+    proc = _start_run(workdir, url, OUTAGE_SET, log)
+    try:
+        _wait(lambda: (ids := _run_ids(url)) and len(_recorded(url, ids[0])) >= 2, "the first points", proc)
+        (run_id,) = _run_ids(url)
+        stop_process_group(server)
+        _wait(lambda: "unreachable" in log.read_text(), "the console to report the outage", proc)
+        server = start_mlflow_server(data, port)
+        assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+        console = log.read_text()
+        assert "is back after" in console, console[-2000:]
+        _check_complete(url, run_id, "tracking server outage")
+        assert not list((workdir / "ladder-runs/outbox").glob("*.jsonl")), "points left undelivered"
+    finally:
+        stop_process_group(proc)
+        stop_process_group(server)
+
+
+@pytest.mark.slow
+def test_tracking_server_down_until_the_end_is_synced_later(workdir):
+    """The server is gone for the rest of the run: the run finishes, keeps its points, `ladder sync` sends them."""
+    port, data = free_port(), workdir / "srv"
+    url = f"http://127.0.0.1:{port}"
+    server = start_mlflow_server(data, port)
+    log = workdir / "run.log"
+    proc = _start_run(workdir, url, [], log)
+    try:
+        _wait(lambda: "[celerity_lm] step" in log.read_text(), "training to start", proc)
+        (run_id,) = _run_ids(url)
+        stop_process_group(server)
+        assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+        console = log.read_text()
+        assert "unreachable" in console and "ladder sync" in console, console[-2000:]
+        box = workdir / "ladder-runs/outbox" / f"{run_id}.jsonl"
+        assert box.is_file()
+        kinds = [json.loads(line)["kind"] for line in box.read_text().splitlines()]
+        assert "metrics" in kinds and kinds[-1] == "end"
+
+        down = run_cli(["sync"], workdir, env={"MLFLOW_TRACKING_URI": url})
+        assert down.returncode == 1 and "still unreachable" in down.stdout, down.stdout + down.stderr
+        server = start_mlflow_server(data, port)
+        out = run_cli(["sync"], workdir, env={"MLFLOW_TRACKING_URI": url})
+        assert out.returncode == 0 and "sent" in out.stdout, out.stdout + out.stderr
+        _check_complete(url, run_id, "tracking server down until the end, then `ladder sync`")
+        assert not box.exists()
+    finally:
+        stop_process_group(proc)
+        stop_process_group(server)
