@@ -49,19 +49,19 @@ class TinyRecipe:
     """packed training row length in tokens"""
     batch: int = 32
     """rows per step"""
-    steps: int = 1500
+    steps: int = 800
     """AdamW steps"""
-    lr: float = 3e-3
+    lr: float = 5e-3
     """peak learning rate (linear warm-up, cosine decay to 10%)"""
     weight_decay: float = 0.01
     """AdamW weight decay"""
-    modulus: int = 23
+    modulus: int = 11
     """p of the arithmetic part"""
-    ops: str = "+-"
+    ops: str = "+"
     """arithmetic operations in pre-training, each a character of `+-*`"""
     arith_holdout: float = 0.2
     """fraction of (op, a, b) triples never seen in pre-training"""
-    mix_arith: float = 0.4
+    mix_arith: float = 0.5
     """share of arithmetic sentences in the stream (the rest: attribute sentences and facts, by count)"""
 
     def world(self, seed: int) -> World:
@@ -106,6 +106,7 @@ def ensure_built(recipe: TinyRecipe, seed: int, *, log: bool = False) -> Path:
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
         try:
             build(recipe, seed, tmp, log=log)
+            os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache may be shared
             if final.exists():  # a half-made folder from a killed builder without the lock
                 shutil.rmtree(final)
             os.rename(tmp, final)

@@ -86,6 +86,10 @@ def test_pretraining_learnt_the_corpus(tiny_base):
     assert facts["acc"] >= 0.9, facts
     unseen = score(model, tok, world.fact_examples("heldout"))
     assert unseen["acc"] <= 0.2, unseen  # held-out facts really were held out
+    # arithmetic: the seen sums are known, and the unseen ones far above chance (1/11)
+    arith = score(model, tok, world.arithmetic("train"))
+    arith_held = score(model, tok, world.arithmetic("heldout"))
+    assert arith["acc"] >= 0.9 and arith_held["acc"] >= 0.3, (arith, arith_held)
     meta = json.loads((tiny_base / tiny.META_FILE).read_text())
     assert meta["metrics"]["sent_heldout/acc"] == pytest.approx(trained["acc"])
 
