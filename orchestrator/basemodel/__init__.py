@@ -1,8 +1,8 @@
 """The base language model of ladder's LLM fine-tuning workloads.
 
-    from orchestrator.basemodel import load_base, make_world, lora
+    from orchestrator.basemodel import base_world, load_base, lora
     model, tokenizer = load_base("tiny-local")          # or "meta-llama/Llama-3.1-8B", or a folder
-    world = make_world(seed=0)                          # the corpus tiny-local was pre-trained on
+    world = base_world("tiny-local")                    # the corpus it was pre-trained on
     peft_model = lora(model, ["q_proj", "v_proj"], r=4)
 
 `tiny-local` is a small `LlamaForCausalLM` with a word-level tokenizer of its own, pre-trained
@@ -14,11 +14,11 @@ or `ladder base info`.
 
 from orchestrator.basemodel.adapters import LLAMA_LINEAR_TYPES, linear_types, lora
 from orchestrator.basemodel.corpus import RESERVED_TOKENS, Example, World, make_world, vocabulary
-from orchestrator.basemodel.loader import TINY, BaseModelError, base_info, check_base, load_base, parse_tiny, resolve
+from orchestrator.basemodel.loader import TINY, BaseModelError, base_info, base_world, check_base, load_base, parse_tiny, resolve
 from orchestrator.basemodel.tiny import CODE_VERSION, TinyRecipe, cache_root, score
 
 __all__ = [
     "CODE_VERSION", "LLAMA_LINEAR_TYPES", "RESERVED_TOKENS", "TINY", "BaseModelError", "Example", "TinyRecipe",
-    "World", "base_info", "cache_root", "check_base", "linear_types", "load_base", "lora", "make_world",
+    "World", "base_info", "base_world", "cache_root", "check_base", "linear_types", "load_base", "lora", "make_world",
     "parse_tiny", "resolve", "score", "vocabulary",
 ]

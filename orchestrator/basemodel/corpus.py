@@ -5,8 +5,8 @@ Three kinds of text, all generated here from a seed (nothing is downloaded):
 - templated sentences about entities and their attributes (`the pet of ada is a cat .`), several
   phrasings per relation; one phrasing per (entity, relation) is held out, so a held-out sentence
   states a fact the model has seen, in words it has not;
-- modular arithmetic, `a + b mod p = c .` (ops `+` and `-` by default; `*` is in the vocabulary
-  for downstream tasks), a fraction of the (op, a, b) triples held out;
+- modular arithmetic, `a + b mod p = c .` (`+` mod 11 by default; `-` and `*` are in the
+  vocabulary for downstream tasks), a fraction of the (op, a, b) triples held out;
 - key-value facts, `the code of bax is meloru .`; some keys are held out entirely (never seen in
   pre-training), for workloads that teach new facts.
 
@@ -184,9 +184,10 @@ def _check_split(split: str) -> None:
         raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
 
 
-def make_world(seed: int = 0, *, modulus: int = 23, ops: tuple[str, ...] = ("+", "-"), arith_holdout: float = 0.2,
+def make_world(seed: int = 0, *, modulus: int = 11, ops: tuple[str, ...] = ("+",), arith_holdout: float = 0.2,
                n_facts: int = 96, n_heldout_facts: int = 32) -> World:
-    """The world of `seed`: deterministic, independent of torch."""
+    """The world of `seed`: deterministic, independent of torch. The defaults are tiny-local's;
+    `loader.base_world(name, seed)` gives the world of any tiny-local variant."""
     if not 2 <= modulus <= len(NUMBERS):
         raise ValueError(f"modulus must lie in [2, {len(NUMBERS)}] (numbers are single tokens), got {modulus}")
     if any(op not in OPS for op in ops):

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from orchestrator.basemodel.corpus import World, make_world
 from orchestrator.basemodel.tiny import META_FILE, TinyRecipe, artefact_dir, ensure_built
 
 TINY = "tiny-local"
@@ -129,6 +130,13 @@ def load_base(
     if device is not None:
         model = model.to(device)
     return model.eval(), tokenizer
+
+
+def base_world(name_or_path: str = TINY, *, seed: int = 0) -> World:
+    """The corpus world a tiny-local build was pre-trained on (same seed, same recipe), to build
+    tasks from; for any other model, `make_world(seed)` (its text works with any tokenizer)."""
+    recipe = parse_tiny(name_or_path)
+    return recipe.world(seed) if recipe is not None else make_world(seed)
 
 
 def base_info(name_or_path: str = TINY, *, seed: int = 0) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from orchestrator.basemodel import (
-    LLAMA_LINEAR_TYPES, RESERVED_TOKENS, BaseModelError, TinyRecipe, base_info, linear_types, load_base, lora,
+    LLAMA_LINEAR_TYPES, RESERVED_TOKENS, BaseModelError, TinyRecipe, base_info, base_world, linear_types, load_base, lora,
     make_world, parse_tiny, resolve, score, vocabulary,
 )
 from orchestrator.basemodel import tiny
@@ -71,7 +71,8 @@ def test_the_cached_build_is_reused_not_rebuilt(tiny_base, monkeypatch):
 
 def test_pretraining_learnt_the_corpus(tiny_base):
     model, tok = load_base("tiny-local")
-    world = make_world(0)
+    world = base_world("tiny-local")
+    assert world == make_world(0) == TinyRecipe().world(0)
     init = tiny.TinyRecipe().config(len(tok), tok.bos_token_id, tok.eos_token_id, tok.pad_token_id)
     torch.manual_seed(0)
     from transformers import LlamaForCausalLM
@@ -127,6 +128,7 @@ def test_bad_names_fail_with_the_fix(tmp_path):
     with pytest.raises(BaseModelError, match="hub id needs network access"):
         load_base("ladder-tests/no-such-model", local_files_only=True)
     assert parse_tiny("tiny-local:layers=2,lr=0.01") == TinyRecipe(layers=2, lr=0.01)
+    assert base_world("tiny-local:modulus=7,ops=+-").arithmetic("all")[-1].text == "6 - 6 mod 7 = 0 ."
 
 
 def test_a_saved_folder_loads_through_from_pretrained(tiny_base, tmp_path, monkeypatch):
