@@ -117,6 +117,23 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     return main_audit(args)
 
 
+def _cmd_base(args: argparse.Namespace) -> int:
+    from orchestrator.basemodel import BaseModelError, base_info
+
+    try:
+        info = base_info(args.name, seed=args.seed)
+    except BaseModelError as exc:
+        raise UsageError(str(exc)) from exc
+    print(f"{args.name} (seed {args.seed}): {info['path']}")
+    if "metrics" in info:
+        print(f"  {info['params']} parameters, vocabulary {info['vocab_size']}, built in {info['build_cpu_s']:.0f} s CPU "
+              f"({info['build_wall_s']:.0f} s wall), recipe {info['recipe']}")
+        print(f"  {'held-out metric':<22} {'trained':>8} {'init':>8}")
+        for key, value in info["metrics"].items():
+            print(f"  {key:<22} {value:>8.3f} {info['init_metrics'][key]:>8.3f}")
+    return 0
+
+
 def _cmd_ui(args: argparse.Namespace) -> int:
     from orchestrator import tracking
 
@@ -203,6 +220,14 @@ def build_parser() -> argparse.ArgumentParser:
                                    "on disk because the MLflow server did not answer. Exits 1 while some still wait.")
     p.add_argument("folder", nargs="?", help="outbox folder; default ./ladder-runs/outbox")
     p.set_defaults(func=_cmd_sync)
+
+    p = sub.add_parser("base", help="build or describe the base model of the LLM fine-tuning workloads",
+                       description="`build` builds tiny-local into the cache ($LADDER_CACHE, default ~/.cache/ladder) "
+                                   "when missing; `info` does the same and prints where it is and its held-out metrics.")
+    p.add_argument("action", choices=["build", "info"], help="build: make sure it is cached; info: also print its metrics")
+    p.add_argument("name", nargs="?", default="tiny-local", help="tiny-local[:key=value,...], a folder or a hub id")
+    p.add_argument("--seed", type=int, default=0, help="tiny-local build seed; default 0")
+    p.set_defaults(func=_cmd_base)
 
     p = sub.add_parser("ui", help="serve the MLflow UI on the tracking store (localhost only)")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind; default 127.0.0.1")

@@ -20,6 +20,23 @@ REPO = Path(__file__).resolve().parents[1]
 LADDER = [sys.executable, "-m", "orchestrator.cli"]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def ladder_cache(tmp_path_factory) -> Path:
+    """One model cache for the whole run (`$LADDER_CACHE` when set): tiny-local is built once, by
+    whichever test needs it first, and reused by every later test and the Ray workers they start."""
+    if not os.environ.get("LADDER_CACHE"):
+        os.environ["LADDER_CACHE"] = str(tmp_path_factory.getbasetemp() / "ladder-cache")
+    return Path(os.environ["LADDER_CACHE"])
+
+
+@pytest.fixture(scope="session")
+def tiny_base(ladder_cache) -> Path:
+    """The folder of the cached tiny-local build (seed 0); load it with `load_base("tiny-local")`."""
+    from orchestrator.basemodel import resolve
+
+    return Path(resolve("tiny-local"))
+
+
 @pytest.fixture
 def workdir(tmp_path, monkeypatch):
     """A fresh current folder: ./mlruns.db, ./mlartifacts and ./ladder-runs land here."""

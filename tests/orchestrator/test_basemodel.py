@@ -1,0 +1,182 @@
+"""The base-model loader: tiny-local is reproducible, cached, learnt, and loads like a hub model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from orchestrator.basemodel import (
+    LLAMA_LINEAR_TYPES, RESERVED_TOKENS, BaseModelError, TinyRecipe, base_info, base_world, linear_types, load_base, lora,
+    make_world, parse_tiny, resolve, score, vocabulary,
+)
+from orchestrator.basemodel import tiny
+from orchestrator.basemodel.tokenizer import build_tokenizer
+from orchestrator.run import LocalRun
+
+
+def test_tokenizer_round_trips_every_corpus_sentence():
+    tok = build_tokenizer()
+    world = make_world(0)
+    examples = world.train_examples() + world.sentences("heldout") + world.arithmetic("heldout") + world.fact_examples("heldout")
+    for e in examples:
+        ids = tok(e.text).input_ids
+        assert ids[0] == tok.bos_token_id and tok.unk_token_id not in ids, e.text
+        assert tok.decode(ids, skip_special_tokens=True) == e.text
+    assert len(tok) == len(vocabulary())
+    assert tok("zebra-crossing").input_ids == [tok.bos_token_id, tok.unk_token_id]
+    reserved = tok.convert_tokens_to_ids(list(RESERVED_TOKENS))
+    assert len(set(reserved)) == len(RESERVED_TOKENS) and tok.unk_token_id not in reserved
+    assert tok(f"{RESERVED_TOKENS[5]} 3 + 4").input_ids[1] == reserved[5]
+
+
+def test_world_is_deterministic_and_its_held_out_parts_are_unseen():
+    a, b, c = make_world(0), make_world(0), make_world(1)
+    assert a == b and a.facts != c.facts
+    train_text = " ".join(e.text for e in a.train_examples())
+    held_keys = {e.prompt.split()[3] for e in a.fact_examples("heldout")}
+    assert held_keys and not held_keys & set(train_text.split())
+    assert not {e.text for e in a.arithmetic("heldout")} & {e.text for e in a.arithmetic("train")}
+    assert not {e.text for e in a.sentences("heldout")} & {e.text for e in a.sentences("train")}
+    assert len(a.arithmetic("all", ops=("*",), modulus=7)) == 49
+
+
+@pytest.mark.slow
+def test_a_build_is_reproducible_from_its_seed(tmp_path):
+    recipe = TinyRecipe(hidden=32, layers=1, intermediate=64, steps=12, batch=8, seq_len=32)
+    metas = [tiny.build(recipe, seed, tmp_path / f"{name}") for name, seed in (("a", 3), ("b", 3), ("c", 4))]
+    wa, wb, wc = (load_file(tmp_path / n / "model.safetensors") for n in "abc")
+    assert wa.keys() == wb.keys()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert not all(torch.equal(wa[k], wc[k]) for k in wa)
+    assert metas[0]["metrics"] == metas[1]["metrics"]
+
+
+def test_the_cached_build_is_reused_not_rebuilt(tiny_base, monkeypatch):
+    def no_rebuild(*args, **kwargs):
+        raise AssertionError("tiny-local was rebuilt although it is cached")
+
+    monkeypatch.setattr(tiny, "build", no_rebuild)
+    assert Path(resolve("tiny-local")) == tiny_base
+    m1, _ = load_base("tiny-local")
+    m2, _ = load_base("tiny-local:")  # same recipe, same folder
+    saved = load_file(tiny_base / "model.safetensors")
+    for name, p in m1.state_dict().items():
+        assert torch.equal(p, saved[name]) and torch.equal(p, m2.state_dict()[name])
+    assert not [p for p in tiny_base.parent.iterdir() if p.name.startswith(".")], "a temporary build folder was left"
+
+
+def test_pretraining_learnt_the_corpus(tiny_base):
+    model, tok = load_base("tiny-local")
+    world = base_world("tiny-local")
+    assert world == make_world(0) == TinyRecipe().world(0)
+    init = tiny.TinyRecipe().config(len(tok), tok.bos_token_id, tok.eos_token_id, tok.pad_token_id)
+    torch.manual_seed(0)
+    from transformers import LlamaForCausalLM
+
+    random_model = LlamaForCausalLM(init)
+    held = world.sentences("heldout")
+    trained, rand = score(model, tok, held), score(random_model, tok, held)
+    assert trained["loss"] < 0.4 * rand["loss"], (trained, rand)
+    # facts stated in words never seen together: the model knows the fact, not just the sentence
+    assert trained["acc"] >= 0.7, trained
+    facts = score(model, tok, world.fact_examples("train"))
+    assert facts["acc"] >= 0.9, facts
+    unseen = score(model, tok, world.fact_examples("heldout"))
+    assert unseen["acc"] <= 0.2, unseen  # held-out facts really were held out
+    # arithmetic: the seen sums are known, and the unseen ones far above chance (1/11)
+    arith = score(model, tok, world.arithmetic("train"))
+    arith_held = score(model, tok, world.arithmetic("heldout"))
+    assert arith["acc"] >= 0.9 and arith_held["acc"] >= 0.3, (arith, arith_held)
+    meta = json.loads((tiny_base / tiny.META_FILE).read_text())
+    assert meta["metrics"]["sent_heldout/acc"] == pytest.approx(trained["acc"])
+
+
+def test_pretrained_weights_carry_structure_a_random_init_lacks(tiny_base):
+    """PLoP and PiCa read spectra: trained matrices must be measurably lower in stable rank."""
+    from transformers import LlamaForCausalLM
+
+    model, tok = load_base("tiny-local")
+    torch.manual_seed(0)
+    fresh = LlamaForCausalLM(model.config)
+
+    def stable_rank(w: torch.Tensor) -> float:
+        s = torch.linalg.svdvals(w.float())
+        return float((s**2).sum() / s[0] ** 2)
+
+    ratios = {}
+    for (name, w), (_, w0) in zip(model.named_parameters(), fresh.named_parameters()):
+        if name.endswith("proj.weight"):
+            ratios[name] = stable_rank(w.detach()) / stable_rank(w0.detach())
+    assert len(ratios) == 7 * model.config.num_hidden_layers
+    lower = [n for n, r in ratios.items() if r < 0.7]
+    assert len(lower) >= 0.8 * len(ratios), ratios
+
+
+def test_bad_names_fail_with_the_fix(tmp_path):
+    with pytest.raises(BaseModelError, match="does not exist.*tiny-local"):
+        load_base(str(tmp_path / "no-such-model"))
+    with pytest.raises(BaseModelError, match="no config.json"):
+        load_base(str(tmp_path))
+    with pytest.raises(BaseModelError, match="keys among hidden, layers"):
+        parse_tiny("tiny-local:layerz=2")
+    with pytest.raises(BaseModelError, match="layers must be int"):
+        parse_tiny("tiny-local:layers=two")
+    with pytest.raises(BaseModelError, match="hub id needs network access"):
+        load_base("ladder-tests/no-such-model", local_files_only=True)
+    assert parse_tiny("tiny-local:layers=2,lr=0.01") == TinyRecipe(layers=2, lr=0.01)
+    assert base_world("tiny-local:modulus=7,ops=+-").arithmetic("all")[-1].text == "6 - 6 mod 7 = 0 ."
+
+
+def test_a_saved_folder_loads_through_from_pretrained(tiny_base, tmp_path, monkeypatch):
+    model, tok = load_base("tiny-local")
+    model.save_pretrained(tmp_path / "copy")
+    tok.save_pretrained(tmp_path / "copy")
+    monkeypatch.chdir(tmp_path)
+    again, tok2 = load_base("./copy", dtype="bfloat16")
+    assert again.dtype == torch.bfloat16 and type(again) is type(model)
+    ids = tok2(["the code of " + next(iter(make_world(0).facts)) + " is"], return_tensors="pt").input_ids
+    assert torch.allclose(again(ids).logits.float(), model(ids).logits, atol=0.1, rtol=0.05)
+
+
+def test_lora_wraps_it_and_trains_through_run_prepare(tiny_base, tmp_path):
+    model, tok = load_base("tiny-local")
+    assert linear_types(model) == list(LLAMA_LINEAR_TYPES)
+    with pytest.raises(ValueError, match="not linear module types"):
+        lora(model, ["q_proj", "qkv"])
+    base = {k: v.clone() for k, v in model.state_dict().items()}
+    ids = tok([e.text for e in make_world(0).fact_examples("heldout")[:8]], return_tensors="pt").input_ids
+    with torch.no_grad():
+        before = model(ids).logits
+    peft_model = lora(model, ["q_proj", "v_proj"], r=2, alpha=4)
+    trainable = [n for n, p in peft_model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    assert len(trainable) == 2 * 2 * model.config.num_hidden_layers
+    with torch.no_grad():
+        assert torch.allclose(peft_model(ids).logits, before)  # B starts at zero
+    opt = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=1e-2)
+    peft_model, opt = LocalRun(tmp_path).prepare(peft_model, opt)
+    losses = []
+    for _ in range(15):
+        loss = peft_model(input_ids=ids, labels=ids).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] - 0.5, losses
+    merged = peft_model.unload().state_dict()  # the frozen base itself never moved
+    assert all(torch.equal(merged[k], v) for k, v in base.items())
+
+
+def test_cli_base_info_prints_the_folder_and_metrics(tiny_base, capsys):
+    from orchestrator.cli import main
+
+    assert main(["base", "info"]) == 0
+    out = capsys.readouterr().out
+    assert str(tiny_base) in out and "sent_heldout/acc" in out
+    assert main(["base", "info", "/no/such/folder"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert base_info()["path"] == str(tiny_base)
