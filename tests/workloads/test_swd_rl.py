@@ -310,3 +310,37 @@ def test_plot_writes_a_png(tmp_path):
     path = tmp_path / "claims.png"
     plot(trials_for({"reverse": [1.0], "uniform": [2.0], "swd": [3.0]}, {"reverse": [-1.0], "uniform": [-1.0], "swd": [-1.0]}), path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- the reproduction -------------------------------------------------------------------------
+
+
+def test_reproduction_sweeps():
+    from orchestrator.reproduce import load_repro
+
+    small = load_repro("swd_rl", smoke=True, seed=4)
+    assert small.trial_count() == 3 and small.base_config().seed == 4
+    assert {p["sampler"] for p in small.trial_params()} == {"reverse", "uniform", "swd"}
+    full = load_repro("swd_rl", smoke=False, seed=0)
+    assert full.trial_count() == 4 * 2 * 2 * 3 * 5
+    assert {p["env_id"] for p in full.trial_params()} == {"HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5"}
+    assert {p["utd"] for p in full.trial_params()} == {1, 4}
+
+
+@pytest.mark.slow
+def test_smoke_reproduction(workdir):
+    from orchestrator.reproduce import format_claims, reproduce
+
+    rep = reproduce("swd_rl", smoke=True, local=True)
+    assert not rep.failed_trials and len(rep.trials) == 3
+    by_name = {c.name: c for c in rep.claims}
+    assert set(by_name) == {c.__name__ for c in CLAIMS}
+    returns = by_name["swd_return_not_below_uniform"]
+    assert returns.holds is None and not returns.error  # Pendulum at 4,000 steps: shown, not judged
+    assert all(math.isfinite(returns.measured[k]) for k in ("return_swd", "return_uniform", "gap"))
+    assert "not judged" in format_claims(rep)
+    grads = by_name["critic_grad_ordered_late"]
+    assert not grads.error and all(math.isfinite(v) and v > 0 for v in grads.measured.values())
+    if not grads.holds:
+        pytest.xfail(f"critic-gradient ordering reverse < uniform < swd not reproduced at smoke size: {grads.measured}")
+    assert rep.holds

@@ -94,12 +94,16 @@ class Config:
 
 
 def smoke() -> Config:
-    """Pendulum-v1, TD3 with 64x2 MLPs, 4,000 steps at UTD 1 with T = 1,000: seconds on one core."""
+    """Pendulum-v1, TD3 with 32x2 MLPs, 1,000 steps (600 updates): about a second of CPU.
+
+    The reproduction's smoke size (`sweeps/repro/swd_rl.py`) is larger: 4,000 steps with 64x2
+    networks and batches of 256.
+    """
     return Config(
-        env_id="Pendulum-v1", total_steps=4000, learning_starts=1000, buffer_size=4000, decay_steps=1000,
-        network="mlp", critic_width=64, critic_depth=2, actor_width=64, actor_depth=2, obs_norm=False,
-        eval_every=1000, eval_episodes=3, grad_every=1, probe_batches=5, diag_batch=64, log_every=200,
-        checkpoint_every_frac=0.25,
+        env_id="Pendulum-v1", total_steps=1000, learning_starts=400, buffer_size=1000, decay_steps=250,
+        batch_size=64, network="mlp", critic_width=32, critic_depth=2, actor_width=32, actor_depth=2,
+        obs_norm=False, eval_every=500, eval_episodes=1, grad_every=1, probe_batches=2, diag_batch=32,
+        log_every=100, checkpoint_every_frac=0.25,
     )
 
 

@@ -168,6 +168,8 @@ def _train(cfg: Config, run) -> dict[str, float]:
         for k, g in rngs.items():
             g.bit_generator.state = state["rngs"][k]
         torch.set_rng_state(state["torch_rng"])
+        if device.type == "cuda" and state.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(state["cuda_rng"], device)
         for meter, key in ((interval, "interval"), (late, "late"), (since_eval, "since_eval")):
             meter.load(state[key])
         curves = {k: {int(s): float(v) for s, v in c.items()} for k, c in state["curves"].items()}
@@ -180,6 +182,7 @@ def _train(cfg: Config, run) -> dict[str, float]:
             "step": step, "episode": episode, "updates": updates, "agent": agent.state_dict(),
             "buffer": buffer.state_dict() if cfg.checkpoint_buffer else None, "norm": norm.state_dict(),
             "rngs": {k: g.bit_generator.state for k, g in rngs.items()}, "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
             "interval": interval.state(), "late": late.state(), "since_eval": since_eval.state(),
             "curves": curves, "evals": evals, "recent_returns": list(recent_returns),
         })
