@@ -162,6 +162,7 @@ def test_grad_stats_by_hand():
 # --- the loop ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algo", ["td3", "sac"])
 def test_short_run_reports_returns_gradients_and_ranks(tmp_path, algo):
     run = LocalRun(tmp_path)
@@ -179,6 +180,7 @@ def test_short_run_reports_returns_gradients_and_ranks(tmp_path, algo):
         assert any("train/alpha" in m for _, m in run.history)
 
 
+@pytest.mark.slow
 def test_samplers_share_warmup_and_differ_after_the_first_update(tmp_path):
     a = train(tiny(sampler="swd", total_steps=400, eval_every=200), LocalRun(tmp_path / "a"))
     b = train(tiny(sampler="reverse", total_steps=400, eval_every=200), LocalRun(tmp_path / "b"))
@@ -204,6 +206,7 @@ def test_resumed_run_with_its_buffer_ends_where_an_uninterrupted_one_does(tmp_pa
     assert again == pytest.approx(whole, rel=1e-9, nan_ok=True)
 
 
+@pytest.mark.slow
 def test_resumed_run_without_its_buffer_refills_before_updating(tmp_path):
     cfg = tiny(checkpoint_buffer=False)
     with pytest.raises(KeyboardInterrupt):
@@ -342,5 +345,8 @@ def test_smoke_reproduction(workdir):
     grads = by_name["critic_grad_ordered_late"]
     assert not grads.error and all(math.isfinite(v) and v > 0 for v in grads.measured.values())
     if not grads.holds:
+        # Measured gap (see workloads/swd_rl/claims.py): at this size SWD's late critic gradient is the
+        # smallest of the three on seeds 0-3 (swd/uniform 0.83, 0.86, 0.90, 0.78) and the largest on
+        # seed 4 (1.09); the paper measures its ordering over a million steps.
         pytest.xfail(f"critic-gradient ordering reverse < uniform < swd not reproduced at smoke size: {grads.measured}")
     assert rep.holds
