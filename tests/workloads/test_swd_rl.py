@@ -257,7 +257,7 @@ def test_more_than_one_worker_is_refused():
         validate(smoke(), world_size=2)
 
 
-def test_mujoco_imports_and_its_tasks_step():
+def test_mujoco_imports_and_its_tasks_step(workdir):
     pytest.importorskip("mujoco")
     import gymnasium as gym
 
@@ -269,6 +269,16 @@ def test_mujoco_imports_and_its_tasks_step():
             obs, reward, *_ = env.step(env.action_space.sample())
         assert np.all(np.isfinite(obs)) and math.isfinite(float(reward)), env_id
         env.close()
+
+
+def test_a_mujoco_task_without_mujoco_is_refused_with_the_fix(tmp_path, monkeypatch):
+    from workloads.swd_rl import config
+
+    monkeypatch.setattr(config, "mujoco_available", lambda: False)
+    validate(Config())  # a sweep's driver may lack MuJoCo while its workers have it
+    with pytest.raises(ValueError, match=r"needs MuJoCo: pip install 'ladder\[mujoco\]'"):
+        train(Config(), LocalRun(tmp_path))
+    assert not (tmp_path / "checkpoints").exists()
 
 
 # --- claims -----------------------------------------------------------------------------------
