@@ -14,7 +14,7 @@ from torch import nn
 
 from orchestrator.run import LocalRun
 from workloads.swd_rl import CLAIMS, Config, plot, smoke, train, validate
-from workloads.swd_rl.agents import QNet
+from workloads.swd_rl.learners import QNet
 from workloads.swd_rl.claims import FULL_MIN_STEPS, critic_grad_ordered_late, swd_return_not_below_uniform
 from workloads.swd_rl.diagnostics import effective_rank, feature_rank, grad_stats, jacobian, ntk_rank
 from workloads.swd_rl.replay import (

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from workloads.swd_rl.agents import Agent, actor_step, critic_loss, make_agent, soft_update
+from workloads.swd_rl.learners import Learner, actor_step, critic_loss, make_learner, soft_update
 from workloads.swd_rl.config import Config, require_env, smoke, validate
 from workloads.swd_rl.diagnostics import feature_rank, grad_stats, ntk_rank
 from workloads.swd_rl.replay import SAMPLERS, ReplayBuffer
@@ -82,7 +82,7 @@ def _batch(buffer: ReplayBuffer, idx: np.ndarray, norm: RunningNorm, device: tor
     return b
 
 
-def evaluate(agent: Agent, env: Any, norm: RunningNorm, cfg: Config, device: torch.device) -> float:
+def evaluate(learner: Learner, env: Any, norm: RunningNorm, cfg: Config, device: torch.device) -> float:
     """Mean return of the deterministic policy over eval_episodes seeded episodes."""
     total = 0.0
     for i in range(cfg.eval_episodes):
@@ -90,14 +90,14 @@ def evaluate(agent: Agent, env: Any, norm: RunningNorm, cfg: Config, device: tor
         done = False
         while not done:
             with torch.no_grad():
-                a = agent.actor(norm(torch.as_tensor(obs, dtype=torch.float32, device=device)[None]))[0]
+                a = learner.actor(norm(torch.as_tensor(obs, dtype=torch.float32, device=device)[None]))[0]
             obs, r, term, trunc, _ = env.step(a.cpu().numpy())
             total += float(r)
             done = term or trunc
     return total / cfg.eval_episodes
 
 
-def probe(agent: Agent, buffer: ReplayBuffer, norm: RunningNorm, cfg: Config, rng: np.random.Generator,
+def probe(learner: Learner, buffer: ReplayBuffer, norm: RunningNorm, cfg: Config, rng: np.random.Generator,
           device: torch.device) -> dict[str, float]:
     """Paired diagnostics on this run's own networks and buffer, without updating anything: the
     mean critic-gradient norms of batches drawn by every sampler, the feature and NTK ranks."""
@@ -109,17 +109,17 @@ def probe(agent: Agent, buffer: ReplayBuffer, norm: RunningNorm, cfg: Config, rn
             l1 = l2 = 0.0
             for _ in range(cfg.probe_batches):
                 b = _batch(buffer, buffer.sample(rng, cfg.batch_size, name, cfg.decay_steps, cfg.min_weight), norm, device)
-                agent.critic.zero_grad(set_to_none=True)
-                critic_loss(agent, b, cfg).backward()
-                g = grad_stats(agent.critic.parameters())
+                learner.critic.zero_grad(set_to_none=True)
+                critic_loss(learner, b, cfg).backward()
+                g = grad_stats(learner.critic.parameters())
                 l1, l2 = l1 + g["l1"], l2 + g["l2"]
             out[f"diag/probe_l1/{name}"] = l1 / cfg.probe_batches
             out[f"diag/probe_l2/{name}"] = l2 / cfg.probe_batches
-        agent.critic.zero_grad(set_to_none=True)
+        learner.critic.zero_grad(set_to_none=True)
         b = _batch(buffer, buffer.sample(rng, cfg.diag_batch, "uniform", 1, 0.0), norm, device)
         with torch.no_grad():
-            out["diag/feature_rank"] = float(feature_rank(agent.critic.q1.features(b["obs"], b["actions"]), cfg.rank_delta))
-        out["diag/ntk_rank"] = float(ntk_rank(agent.critic.q1, (b["obs"], b["actions"]), cfg.rank_delta))
+            out["diag/feature_rank"] = float(feature_rank(learner.critic.q1.features(b["obs"], b["actions"]), cfg.rank_delta))
+        out["diag/ntk_rank"] = float(ntk_rank(learner.critic.q1, (b["obs"], b["actions"]), cfg.rank_delta))
     return out
 
 
@@ -143,7 +143,7 @@ def _train(cfg: Config, run) -> dict[str, float]:
     obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
     low, high = env.action_space.low.astype(np.float64), env.action_space.high.astype(np.float64)
     torch.manual_seed(cfg.seed)
-    agent = make_agent(cfg, obs_dim, act_dim, torch.as_tensor(low, dtype=torch.float32),
+    learner = make_learner(cfg, obs_dim, act_dim, torch.as_tensor(low, dtype=torch.float32),
                        torch.as_tensor(high, dtype=torch.float32), device)
     buffer = ReplayBuffer(cfg.buffer_size, obs_dim, act_dim)
     norm = RunningNorm(obs_dim, cfg.obs_norm)
@@ -159,7 +159,7 @@ def _train(cfg: Config, run) -> dict[str, float]:
 
     state = run.restore()
     if state is not None:
-        agent.load_state_dict(state["agent"])
+        learner.load_state_dict(state["learner"])
         norm.load_state_dict(state["norm"])
         if state.get("buffer") is not None:
             buffer.load_state_dict(state["buffer"])
@@ -179,7 +179,7 @@ def _train(cfg: Config, run) -> dict[str, float]:
 
     def save(step: int) -> None:
         run.save({
-            "step": step, "episode": episode, "updates": updates, "agent": agent.state_dict(),
+            "step": step, "episode": episode, "updates": updates, "learner": learner.state_dict(),
             "buffer": buffer.state_dict() if cfg.checkpoint_buffer else None, "norm": norm.state_dict(),
             "rngs": {k: g.bit_generator.state for k, g in rngs.items()}, "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
@@ -199,10 +199,10 @@ def _train(cfg: Config, run) -> dict[str, float]:
             with torch.no_grad():
                 o = norm(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])
                 if cfg.algo == "td3":
-                    action = agent.actor(o)[0].cpu().numpy().astype(np.float64)
+                    action = learner.actor(o)[0].cpu().numpy().astype(np.float64)
                     action = np.clip(action + rngs["act"].normal(0.0, cfg.exploration_noise * scale), low, high)
                 else:
-                    action = agent.actor.sample(o)[0][0].cpu().numpy().astype(np.float64)
+                    action = learner.actor.sample(o)[0][0].cpu().numpy().astype(np.float64)
         next_obs, reward, terminated, truncated, _ = env.step(action.astype(env.action_space.dtype))
         buffer.add(obs, action, float(reward), next_obs, bool(terminated))
         norm.update(next_obs)
@@ -213,24 +213,24 @@ def _train(cfg: Config, run) -> dict[str, float]:
             for _ in range(cfg.utd):
                 idx = buffer.sample(rngs["sample"], cfg.batch_size, cfg.sampler, cfg.decay_steps, cfg.min_weight)
                 b = _batch(buffer, idx, norm, device)
-                loss = critic_loss(agent, b, cfg)
-                agent.critic_opt.zero_grad(set_to_none=True)
+                loss = critic_loss(learner, b, cfg)
+                learner.critic_opt.zero_grad(set_to_none=True)
                 loss.backward()
                 if updates % cfg.grad_every == 0:
-                    g = grad_stats(agent.critic.parameters())
+                    g = grad_stats(learner.critic.parameters())
                     stats = {"grad_l1": g["l1"], "grad_l2": g["l2"], "grama": g["grama"]}
                     for meter in (interval, since_eval) + ((late,) if step > late_start else ()):
                         meter.add(stats)
                 interval.add({"loss": float(loss.detach())})
-                agent.critic_opt.step()
+                learner.critic_opt.step()
                 updates += 1
                 if cfg.algo == "sac":
-                    soft_update(agent.critic_target, agent.critic, cfg.tau)
+                    soft_update(learner.critic_target, learner.critic, cfg.tau)
                 if updates % cfg.policy_delay == 0:
-                    interval.add(actor_step(agent, b["obs"]))
+                    interval.add(actor_step(learner, b["obs"]))
                     if cfg.algo == "td3":
-                        soft_update(agent.critic_target, agent.critic, cfg.tau)
-                        soft_update(agent.actor_target, agent.actor, cfg.tau)
+                        soft_update(learner.critic_target, learner.critic, cfg.tau)
+                        soft_update(learner.actor_target, learner.actor, cfg.tau)
 
         episode_over = terminated or truncated
         if episode_over:
@@ -243,8 +243,8 @@ def _train(cfg: Config, run) -> dict[str, float]:
             obs = next_obs
 
         if step % cfg.eval_every == 0 or step == cfg.total_steps:
-            ret = evaluate(agent, eval_env, norm, cfg, device)
-            diag = probe(agent, buffer, norm, cfg, rngs["probe"], device)
+            ret = evaluate(learner, eval_env, norm, cfg, device)
+            diag = probe(learner, buffer, norm, cfg, rngs["probe"], device)
             grads = since_eval.means()
             since_eval = Mean()
             for key, value in (("return", ret), ("grad_l1", grads.get("grad_l1", math.nan)),

@@ -100,7 +100,7 @@ class Actor(nn.Module):
 
 
 @dataclass
-class Agent:
+class Learner:
     """Networks, targets and optimizers of one TD3 or SAC learner."""
 
     algo: str
@@ -131,13 +131,13 @@ class Agent:
             self.alpha_opt.load_state_dict(state["alpha_opt"])
 
 
-def make_agent(cfg: Any, obs_dim: int, act_dim: int, low: torch.Tensor, high: torch.Tensor,
-               device: torch.device) -> Agent:
+def make_learner(cfg: Any, obs_dim: int, act_dim: int, low: torch.Tensor, high: torch.Tensor,
+               device: torch.device) -> Learner:
     sac = cfg.algo == "sac"
     actor = Actor(cfg.network, obs_dim, act_dim, cfg.actor_width, cfg.actor_depth, low, high, sac).to(device)
     critic = Critic(cfg.network, obs_dim, act_dim, cfg.critic_width, cfg.critic_depth).to(device)
     log_alpha = torch.tensor(math.log(cfg.sac_alpha), device=device, requires_grad=sac and cfg.sac_autotune)
-    return Agent(
+    return Learner(
         algo=cfg.algo, actor=actor, critic=critic,
         actor_target=copy.deepcopy(actor).requires_grad_(False),
         critic_target=copy.deepcopy(critic).requires_grad_(False),
@@ -149,21 +149,21 @@ def make_agent(cfg: Any, obs_dim: int, act_dim: int, low: torch.Tensor, high: to
     )
 
 
-def critic_loss(agent: Agent, batch: dict[str, torch.Tensor], cfg: Any) -> torch.Tensor:
+def critic_loss(learner: Learner, batch: dict[str, torch.Tensor], cfg: Any) -> torch.Tensor:
     """Sum of both Q networks' mean squared TD errors against the (clipped double-Q) target."""
     with torch.no_grad():
         nxt = batch["next_obs"]
-        if agent.algo == "td3":  # target policy smoothing
-            a = agent.actor_target(nxt)
+        if learner.algo == "td3":  # target policy smoothing
+            a = learner.actor_target(nxt)
             noise = (torch.randn_like(a) * cfg.policy_noise).clamp(-cfg.noise_clip, cfg.noise_clip)
-            a = torch.max(torch.min(a + noise * agent.actor.scale, agent.actor.center + agent.actor.scale),
-                          agent.actor.center - agent.actor.scale)
-            q_next = torch.min(*agent.critic_target(nxt, a))
+            a = torch.max(torch.min(a + noise * learner.actor.scale, learner.actor.center + learner.actor.scale),
+                          learner.actor.center - learner.actor.scale)
+            q_next = torch.min(*learner.critic_target(nxt, a))
         else:  # SAC: the current policy's next action and its entropy bonus
-            a, log_prob = agent.actor.sample(nxt)
-            q_next = torch.min(*agent.critic_target(nxt, a)) - agent.log_alpha.exp() * log_prob
+            a, log_prob = learner.actor.sample(nxt)
+            q_next = torch.min(*learner.critic_target(nxt, a)) - learner.log_alpha.exp() * log_prob
         target = batch["rewards"] + cfg.gamma * (1 - batch["terminated"]) * q_next
-    q1, q2 = agent.critic(batch["obs"], batch["actions"])
+    q1, q2 = learner.critic(batch["obs"], batch["actions"])
     return F.mse_loss(q1, target) + F.mse_loss(q2, target)
 
 
@@ -173,22 +173,22 @@ def soft_update(target: nn.Module, online: nn.Module, tau: float) -> None:
             t.lerp_(o, tau)
 
 
-def actor_step(agent: Agent, obs: torch.Tensor) -> dict[str, float]:
+def actor_step(learner: Learner, obs: torch.Tensor) -> dict[str, float]:
     """One actor (and for SAC, temperature) step on the batch's states; the critic is held fixed."""
-    if agent.algo == "td3":
-        loss = -torch.min(*agent.critic(obs, agent.actor(obs))).mean()  # the paper's code: min of both Qs
+    if learner.algo == "td3":
+        loss = -torch.min(*learner.critic(obs, learner.actor(obs))).mean()  # the paper's code: min of both Qs
     else:
-        a, log_prob = agent.actor.sample(obs)
-        loss = (agent.log_alpha.exp().detach() * log_prob - torch.min(*agent.critic(obs, a))).mean()
-    params = list(agent.actor.parameters())
+        a, log_prob = learner.actor.sample(obs)
+        loss = (learner.log_alpha.exp().detach() * log_prob - torch.min(*learner.critic(obs, a))).mean()
+    params = list(learner.actor.parameters())
     for p, g in zip(params, torch.autograd.grad(loss, params)):  # the critic's gradients are not needed
         p.grad = g
-    agent.actor_opt.step()
+    learner.actor_opt.step()
     out = {"actor_loss": float(loss.detach())}
-    if agent.alpha_opt is not None:
-        alpha_loss = -(agent.log_alpha.exp() * (log_prob.detach() + agent.target_entropy)).mean()
-        agent.alpha_opt.zero_grad(set_to_none=True)
+    if learner.alpha_opt is not None:
+        alpha_loss = -(learner.log_alpha.exp() * (log_prob.detach() + learner.target_entropy)).mean()
+        learner.alpha_opt.zero_grad(set_to_none=True)
         alpha_loss.backward()
-        agent.alpha_opt.step()
-        out["alpha"] = float(agent.log_alpha.detach().exp())
+        learner.alpha_opt.step()
+        out["alpha"] = float(learner.log_alpha.detach().exp())
     return out
