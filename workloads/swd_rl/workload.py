@@ -252,7 +252,7 @@ def _train(cfg: Config, run) -> dict[str, float]:
                                ("feature_rank", diag["diag/feature_rank"]), ("ntk_rank", diag["diag/ntk_rank"])):
                 curves[key][step] = value
             evals = {"eval/return": ret, **diag}
-            run.report(evals, step=step)
+            run.report({**evals, "progress": step / cfg.total_steps}, step=step)
         if step % cfg.log_every == 0 or step == cfg.total_steps:
             now = time.perf_counter()
             m = interval.means()
