@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,wandb]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,wandb,mujoco]"
 	touch $(STAMP)
 
 setup: $(STAMP)

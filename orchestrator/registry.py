@@ -21,6 +21,7 @@ WORKLOADS: dict[str, str] = {
     "frl": "workloads.frl",
     "lowprec_attention": "workloads.lowprec_attention",
     "mx_anomaly": "workloads.mx_anomaly",
+    "swd_rl": "workloads.swd_rl",
     "tubal_fgd": "workloads.tubal_fgd",
 }
 

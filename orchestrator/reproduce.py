@@ -8,8 +8,10 @@
 too). The workload's `CLAIMS` is a list of functions; each takes the finished trials, one dict
 per trial holding its config fields and its final metrics (metric keys contain a '/', config
 fields do not, so the two never collide), and returns `(holds, measured)`: whether the claim
-holds and the numbers it was judged on. A claim's name is its function's name, its statement the
-first line of its docstring. A workload may also export `plot(trials, path)`, which draws the
+holds and the numbers it was judged on. `holds` may be None when the trials cannot decide the
+claim (e.g. it needs the full size): the table shows it as not judged, it never counts as
+holding, and the reproduction holds when every judged claim does and at least one was judged.
+A claim's name is its function's name, its statement the first line of its docstring. A workload may also export `plot(trials, path)`, which draws the
 claim plot as a PNG.
 
 The trials run on the local Ray (or `RAY_ADDRESS`) as a Tune sweep, or one after another in this
@@ -39,16 +41,21 @@ REPRO_DIR = Path(__file__).resolve().parents[1] / "sweeps" / "repro"
 LOCAL_DIR = "ladder-runs/repro"
 
 Trial = dict[str, Any]
-Claim = Callable[[list[Trial]], tuple[bool, Mapping[str, float]]]
+Claim = Callable[[list[Trial]], tuple[bool | None, Mapping[str, float]]]
 
 
 @dataclass
 class ClaimResult:
     name: str
     statement: str
-    holds: bool
+    holds: bool | None
+    """None: the trials could not decide the claim (not judged at this size)."""
     measured: dict[str, float] = field(default_factory=dict)
     error: str = ""
+
+    @property
+    def judged(self) -> bool:
+        return self.holds is not None
 
 
 @dataclass
@@ -64,7 +71,8 @@ class Reproduction:
 
     @property
     def holds(self) -> bool:
-        return bool(self.claims) and all(c.holds for c in self.claims) and not self.failed_trials
+        judged = [c for c in self.claims if c.judged]
+        return bool(judged) and all(c.holds for c in judged) and not self.failed_trials
 
 
 def repro_file(name: str) -> Path:
@@ -110,7 +118,7 @@ def evaluate(claims: list[Claim], trials: list[Trial]) -> list[ClaimResult]:
         try:
             holds, measured = claim(trials)
             measured = {str(k): float(v) for k, v in dict(measured).items()}
-            out.append(ClaimResult(name, statement, bool(holds), measured))
+            out.append(ClaimResult(name, statement, None if holds is None else bool(holds), measured))
         except Exception as exc:  # a claim that cannot be judged does not hold
             out.append(ClaimResult(name, statement, False, {}, f"{type(exc).__name__}: {exc}"))
     return out
@@ -210,12 +218,13 @@ def _log(rep: Reproduction, workload: registry.Workload, *, seed: int, smoke: bo
     uri, run_id = rep.tracking_uri, rep.parent_run_id
     c = tracking.client(uri)
     for claim in rep.claims:
-        c.log_metric(run_id, f"claim/{claim.name}", 1.0 if claim.holds else 0.0)
+        if claim.judged:  # a claim not judged at this size has no 0/1 to log
+            c.log_metric(run_id, f"claim/{claim.name}", 1.0 if claim.holds else 0.0)
         for key, value in claim.measured.items():
             if math.isfinite(value):
                 c.log_metric(run_id, f"claim/{claim.name}/{key}", value)
     tracking.set_tags(run_id, {
-        "ladder.claims": f"{sum(c.holds for c in rep.claims)}/{len(rep.claims)} hold",
+        "ladder.claims": _count(rep),
         "ladder.reproduced": str(rep.holds).lower(),
         "ladder.seed": str(seed),
         "ladder.smoke": str(smoke).lower(),
@@ -246,13 +255,21 @@ def format_claims(rep: Reproduction) -> str:
     rows = [("claim", "holds", "measured")]
     for c in rep.claims:
         measured = ", ".join(f"{k}={_fmt(v)}" for k, v in c.measured.items()) or c.error
-        rows.append((c.name, "yes" if c.holds else "NO", measured))
+        rows.append((c.name, "not judged" if not c.judged else "yes" if c.holds else "NO", measured))
     widths = [max(len(r[i]) for r in rows) for i in range(2)]
     lines = [f"{r[0].ljust(widths[0])}  {r[1].ljust(widths[1])}  {r[2]}" for r in rows]
     lines += [f"  {c.name}: {c.statement}" for c in rep.claims]
     for f in rep.failed_trials:
         lines.append(f"trial failed: {f}")
-    verdict = "all claims hold" if rep.holds else "NOT reproduced"
-    lines.append(f"{rep.name}: {verdict} ({sum(c.holds for c in rep.claims)}/{len(rep.claims)} claims, "
-                 f"{len(rep.trials)} trials, {rep.wall_s:.0f} s)")
+    all_judged = all(c.judged for c in rep.claims)
+    verdict = ("all claims hold" if all_judged else "all judged claims hold") if rep.holds else "NOT reproduced"
+    lines.append(f"{rep.name}: {verdict} ({_count(rep).removesuffix(' hold')}, {len(rep.trials)} trials, {rep.wall_s:.0f} s)")
     return "\n".join(lines)
+
+
+def _count(rep: Reproduction) -> str:
+    """'3/4 claims hold', or '2/3 claims hold, 1 not judged' when some could not be decided."""
+    judged = [c for c in rep.claims if c.judged]
+    text = f"{sum(bool(c.holds) for c in judged)}/{len(judged)} claims hold"
+    skipped = len(rep.claims) - len(judged)
+    return text + (f", {skipped} not judged" if skipped else "")

@@ -96,3 +96,28 @@ def test_cli_rejects_bad_input_before_running(workdir):
     proc = run_cli(["reproduce", "mx_anomaly", "--local", "--resume"], cwd=workdir, timeout=60)
     assert proc.returncode == 2 and "drop --local" in proc.stderr
     assert not (workdir / "mlruns.db").exists()  # nothing recorded for refused input
+
+
+def needs_the_full_size(trials):
+    """Trial b beats a at the full size; a smoke run cannot tell."""
+    by = {t["variant"]: t["eval/score"] for t in trials}
+    return None, {"a": by["a"], "b": by["b"]}
+
+
+def test_a_claim_not_judged_at_this_size_is_shown_as_such_and_never_counts_as_holding():
+    trials = [{"variant": "a", "eval/score": 1.0}, {"variant": "b", "eval/score": 2.0}]
+    results = reproduce.evaluate([higher_is_better, needs_the_full_size], trials)
+    assert [(r.name, r.holds, r.judged) for r in results] == [
+        ("higher_is_better", True, True), ("needs_the_full_size", None, False)]
+    assert results[1].measured == {"a": 1.0, "b": 2.0}  # the numbers are still reported
+    rep = reproduce.Reproduction("demo", Sweep(name="x", workload="mx_anomaly"), trials, results, [], None, None, 1.0)
+    table = reproduce.format_claims(rep)
+    assert "not judged" in table and "all judged claims hold (1/1 claims hold, 1 not judged" in table
+    assert rep.holds  # every judged claim holds
+
+    failing = reproduce.evaluate([needs_a_missing_trial, needs_the_full_size], trials)
+    rep = reproduce.Reproduction("demo", Sweep(name="x", workload="mx_anomaly"), trials, failing, [], None, None, 1.0)
+    assert not rep.holds and "NOT reproduced (0/1 claims hold, 1 not judged" in reproduce.format_claims(rep)
+    only_unjudged = reproduce.evaluate([needs_the_full_size], trials)
+    rep = reproduce.Reproduction("demo", Sweep(name="x", workload="mx_anomaly"), trials, only_unjudged, [], None, None, 1.0)
+    assert not rep.holds  # nothing judged: nothing reproduced
