@@ -21,7 +21,7 @@ from workloads.mom.workload import count_params, matched_mlp_hidden
 FULL_SEEDS = 3
 LM = {"task": "lm", "vocab": 256, "seq_len": 512}
 """The language-model trials of the full size: the same models on bytes of the standard library."""
-SMOKE_TRAINING = {"steps": 300, "eval_examples": 256, "log_every": 25}
+SMOKE_TRAINING = {"steps": 500, "eval_examples": 256, "log_every": 50}
 """The reproduction trains smoke()'s models longer than smoke() itself (a contract check) does."""
 
 
