@@ -14,7 +14,8 @@ RECALL_PREFIX = "eval/recall_T"
 STATE_PREFIX = "eval/state_bytes_T"
 
 RECALL_MARGIN = 0.10
-"""MoM's recall, averaged over the evaluation lengths, must exceed single memory's by this much."""
+"""MoM's recall, averaged over the evaluation lengths, must exceed single memory's by this much (at
+the smoke size the smallest mean gap over seeds 0-9 was 0.143)."""
 PARAM_TOLERANCE = 0.01
 """Parameter counts of MoM and the single-memory baseline may differ by this fraction of MoM's."""
 KV_GROWTH = 0.5
@@ -42,7 +43,12 @@ def _mean(trials: list[dict[str, Any]], key: str) -> float:
 
 
 def mom_recalls_more_than_single_memory(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
-    """MoM's MQAR recall beats single-memory linear attention's at the same state per memory and parameter count."""
+    """MoM's MQAR recall beats single-memory linear attention's at the same state per memory and parameter count.
+
+    Holds when the mean gap over the evaluation lengths reaches RECALL_MARGIN, the gap at the longest
+    length (the most pairs) exceeds the gap at the shortest (more memories hold more pairs), and the
+    parameter counts differ by at most PARAM_TOLERANCE.
+    """
     mom, single = _of(trials, "mom"), _of(trials, "single")
     if not mom or not single:
         raise ValueError(f"needs MQAR trials of mixer 'mom' and 'single' (have {len(mom)} and {len(single)})")
@@ -56,7 +62,7 @@ def mom_recalls_more_than_single_memory(trials: list[dict[str, Any]]) -> tuple[b
         raise ValueError("no evaluation length common to the MoM and single-memory trials")
     p_mom, p_single = _mean(mom, "eval/params"), _mean(single, "eval/params")
     gaps = [rec_mom[n] - rec_single[n] for n in lengths]
-    measured = {"mean_gap": sum(gaps) / len(gaps), "gap_longest": gaps[-1],
+    measured = {"mean_gap": sum(gaps) / len(gaps), "gap_shortest": gaps[0], "gap_longest": gaps[-1],
                 "params_mom": p_mom, "params_single": p_single, "param_gap": abs(p_mom - p_single) / p_mom}
     for n in lengths:
         measured[f"mom_T{n}"], measured[f"single_T{n}"] = rec_mom[n], rec_single[n]
@@ -66,7 +72,8 @@ def mom_recalls_more_than_single_memory(trials: list[dict[str, Any]]) -> tuple[b
         lm = _of(trials, task_mixer, task="lm")
         if lm:
             measured[f"lm_loss_{task_mixer}"] = _mean(lm, "eval/loss")
-    holds = measured["mean_gap"] >= RECALL_MARGIN and measured["param_gap"] <= PARAM_TOLERANCE
+    holds = (measured["mean_gap"] >= RECALL_MARGIN and gaps[-1] > gaps[0]
+             and measured["param_gap"] <= PARAM_TOLERANCE)
     return holds, measured
 
 
@@ -115,12 +122,19 @@ def plot(trials: list[dict[str, Any]], path: str | Path) -> None:
             left.plot(list(one), list(one.values()), ".", color=color, alpha=0.35)
         state = by_length(runs, STATE_PREFIX)
         right.plot(list(state), [b / 1024 for b in state.values()], "o-", color=color, label=mixer)
-    left.set(xscale="log", xlabel="sequence length (pairs = length / 4)", ylabel="MQAR recall", ylim=(0, 1.02),
-             title="associative recall")
+    lengths = sorted({n for t in _of(trials, "mom") + _of(trials, "single") for n in by_length([t], RECALL_PREFIX)})
+    trained = sorted({int(t["seq_len"]) for t in _of(trials, "mom") if "seq_len" in t})
+    for n in trained:
+        left.axvline(n, color="k", ls=":", lw=1, label="training length" if n == trained[0] else None)
+    left.set(xlabel="sequence length (pairs = length / 4)", ylabel="MQAR recall", ylim=(0, 1.02),
+             title="associative recall", xticks=lengths)
     right.set(xscale="log", yscale="log", xlabel="prefix length", ylabel="state carried to the next token (KiB)",
               title="inference state")
+    states = sorted({n for t in trials for n in by_length([t], STATE_PREFIX)})
+    right.set_xticks(states, [str(n) for n in states])
+    right.minorticks_off()
     for ax in (left, right):
-        ax.grid(True, which="both", alpha=0.3)
+        ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
