@@ -6,10 +6,16 @@ The three models share everything but the token mixer: width, depth, heads, the 
 per-memory key/value projections; the baselines get a GELU MLP after each mixer, sized by
 `matched_mlp_hidden` to MoM's parameter count. Within a seed every model sees the same batches.
 
+The smoke size (`smoke()` trained 500 steps, about 20 s of CPU) uses the linear rule, one 8 x 8
+memory per head and MQAR with value-before-key pairs (see `Config.mqar_order` and `smoke()` for why
+and for what the other choices measured); it evaluates at 16 to 60 tokens (4 to 15 pairs),
+beyond the 32 it trains on. Over seeds 0-9 MoM's recall averaged 0.92-1.00 and single memory's
+0.35-0.84; the smallest mean gap was 0.14.
+
 The full size is the cluster run, Config()'s defaults: a wider model (d_model 256, 2 layers, 4 heads
 with memories of 32 x 32), MQAR up to length 1024 (256 pairs, vocabulary 8192), 20k steps, three
 seeds, plus byte-level language models of each mixer on the standard library's source (the claim
-table reports their held-out loss).
+table reports their held-out loss). It runs the paper's gated delta rule.
 """
 
 import dataclasses

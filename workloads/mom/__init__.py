@@ -12,7 +12,8 @@ Baselines at matched parameter count: the same layer with a single memory and no
 ('single': single-memory linear attention with the same update rule and per-memory state), and
 softmax attention ('softmax'), both given an MLP wide enough to match MoM's parameters.
 
-Tasks: multi-query associative recall generated locally (`eval/recall_T<len>`: the fraction of
+Tasks: multi-query associative recall generated locally (value-before-key pairs by default, see
+`Config.mqar_order`) (`eval/recall_T<len>`: the fraction of
 queries answered at each evaluation length), and byte-level language modelling on the standard
 library's source, the corpus `celerity_lm` reads (`eval/loss`, nats per byte). Every run also
 measures the bytes of inference state carried from one generated token to the next at several

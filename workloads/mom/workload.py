@@ -65,9 +65,10 @@ class Config:
     mqar_order: str = "vk"
     """Order within an MQAR context pair: 'vk' (value, then key) or 'kv' (key, then value, as in
     Zoology). MoM's router sees one token: with 'vk' a pair is written at its key token (the value
-    reaches it through the convolution) and the query is routed by that same token; with 'kv' the
-    write sits on the value token, and routing it like its later query needs context from earlier
-    layers, which the small models here do not learn in their budget (see the reproduction)."""
+    reaches it through the convolution) and its query is routed by that same token; with 'kv' the
+    write sits on the value token, and routing it like the later query needs context from earlier
+    layers. At the smoke size (seeds 0-2) MoM recalled 0.91, 0.82, 0.90 on 'kv' against 0.99,
+    0.92, 1.00 on 'vk', and single memory 0.98, 0.47, 0.57 on 'kv': the claim is made on 'vk'."""
     train_pairs: tuple[int, ...] = (64, 256)
     """MQAR training: key-value pairs per sequence drawn uniformly from (low, high); 4 * high <= seq_len."""
     eval_lens: tuple[int, ...] = (128, 256, 512, 1024)
