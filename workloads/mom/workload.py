@@ -118,7 +118,7 @@ def smoke() -> Config:
     gated-delta comparison is decided by when each model's loss starts to fall (300 steps, 2 heads:
     MoM's mean recall led by 0.66, 0.65, 0.44, 0.25 and 0.02 on seeds 0-4; given 1000 steps single
     memory reached 0.975 against MoM's 1.0 on seed 0). With the linear rule MoM led on each of
-    seeds 0-9, by 0.14 to 0.64, and its lead grew with the number of pairs on every one.
+    seeds 0-9, by 0.14 to 0.64, and its margin grew with the number of pairs on every one.
     """
     return Config(
         update="linear", d_model=64, heads=1, head_dim=8, chunk=32, vocab=32, seq_len=32, train_pairs=(8, 8),
