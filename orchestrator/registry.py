@@ -20,6 +20,7 @@ WORKLOADS: dict[str, str] = {
     "consistent_lra": "workloads.consistent_lra",
     "frl": "workloads.frl",
     "lowprec_attention": "workloads.lowprec_attention",
+    "martingale_uq": "workloads.martingale_uq",
     "mx_anomaly": "workloads.mx_anomaly",
     "tubal_fgd": "workloads.tubal_fgd",
 }
