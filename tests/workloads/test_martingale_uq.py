@@ -171,6 +171,25 @@ def test_bootstrap_coverage_matches_the_enumerated_answer():
     assert not covered(rows[:1] * 0 + np.array([[0.0] * len(COLUMNS)]), "bootstrap", p)[0]
 
 
+def test_chunk_alpha_sources_and_the_horizon_target():
+    # Deterministic deployed values: the n seen ones are all 1 (no spread), the next `horizon`
+    # ones 0, 2, 0, 2, ..., the 20 held-out ones for alpha 0.5, 1.5, ... (zbar = theta(Q) = 1).
+    def sampler(rng, reps, count):
+        row = np.concatenate([np.ones(5), np.tile([0.0, 2.0], 4), np.tile([0.5, 1.5], 10)])[:count]
+        return np.tile(row, (reps, 1))
+
+    prior = np.linspace(0.0, 2.0, 101)
+    rows = evaluate_chunk(uq_cfg(horizon=8, draws=50), np.random.default_rng(0), sampler, prior, 5, 3)
+    assert (rows[:, COL["alpha"]] == 5.0).all()  # sigma = 0 on the samples: the floor
+    np.testing.assert_allclose(rows[:, COL["horizon_truth"]], (5 + 8) / 13)  # the seen and the next 8
+    held = evaluate_chunk(uq_cfg(horizon=8, alpha_holdout=20, draws=50), np.random.default_rng(0), sampler, prior, 5, 3)
+    expect = minimax_alpha(np.tile([0.5, 1.5], (1, 10)), 1.0)[0]
+    assert expect == pytest.approx(20 / 1.64**2)  # Delta = c sigma / sqrt(20): alpha = n / c^2
+    np.testing.assert_allclose(held[:, COL["alpha"]], expect)
+    fixed = evaluate_chunk(uq_cfg(alpha_rule="fixed", alpha=12.5, draws=50), np.random.default_rng(0), sampler, prior, 5, 3)
+    assert (fixed[:, COL["alpha"]] == 12.5).all() and np.isnan(fixed[:, COL["horizon_lo"]]).all()
+
+
 def test_summary_of_known_records():
     rows = np.full((4, len(COLUMNS)), np.nan)
     rows[:, COL["alpha"]] = [5, 5, 7, 7]
@@ -282,17 +301,18 @@ def test_resumed_run_holds_the_repetitions_done_and_ends_like_an_unbroken_one(tm
         def save(self, state):
             super().save(state)
             saves.append({k: len(v) for k, v in state["records"].items()})
-            if len(saves) == 4:  # the fit, then three chunks of 10 repetitions at n = 5
+            if len(saves) == 3:  # the fit, n = 5 done, then two chunks of 10 repetitions at n = 20
                 raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
         train(cfg, Dies(tmp_path / "cut"))
-    assert saves[-1] == {"n5": 30}
+    assert cfg.checkpoint_every == 2 and cfg.chunk == 10 and cfg.repetitions == 40
+    assert saves == [{}, {"n5": 20}, {"n5": 40}]  # every second chunk and at the end of an n
     resumed = LocalRun(tmp_path / "cut")
     again = train(cfg, resumed)
-    assert resumed.restored_step == cfg.em_iters + 30
+    assert resumed.restored_step == cfg.em_iters + 40
     assert again == whole  # the same repetitions, drawn from the same per-chunk streams
-    assert resumed.history[0][0] > cfg.em_iters + 30  # no EM step and no finished chunk was redone
+    assert resumed.history[0][0] > cfg.em_iters + 40  # no EM step and no finished chunk was redone
 
 
 def test_train_restores_torch_threads(tmp_path):

@@ -110,7 +110,7 @@ def plot(trials: list[dict[str, Any]], path: str | Path) -> None:
     groups: dict[tuple, list] = defaultdict(list)
     for t in trials:
         groups[(t["generator"], t["metric"], float(t.get("shift", 0.0)) if t["generator"] == "gmm" else None)].append(t)
-    keys = sorted(groups, key=str)
+    keys = sorted(groups, key=lambda k: (k[0] != "gmm", k[1], -(k[2] or 0.0)))
     fig, axes = plt.subplots(1, len(keys), figsize=(4.6 * len(keys), 3.8), squeeze=False, sharey=True)
     styles = {"exact": ("C0", "o"), "shortcut": ("C1", "s"), "bootstrap": ("C3", "^"), "horizon": ("C2", "d")}
     for ax, key in zip(axes[0], keys):
@@ -125,13 +125,15 @@ def plot(trials: list[dict[str, Any]], path: str | Path) -> None:
             xs, cs, rs = zip(*pts)
             err = [1.96 * math.sqrt(max(c * (1 - c), 1e-12) / r) for c, r in zip(cs, rs)]
             color, marker = styles[variant]
-            label = {"horizon": "forward urn (horizon)"}.get(variant, variant)
+            label = {"exact": "exact long-run draw", "shortcut": "single-atom shortcut",
+                     "horizon": "forward urn (vs the horizon metric)"}.get(variant, variant)
             ax.errorbar(xs, cs, yerr=err, color=color, marker=marker, capsize=3, label=label)
         ax.axhline(level, color="k", ls="--", lw=1)
         gen, metric, shift = key
         title = f"{gen}: {metric}" + (f", shift {shift:+g}" if shift is not None else "")
         ax.set(xscale="log", xlabel="real samples n", title=title, ylim=(0, 1.02))
         ax.set_xticks(ns, [str(n) for n in ns])
+        ax.minorticks_off()
         ax.grid(True, alpha=0.3)
     axes[0][0].set_ylabel(f"coverage of the true metric ({level:.0%} intervals)")
     axes[0][0].legend(fontsize=8, loc="lower right")
