@@ -168,7 +168,10 @@ def test_bootstrap_coverage_matches_the_enumerated_answer():
     rows[:, COL["bootstrap_lo"]], rows[:, COL["bootstrap_hi"]] = lo, hi
     assert expected == pytest.approx(0.514, abs=0.002)  # P(k = 1) + P(k = 2): k = 0 gives [0, 0]
     assert covered(rows, "bootstrap", p).mean() == pytest.approx(expected, abs=0.04)
-    assert not covered(rows[:1] * 0 + np.array([[0.0] * len(COLUMNS)]), "bootstrap", p)[0]
+    # No spread: the interval is the point itself, closed at both ends.
+    point = np.zeros((1, len(COLUMNS)))
+    point[0, COL["bootstrap_lo"]] = point[0, COL["bootstrap_hi"]] = 0.05
+    assert covered(point, "bootstrap", 0.05)[0] and not covered(point, "bootstrap", 0.0500001)[0]
 
 
 def test_chunk_alpha_sources_and_the_horizon_target():

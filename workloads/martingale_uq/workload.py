@@ -216,9 +216,9 @@ def _fit_bytes(cfg: Config, run) -> dict[str, Any]:
         raise ValueError(f"the held-out files hold only {len(real_windows)} disjoint texts of {cfg.text_len} bytes, "
                          f"fewer than real_texts={cfg.real_texts}: raise corpus_bytes or heldout_frac, or lower real_texts")
     torch.manual_seed(cfg.seed)  # the model's initial weights
-    model = bytemodel.ByteModel(cfg.context, cfg.embed, cfg.hidden).to(run.device)
+    # A tiny model on one worker: it stays on the CPU with its data, and needs no run.prepare (DDP).
+    model = bytemodel.ByteModel(cfg.context, cfg.embed, cfg.hidden)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    model, optimizer = run.prepare(model, optimizer)
     total = cfg.byte_steps + len(cfg.ns) * cfg.repetitions
     for step in range(1, cfg.byte_steps + 1):
         ctx, target = bytemodel.training_batch(data, cfg.context, cfg.byte_batch, gen)
