@@ -20,6 +20,7 @@ WORKLOADS: dict[str, str] = {
     "consistent_lra": "workloads.consistent_lra",
     "frl": "workloads.frl",
     "lowprec_attention": "workloads.lowprec_attention",
+    "martingale_uq": "workloads.martingale_uq",
     "mom": "workloads.mom",
     "mx_anomaly": "workloads.mx_anomaly",
     "swd_rl": "workloads.swd_rl",

@@ -1,0 +1,388 @@
+"""martingale_uq: the blend and its schedule by hand, the exact draw against its closed forms and the
+forward urn, the shortcut's excess variance, concentration, calibration with a perfect prior, the
+bootstrap's coverage against an enumerated answer, the generators, bad configs, resumption, the
+claims and the smoke reproduction."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from orchestrator.run import LocalRun
+from workloads.martingale_uq import CLAIMS, Config, plot, smoke, train, validate
+from workloads.martingale_uq import bytemodel, tabular
+from workloads.martingale_uq.claims import (
+    bootstrap_undercovers_rare_alert, exact_covers_rare_alert, shortcut_wider_than_exact,
+)
+from workloads.martingale_uq.coverage import COL, COLUMNS, covered, evaluate_chunk, summarize
+from workloads.martingale_uq.posterior import (
+    blend_weight, bootstrap, dp_functional, exact_long_run, exact_variance, forecast_metrics, forward_urn,
+    interval, minimax_alpha, shortcut_excess_variance, single_atom_shortcut,
+)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The workload pins torch to one thread; tests calling its parts directly do the same (two
+    threads on these small tensors run many times slower on a loaded machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def uq_cfg(**kw) -> SimpleNamespace:
+    """The fields evaluate_chunk reads, with the workload's defaults."""
+    base = {f.name: f.default for f in dataclasses.fields(Config)}
+    return SimpleNamespace(**{**base, "horizon": 0, **kw})
+
+
+# --- the blend and its Dirichlet schedule ----------------------------------------------------
+
+
+def test_blend_weights_by_hand():
+    assert blend_weight(2.0, 0) == 1.0  # before any data the forecast is the generator
+    assert blend_weight(2.0, 2) == pytest.approx(0.5)
+    assert blend_weight(2.0, 6) == pytest.approx(0.25)
+    assert blend_weight(5.0, 20) == pytest.approx(0.2)
+    with pytest.raises(ValueError, match="alpha must be positive"):
+        blend_weight(0.0, 3)
+
+
+def test_forecast_metric_by_hand():
+    # alpha = 2, theta(Q) = 0.5, values 1, 0, 1: (i zbar_i + 2 * 0.5) / (i + 2).
+    np.testing.assert_allclose(forecast_metrics([1.0, 0.0, 1.0], 0.5, 2.0), [0.5, 2 / 3, 0.5, 0.6])
+
+
+def test_forecast_metric_is_a_martingale_under_forward_sampling():
+    # The next value comes from P_i: a generator value w.p. lambda_i, else a copy of a seen one.
+    prior = np.array([0.0, 0.3, 2.0, 5.0])
+    z = np.array([1.0, -1.0, 4.0])
+    alpha = 3.0
+    lam = float(blend_weight(alpha, len(z)))
+    now = forecast_metrics(z, float(prior.mean()), alpha)[-1]
+    expected = sum(lam / len(prior) * forecast_metrics(np.append(z, v), float(prior.mean()), alpha)[-1] for v in prior)
+    expected += sum((1 - lam) / len(z) * forecast_metrics(np.append(z, v), float(prior.mean()), alpha)[-1] for v in z)
+    assert expected == pytest.approx(now, abs=1e-12)
+
+
+def test_minimax_alpha_by_hand_and_its_bounds():
+    # z = (0, 2): zbar 1, sigma^2 = 2; theta(Q) = 1.5, c = 1: Delta = 0.5 + sqrt(2)/sqrt(2) = 1.5.
+    z = np.array([[0.0, 2.0]])
+    assert minimax_alpha(z, 1.5, c=1.0, alpha_min=0.1, alpha_max=200)[0] == pytest.approx(2 / 2.25)
+    assert minimax_alpha(z, 1.5, c=1.0)[0] == 5.0  # clipped to the floor
+    assert minimax_alpha(np.ones((1, 7)), 0.0)[0] == 5.0  # no spread: the data alone are certain
+    assert minimax_alpha(z, 1.0, c=0.0)[0] == 200.0  # zbar = theta(Q), no pad: the ceiling
+    # sigma^2 / (c sigma / sqrt(n))^2 = n / c^2 bounds alpha for any data.
+    rows = np.random.default_rng(0).standard_normal((500, 30)) * 3
+    a = minimax_alpha(rows, 0.0, c=1.64, alpha_min=1e-3, alpha_max=1e6)
+    assert a.max() <= 30 / 1.64**2 + 1e-9 and a.min() > 0
+
+
+# --- the exact long-run draw, the shortcut, the urn ------------------------------------------
+
+
+def test_dp_functional_of_an_indicator_is_beta():
+    # For h = 1_A, theta(G_0) = G_0(A) ~ Beta(alpha Q(A), alpha (1 - Q(A))): exactly.
+    rng = np.random.default_rng(1)
+    prior = (np.arange(1000) < 300).astype(float)  # Q(A) = 0.3
+    draws = dp_functional(rng, np.array([4.0]), prior, 3000)[0]
+    assert stats.kstest(draws, stats.beta(4 * 0.3, 4 * 0.7).cdf).pvalue > 0.01
+
+
+def test_exact_draw_matches_its_closed_form_moments_and_the_long_forward_urn():
+    rng = np.random.default_rng(2)
+    prior = rng.standard_normal(20_000) + 0.4
+    z = rng.standard_normal((1, 20))
+    alpha = np.array([6.0])
+    exact = exact_long_run(rng, z, alpha, prior, 20_000)[0]
+    mean = (z.sum() + 6.0 * prior.mean()) / 26.0
+    var = exact_variance(z[0], 6.0, float(prior.mean()), float(prior.var()))
+    assert exact.mean() == pytest.approx(mean, abs=4 * math.sqrt(var / 20_000))
+    assert exact.var() == pytest.approx(var, rel=0.05)
+    # Algorithm 1 run 2,000 steps ahead draws (nearly) the same law as the exact limit.
+    urn = forward_urn(rng, z, alpha, prior, 2000, 2000)[0]
+    assert stats.ks_2samp(exact[:2000], urn).pvalue > 0.01
+
+
+def test_shortcut_excess_variance_is_measured_as_derived():
+    rng = np.random.default_rng(3)
+    prior = rng.exponential(size=20_000)  # skewed, Var_Q = 1
+    z = rng.exponential(size=(1, 20)) * 0.5
+    alpha = np.array([8.0])
+    short = single_atom_shortcut(rng, z, alpha, prior, 40_000)[0]
+    exact = exact_long_run(rng, z, alpha, prior, 40_000)[0]
+    excess = shortcut_excess_variance(20, 8.0, float(prior.var()))
+    assert short.var() - exact.var() == pytest.approx(excess, rel=0.1)
+    assert short.mean() == pytest.approx(exact.mean(), abs=0.01)  # same centre, wider spread
+    lo_s, hi_s = interval(short, 0.9)
+    lo_e, hi_e = interval(exact, 0.9)
+    assert hi_s - lo_s > 1.2 * (hi_e - lo_e)
+
+
+def test_posterior_concentrates_on_the_empirical_metric_as_n_grows():
+    rng = np.random.default_rng(4)
+    prior = rng.standard_normal(20_000) + 1.0  # theta(Q) = 1, the data's is 0
+    offsets, sds = [], []
+    for n in (20, 500, 20_000):
+        z = rng.standard_normal((1, n))
+        alpha = minimax_alpha(z, float(prior.mean()))
+        draws = exact_long_run(rng, z, alpha, prior, 300)[0]
+        offsets.append(abs(draws.mean() - z.mean()))
+        sds.append(draws.std())
+        assert draws.std() < 1.3 / math.sqrt(n)
+    assert offsets[0] > offsets[1] > offsets[2] and offsets[2] < 0.015
+    assert sds[0] > sds[1] > sds[2] and sds[2] < 0.01
+
+
+@pytest.mark.parametrize("n", [5, 20, 50])
+def test_exact_intervals_are_calibrated_with_a_perfect_generator(n):
+    # Q = F: the prior's draws come from the deployed distribution itself (mean score, skewed).
+    world = tabular.World(2, 0.03, 2.0, 0.5, shift=0.0)
+    prior = world.score(world.sample(np.random.default_rng(5), 20_000))
+    sampler = lambda rng, reps, count: world.score(world.sample(rng, (reps, count)))  # noqa: E731
+    rows = evaluate_chunk(uq_cfg(draws=300), np.random.default_rng(n), sampler, prior, n, 400)
+    cov = covered(rows, "exact", world.true_metric("mean_score", 0.0)).mean()
+    assert 0.85 <= cov <= 0.97, cov
+
+
+def test_bootstrap_coverage_matches_the_enumerated_answer():
+    # Bernoulli(p) data: given k successes the bootstrap mean is Binomial(n, k/n)/n, so its
+    # percentile interval, and whether it holds p, is known for every k.
+    n, p, reps = 20, 0.04, 1000
+    expected = sum(
+        stats.binom.pmf(k, n, p)
+        for k in range(n + 1)
+        if stats.binom.ppf(0.05, n, k / n) / n <= p <= stats.binom.ppf(0.95, n, k / n) / n
+    )
+    rng = np.random.default_rng(6)
+    z = (rng.random((reps, n)) < p).astype(float)
+    lo, hi = interval(bootstrap(rng, z, 1000), 0.9)
+    rows = np.full((reps, len(COLUMNS)), np.nan)
+    rows[:, COL["bootstrap_lo"]], rows[:, COL["bootstrap_hi"]] = lo, hi
+    assert expected == pytest.approx(0.514, abs=0.002)  # P(k = 1) + P(k = 2): k = 0 gives [0, 0]
+    assert covered(rows, "bootstrap", p).mean() == pytest.approx(expected, abs=0.04)
+    # No spread: the interval is the point itself, closed at both ends.
+    point = np.zeros((1, len(COLUMNS)))
+    point[0, COL["bootstrap_lo"]] = point[0, COL["bootstrap_hi"]] = 0.05
+    assert covered(point, "bootstrap", 0.05)[0] and not covered(point, "bootstrap", 0.0500001)[0]
+
+
+def test_chunk_alpha_sources_and_the_horizon_target():
+    # Deterministic deployed values: the n seen ones are all 1 (no spread), the next `horizon`
+    # ones 0, 2, 0, 2, ..., the 20 held-out ones for alpha 0.5, 1.5, ... (zbar = theta(Q) = 1).
+    def sampler(rng, reps, count):
+        row = np.concatenate([np.ones(5), np.tile([0.0, 2.0], 4), np.tile([0.5, 1.5], 10)])[:count]
+        return np.tile(row, (reps, 1))
+
+    prior = np.linspace(0.0, 2.0, 101)
+    rows = evaluate_chunk(uq_cfg(horizon=8, draws=50), np.random.default_rng(0), sampler, prior, 5, 3)
+    assert (rows[:, COL["alpha"]] == 5.0).all()  # sigma = 0 on the samples: the floor
+    np.testing.assert_allclose(rows[:, COL["horizon_truth"]], (5 + 8) / 13)  # the seen and the next 8
+    held = evaluate_chunk(uq_cfg(horizon=8, alpha_holdout=20, draws=50), np.random.default_rng(0), sampler, prior, 5, 3)
+    expect = minimax_alpha(np.tile([0.5, 1.5], (1, 10)), 1.0)[0]
+    assert expect == pytest.approx(20 / 1.64**2)  # Delta = c sigma / sqrt(20): alpha = n / c^2
+    np.testing.assert_allclose(held[:, COL["alpha"]], expect)
+    fixed = evaluate_chunk(uq_cfg(alpha_rule="fixed", alpha=12.5, draws=50), np.random.default_rng(0), sampler, prior, 5, 3)
+    assert (fixed[:, COL["alpha"]] == 12.5).all() and np.isnan(fixed[:, COL["horizon_lo"]]).all()
+
+
+def test_summary_of_known_records():
+    rows = np.full((4, len(COLUMNS)), np.nan)
+    rows[:, COL["alpha"]] = [5, 5, 7, 7]
+    rows[:, COL["exact_lo"]], rows[:, COL["exact_hi"]] = [0, 0, 0.5, 0.2], [1, 0.4, 0.9, 0.6]
+    rows[:, COL["exact_sd"]] = 0.1
+    out = summarize(rows, 20, theta_true=0.45)
+    assert out["eval/coverage/exact/n20"] == 0.5  # [0, 1] and [0.2, 0.6] hold 0.45
+    assert out["eval/width/exact/n20"] == pytest.approx((1 + 0.4 + 0.4 + 0.4) / 4)
+    assert out["eval/alpha/n20"] == 6 and out["eval/reps/n20"] == 4
+    assert "eval/coverage/horizon/n20" not in out  # no urn run: nothing reported for it
+
+
+# --- the generators ---------------------------------------------------------------------------
+
+
+def test_true_metric_is_the_deployed_distributions():
+    world = tabular.World(3, 0.03, 2.0, 0.5, shift=0.3)
+    s = world.score(world.sample(np.random.default_rng(7), 400_000))
+    assert world.true_metric("alert_rate", 2.0) == pytest.approx((s > 2.0).mean(), abs=1e-3)
+    assert world.true_metric("mean_score", 2.0) == pytest.approx(s.mean(), abs=5e-3)
+    hist = world.score(world.sample(np.random.default_rng(8), 400_000, historical=True))
+    assert hist.mean() - s.mean() == pytest.approx(0.97 * 0.3, abs=5e-3)  # the bulk's shift
+
+
+def test_em_fits_a_known_mixture_and_never_raises_the_nll():
+    rng = np.random.default_rng(9)
+    x = np.concatenate([rng.normal([-2, 0], 0.5, (3000, 2)), rng.normal([2, 1], 0.5, (1000, 2))])
+    x = torch.from_numpy(x)
+    params = tabular.gmm_init(x, 2, torch.Generator().manual_seed(0))
+    losses = []
+    for _ in range(40):
+        params, nll = tabular.em_step(params, x)
+        losses.append(nll)
+    assert all(b <= a + 1e-9 for a, b in zip(losses, losses[1:]))
+    order = torch.argsort(params["means"][:, 0])
+    torch.testing.assert_close(params["means"][order], torch.tensor([[-2.0, 0.0], [2.0, 1.0]], dtype=x.dtype), atol=0.05, rtol=0)
+    torch.testing.assert_close(torch.softmax(params["logits"], 0)[order], torch.tensor([0.75, 0.25], dtype=x.dtype), atol=0.02, rtol=0)
+    sample = tabular.gmm_sample(params, 20_000, torch.Generator().manual_seed(1))
+    torch.testing.assert_close(sample.mean(0), x.mean(0), atol=0.05, rtol=0)
+
+
+def test_byte_model_texts_and_nll():
+    data = torch.tensor(list(b"x = 1\nif x:\n    y = 2\nprint(y)\n" * 20), dtype=torch.long)
+    windows = bytemodel.real_texts(data, 4, 6, 1000, torch.Generator().manual_seed(0))
+    assert len(windows) > 5 and bool((windows[:, 3] == bytemodel.NEWLINE).all())  # each text starts a line
+    model = bytemodel.ByteModel(4, 3, 8)
+    got = bytemodel.nll_per_byte(model, windows[:3], batch=2)
+    w = windows[0]
+    direct = -sum(torch.log_softmax(model(w[t : t + 4]), -1)[w[t + 4]] for t in range(6)) / 6
+    assert got[0].item() == pytest.approx(direct.item(), rel=1e-5)
+    gen = bytemodel.generate(model, 5, 7, 1.0, torch.Generator().manual_seed(0))
+    assert gen.shape == (5, 11) and bool((gen[:, :4] == bytemodel.NEWLINE).all())
+
+
+@pytest.mark.slow
+def test_byte_model_trial_learns_and_measures_nll(tmp_path):
+    cfg = Config(generator="bytes", metric="nll", ns=(5, 20), repetitions=20, draws=100, horizon=20,
+                 prior_draws=300, real_texts=200, corpus_bytes=150_000, byte_steps=60, log_every=20)
+    run = LocalRun(tmp_path)
+    out = train(cfg, run)
+    losses = [m["train/loss"] for _, m in run.history if "train/loss" in m]
+    assert losses[-1] < losses[0] < 6.0  # from ~log 256 = 5.5 nats down
+    assert 0.5 < out["eval/theta_true"] < 5.5 and abs(out["eval/prior_gap"]) > 0.01
+    assert 0 <= out["eval/coverage/exact/n20"] <= 1 and out["eval/reps/n20"] == 20
+
+
+# --- configs ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"alpha_rule": "fixed", "alpha": 300.0}, "outside"),
+    ({"alpha_rule": "fixed", "alpha": 1.0}, "outside"),
+    ({"alpha_min": 10.0, "alpha_max": 5.0}, "alpha range"),
+    ({"alpha_min": 0.0}, "alpha range"),
+    ({"alpha_rule": "empirical"}, "alpha_rule must be"),
+    ({"ns": (0, 20)}, "n < 1"),
+    ({"ns": ()}, "ns is empty"),
+    ({"ns": (20, 20)}, "repeats"),
+    ({"metric": "nll"}, "not defined for generator='gmm'"),
+    ({"generator": "flow"}, "generator must be"),
+    ({"level": 1.0}, "level must lie"),
+    ({"draws": 5}, "draws >= 20"),
+    ({"repetitions": 0}, "repetitions must be"),
+    ({"horizon": -1}, "horizon must be"),
+    ({"alpha_holdout": 1}, "alpha_holdout"),
+    ({"dp_tol": 0.0}, "dp_tol"),
+    ({"history": 10}, "too few"),
+    ({"generator": "bytes", "metric": "nll", "real_texts": 100}, "raise real_texts"),
+])
+def test_bad_configs_name_the_problem(change, message):
+    with pytest.raises(ValueError, match=message):
+        validate(dataclasses.replace(Config(), **change))
+
+
+def test_more_than_one_worker_is_refused():
+    with pytest.raises(ValueError, match="workers=1"):
+        validate(Config(), world_size=2)
+
+
+# --- the loop and resumption ------------------------------------------------------------------
+
+
+def test_resumed_run_holds_the_repetitions_done_and_ends_like_an_unbroken_one(tmp_path):
+    cfg = smoke()
+    whole = train(cfg, LocalRun(tmp_path / "whole"))
+    saves = []
+
+    class Dies(LocalRun):
+        def save(self, state):
+            super().save(state)
+            saves.append({k: len(v) for k, v in state["records"].items()})
+            if len(saves) == 3:  # the fit, n = 5 done, then two chunks of 10 repetitions at n = 20
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, Dies(tmp_path / "cut"))
+    assert cfg.checkpoint_every == 2 and cfg.chunk == 10 and cfg.repetitions == 40
+    assert saves == [{}, {"n5": 20}, {"n5": 40}]  # every second chunk and at the end of an n
+    resumed = LocalRun(tmp_path / "cut")
+    again = train(cfg, resumed)
+    assert resumed.restored_step == cfg.em_iters + 40
+    assert again == whole  # the same repetitions, drawn from the same per-chunk streams
+    assert resumed.history[0][0] > cfg.em_iters + 40  # no EM step and no finished chunk was redone
+
+
+def test_train_restores_torch_threads(tmp_path):
+    before = torch.get_num_threads()
+    train(dataclasses.replace(smoke(), ns=(5,), repetitions=10), LocalRun(tmp_path))
+    assert torch.get_num_threads() == before
+
+
+# --- claims -----------------------------------------------------------------------------------
+
+
+def trial(metric="alert_rate", shift=0.3, gap=0.02, exact=0.95, boot=0.5, short=0.9, reps=200.0, ratio=1.5, n=20):
+    t = {"generator": "gmm", "metric": metric, "shift": shift, "level": 0.9, "eval/prior_gap": gap,
+         "eval/theta_true": 0.037, "eval/theta_prior": 0.037 + gap}
+    for m in (5, n):
+        t.update({f"eval/reps/n{m}": reps, f"eval/coverage/exact/n{m}": exact, f"eval/coverage/shortcut/n{m}": short,
+                  f"eval/coverage/bootstrap/n{m}": boot, f"eval/coverage/horizon/n{m}": 0.9,
+                  f"eval/width/exact/n{m}": 0.1, f"eval/width/bootstrap/n{m}": 0.08,
+                  f"eval/sd/exact/n{m}": 0.03, f"eval/sd/shortcut/n{m}": 0.03 * ratio})
+    return t
+
+
+def test_claims_hold_on_the_papers_pattern_and_report_the_under_stating_prior():
+    trials = [trial(), trial(shift=-0.3, gap=-0.01, exact=0.5), trial(metric="mean_score", boot=0.87)]
+    results = {c.__name__: c(trials) for c in CLAIMS}
+    assert all(holds for holds, _ in results.values()), results
+    measured = results["exact_covers_rare_alert"][1]
+    assert measured["exact_coverage"] == 0.95 and measured["exact_coverage_prior_below"] == 0.5
+    assert results["bootstrap_undercovers_rare_alert"][1]["exact_minus_bootstrap"] == pytest.approx(0.45)
+    assert results["shortcut_wider_than_exact"][1]["min_sd_ratio"] == pytest.approx(1.5)
+
+
+def test_claims_pool_seeds_by_repetitions_and_fail_without_the_pattern():
+    cov = exact_covers_rare_alert([trial(exact=0.9, reps=200), trial(exact=0.8, reps=600)])[1]
+    assert cov["exact_coverage"] == pytest.approx(0.825) and cov["repetitions"] == 800
+    assert not exact_covers_rare_alert([trial(exact=0.84)])[0]
+    assert not bootstrap_undercovers_rare_alert([trial(boot=0.6)])[0]
+    assert not shortcut_wider_than_exact([trial(), trial(metric="mean_score", ratio=0.99)])[0]
+    with pytest.raises(ValueError, match="needs >= 200"):
+        exact_covers_rare_alert([trial(reps=100)])
+    with pytest.raises(ValueError, match="under-states"):
+        exact_covers_rare_alert([trial(gap=-0.01)])
+    with pytest.raises(ValueError, match="no GMM alert-rate trial"):
+        bootstrap_undercovers_rare_alert([trial(metric="mean_score")])
+
+
+def test_plot_writes_a_png(tmp_path):
+    path = tmp_path / "claims.png"
+    plot([trial(), trial(shift=-0.3, gap=-0.01), {**trial(), "generator": "bytes", "metric": "nll"}], path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- the reproduction -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_smoke_reproduction_holds(workdir):
+    from orchestrator.reproduce import reproduce
+
+    rep = reproduce("martingale_uq", smoke=True, local=True)
+    assert not rep.failed_trials and len(rep.trials) == 3
+    assert rep.holds, [(c.name, c.measured, c.error) for c in rep.claims]
+    by_name = {c.name: c.measured for c in rep.claims}
+    assert by_name["exact_covers_rare_alert"]["repetitions"] >= 200
+    assert by_name["exact_covers_rare_alert"]["exact_coverage"] >= 0.85
+    assert by_name["bootstrap_undercovers_rare_alert"]["bootstrap_coverage"] < 0.60
+    assert "exact_coverage_prior_below" in by_name["exact_covers_rare_alert"]
+    for t in rep.trials:  # the coverage-vs-n plot has its points
+        assert {f"eval/coverage/{v}/n{n}" for v in ("exact", "shortcut", "bootstrap", "horizon")
+                for n in (5, 10, 20, 50)} <= set(t)

@@ -1,0 +1,290 @@
+"""martingale_uq: Config, fitting the frozen generator, and the coverage loop (see the package docstring)."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from workloads.martingale_uq import bytemodel, tabular
+from workloads.martingale_uq.coverage import evaluate_chunk, summarize
+
+METRICS = {"gmm": ("alert_rate", "mean_score"), "bytes": ("nll", "alert_rate")}
+
+
+@dataclass(frozen=True)
+class Config:
+    generator: Literal["gmm", "bytes"] = "gmm"
+    """Frozen generator Q: 'gmm' (a Gaussian mixture fitted on historical tabular records) or
+    'bytes' (a tiny autoregressive byte model trained on the standard-library corpus)."""
+    metric: Literal["alert_rate", "mean_score", "nll"] = "alert_rate"
+    """Deployed metric theta = E[h(x)]: gmm: 'alert_rate' (h = 1{score > threshold}) or 'mean_score';
+    bytes: 'nll' (NLL per byte of a text) or 'alert_rate' (h = 1{NLL per byte > nll_threshold})."""
+    ns: tuple[int, ...] = (5, 10, 20, 50, 100)
+    """Real sample sizes n at which coverage is measured (the plot's x axis)."""
+    repetitions: int = 1000
+    """Repetitions per n: each draws n fresh deployed samples and builds every interval."""
+    draws: int = 500
+    """B: posterior (and bootstrap) draws per repetition."""
+    level: float = 0.9
+    """Nominal level of the equal-tailed intervals (0.9: the empirical 5% and 95% quantiles)."""
+    alpha_rule: Literal["minimax", "fixed"] = "minimax"
+    """'minimax': alpha = clip(sigma^2 / Delta^2, alpha_min, alpha_max) per repetition with
+    Delta = |theta(Q) - zbar| + alpha_c sigma / sqrt(n), sigma from the real samples (the notes
+    do not say whose sigma; reconstructed); 'fixed': alpha = `alpha`."""
+    alpha: float = 10.0
+    """The prior strength with alpha_rule='fixed' (must lie in [alpha_min, alpha_max])."""
+    alpha_c: float = 1.64
+    """c in Delta's pad c sigma / sqrt(n) (1.64 in the released tabular experiment, 1.0 in the text one)."""
+    alpha_min: float = 5.0
+    """Lower clip of alpha (the released code's 5)."""
+    alpha_max: float = 200.0
+    """Upper clip of alpha (the released code's 200)."""
+    alpha_holdout: int = 0
+    """0: alpha from each repetition's n samples; > 0: from this many other deployed samples drawn
+    per repetition (the released text experiment's 150 held-out texts; extra real data)."""
+    dp_tol: float = 1e-3
+    """Exact draw: stick-breaking of G_0 ~ DP(alpha, Q) stops once the expected mass left is below
+    this; the rest is one moment-matched term (truncation choice ours)."""
+    horizon: int = 120
+    """M: forward-urn steps for the horizon metric (the metric over the n samples and the next M
+    deployed ones; 120 as in the released text experiment); 0 skips it."""
+    prior_draws: int = 20_000
+    """Generator draws whose metric values stand for Q (theta(Q) and every draw from Q)."""
+    chunk: int = 25
+    """Repetitions drawn together (vectorized, one RNG stream each); a report follows each."""
+    checkpoint_every: int = 4
+    """Save a checkpoint every this many chunks, at the end of every n and after the fit."""
+    # --- tabular scenario (generator='gmm') ---
+    dim: int = 2
+    """Record dimension d; the deployed scorer is s(x) = w.x, w = (1, ..., 1) / sqrt(d)."""
+    risky_share: float = 0.03
+    """Share pi of the risky segment N(m w, r^2 I) in both the deployed and the historical records."""
+    risky_offset: float = 2.0
+    """m: the risky segment's mean score."""
+    risky_sd: float = 0.5
+    """r: the risky segment's score sd."""
+    shift: float = 0.3
+    """Historical bulk N(shift w, I) vs deployed N(0, I): the prior's misspecification in score sd
+    units (+0.3: it over-states alerts and the mean score, as the notes' N(0.3, 1) prior)."""
+    threshold: float = 2.0
+    """Alert threshold on the score (deployed alert rate 3.7% with the defaults, historical 5.8%)."""
+    history: int = 4000
+    """Historical records the GMM is fitted on."""
+    components: int = 3
+    """GMM components (full covariances)."""
+    em_iters: int = 60
+    """EM iterations (each one a reported step with train/loss = NLL per record)."""
+    # --- text scenario (generator='bytes') ---
+    context: int = 8
+    """Byte model: bytes of context per prediction."""
+    embed: int = 16
+    """Byte model: embedding width per context byte."""
+    hidden: int = 128
+    """Byte model: hidden units."""
+    byte_steps: int = 600
+    """Byte model: Adam steps."""
+    byte_batch: int = 512
+    """Byte model: predictions per step (random corpus positions)."""
+    lr: float = 3e-3
+    """Byte model: Adam learning rate."""
+    text_len: int = 64
+    """Bytes per text (a text starts a line)."""
+    real_texts: int = 2000
+    """Deployed texts in the population (held-out files); theta(F) is their mean metric."""
+    temperature: float = 1.0
+    """Sampling temperature of the generator's texts."""
+    nll_threshold: float = 3.0
+    """Alert threshold on NLL per byte for metric='alert_rate' with the byte model."""
+    corpus_bytes: int = 1_000_000
+    """Bytes read from the corpus (training part; the held-out part gets heldout_frac of it)."""
+    heldout_frac: float = 0.25
+    """Share of corpus files held out as the deployed distribution."""
+    # --- run ---
+    log_every: int = 10
+    """Report every this many fitting steps (the coverage loop reports after every chunk)."""
+    threads: int = 1
+    """Intra-op CPU threads during the run (0 leaves torch's setting)."""
+    seed: int = 0
+    """Seed of the historical records / training batches, the generator's draws, the deployed
+    samples and every posterior and bootstrap draw."""
+
+
+def smoke() -> Config:
+    """A CPU-sized run: GMM prior, n in {5, 20}, 40 repetitions of 200 draws, well under a second."""
+    return Config(ns=(5, 20), repetitions=40, draws=200, chunk=10, checkpoint_every=2, horizon=20,
+                  prior_draws=5000, history=2000, em_iters=20, log_every=5)
+
+
+def fit_steps(cfg: Config) -> int:
+    return cfg.em_iters if cfg.generator == "gmm" else cfg.byte_steps
+
+
+def validate(cfg: Config, world_size: int = 1) -> None:
+    """Checks that need no data: raised before anything is launched."""
+    if world_size != 1:
+        raise ValueError(f"martingale_uq runs on one worker; got world_size={world_size}: use workers=1")
+    if cfg.generator not in METRICS:
+        raise ValueError(f"generator must be 'gmm' or 'bytes', got {cfg.generator!r}")
+    if cfg.metric not in METRICS[cfg.generator]:
+        raise ValueError(f"metric {cfg.metric!r} is not defined for generator={cfg.generator!r}: use one of {', '.join(METRICS[cfg.generator])}")
+    if not cfg.ns:
+        raise ValueError("ns is empty: give at least one real sample size, e.g. ns=(20,)")
+    if any(n < 1 for n in cfg.ns):
+        raise ValueError(f"every sample size in ns must be >= 1 (n < 1 has no real data), got {cfg.ns}")
+    if len(set(cfg.ns)) != len(cfg.ns):
+        raise ValueError(f"ns repeats a sample size: {cfg.ns}")
+    for name in ("repetitions", "chunk", "checkpoint_every", "log_every", "history", "components", "em_iters", "dim", "context",
+                 "embed", "hidden", "byte_steps", "byte_batch", "text_len", "real_texts"):
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.draws < 20:
+        raise ValueError(f"draws={cfg.draws} is too few for the interval's quantiles: use draws >= 20")
+    if cfg.prior_draws < 100:
+        raise ValueError(f"prior_draws={cfg.prior_draws} is too few to stand for the generator: use >= 100")
+    if not 0 < cfg.level < 1:
+        raise ValueError(f"level must lie in (0, 1), got {cfg.level}")
+    if cfg.alpha_rule not in ("minimax", "fixed"):
+        raise ValueError(f"alpha_rule must be 'minimax' or 'fixed', got {cfg.alpha_rule!r}")
+    if not 0 < cfg.alpha_min <= cfg.alpha_max or not math.isfinite(cfg.alpha_max):
+        raise ValueError(f"alpha range [{cfg.alpha_min}, {cfg.alpha_max}] is invalid: need 0 < alpha_min <= alpha_max < inf")
+    if cfg.alpha_rule == "fixed" and not cfg.alpha_min <= cfg.alpha <= cfg.alpha_max:
+        raise ValueError(f"alpha={cfg.alpha} lies outside [alpha_min, alpha_max] = [{cfg.alpha_min}, {cfg.alpha_max}]: "
+                         "choose alpha inside the range or widen it")
+    if cfg.alpha_c < 0:
+        raise ValueError(f"alpha_c must be >= 0, got {cfg.alpha_c}")
+    if cfg.alpha_holdout < 0 or cfg.alpha_holdout == 1:
+        raise ValueError(f"alpha_holdout must be 0 (use the trial's samples) or >= 2 (sigma needs two), got {cfg.alpha_holdout}")
+    if not 0 < cfg.dp_tol < 0.5:
+        raise ValueError(f"dp_tol must lie in (0, 0.5), got {cfg.dp_tol}")
+    if cfg.horizon < 0:
+        raise ValueError(f"horizon must be >= 0 (0 skips the forward urn), got {cfg.horizon}")
+    if cfg.threads < 0:
+        raise ValueError(f"threads must be >= 0 (0: torch's own setting), got {cfg.threads}")
+    if cfg.generator == "gmm":
+        if not 0 < cfg.risky_share < 1 or not cfg.risky_sd > 0:
+            raise ValueError(f"risky_share must lie in (0, 1) and risky_sd be positive, got {cfg.risky_share}, {cfg.risky_sd}")
+        if cfg.history < 10 * cfg.components:
+            raise ValueError(f"history={cfg.history} records are too few for {cfg.components} components: use >= {10 * cfg.components}")
+    else:
+        need = max(cfg.ns) + cfg.horizon + cfg.alpha_holdout
+        if cfg.real_texts < need:
+            raise ValueError(f"real_texts={cfg.real_texts} cannot supply max(ns) + horizon + alpha_holdout = {need} distinct "
+                             "texts per repetition: raise real_texts or lower them")
+        if not cfg.temperature > 0 or not cfg.lr > 0:
+            raise ValueError(f"temperature and lr must be positive, got {cfg.temperature}, {cfg.lr}")
+        if not 0 < cfg.heldout_frac < 1 or cfg.corpus_bytes < 10_000:
+            raise ValueError(f"heldout_frac must lie in (0, 1) and corpus_bytes be >= 10000, got {cfg.heldout_frac}, {cfg.corpus_bytes}")
+
+
+def train(cfg: Config, run) -> dict[str, float]:
+    validate(cfg, run.world_size)
+    previous = torch.get_num_threads()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    try:
+        return _train(cfg, run)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _fit_gmm(cfg: Config, run) -> dict[str, Any]:
+    """EM on historical records, then the prior's metric values; the deployed truth in closed form."""
+    world = tabular.World(cfg.dim, cfg.risky_share, cfg.risky_offset, cfg.risky_sd, cfg.shift)
+    x = torch.from_numpy(world.sample(np.random.default_rng([cfg.seed, 101]), cfg.history, historical=True))
+    gen = torch.Generator().manual_seed(cfg.seed)
+    params = tabular.gmm_init(x, cfg.components, gen)
+    for it in range(1, cfg.em_iters + 1):
+        params, nll = tabular.em_step(params, x)
+        if it % cfg.log_every == 0 or it == cfg.em_iters:
+            run.report({"train/loss": nll, "progress": it / (cfg.em_iters + len(cfg.ns) * cfg.repetitions)}, step=it)
+    prior_scores = world.score(tabular.gmm_sample(params, cfg.prior_draws, gen).numpy())
+    return {"fit_loss": nll, "prior": torch.from_numpy(tabular.metric_values(prior_scores, cfg.metric, cfg.threshold)),
+            "real": torch.empty(0), "theta_true": world.true_metric(cfg.metric, cfg.threshold)}
+
+
+def _fit_bytes(cfg: Config, run) -> dict[str, Any]:
+    """Adam on next-byte prediction, then the metric values of generated and of held-out texts."""
+    data, held = bytemodel.corpus(cfg.heldout_frac, cfg.corpus_bytes)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    real_windows = bytemodel.real_texts(held, cfg.context, cfg.text_len, cfg.real_texts, gen)
+    if len(real_windows) < cfg.real_texts:  # known only once the corpus is read, but before any training
+        raise ValueError(f"the held-out files hold only {len(real_windows)} disjoint texts of {cfg.text_len} bytes, "
+                         f"fewer than real_texts={cfg.real_texts}: raise corpus_bytes or heldout_frac, or lower real_texts")
+    torch.manual_seed(cfg.seed)  # the model's initial weights
+    # A tiny model on one worker: it stays on the CPU with its data, and needs no run.prepare (DDP).
+    model = bytemodel.ByteModel(cfg.context, cfg.embed, cfg.hidden)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    total = cfg.byte_steps + len(cfg.ns) * cfg.repetitions
+    for step in range(1, cfg.byte_steps + 1):
+        ctx, target = bytemodel.training_batch(data, cfg.context, cfg.byte_batch, gen)
+        loss = torch.nn.functional.cross_entropy(model(ctx), target)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        if step % cfg.log_every == 0 or step == cfg.byte_steps:
+            run.report({"train/loss": loss.item(), "progress": step / total}, step=step)
+    model.eval()
+    h = lambda nll: tabular.metric_values(nll.numpy().astype(float), cfg.metric, cfg.nll_threshold)  # noqa: E731
+    real = h(bytemodel.nll_per_byte(model, real_windows))
+    prior = h(bytemodel.nll_per_byte(model, bytemodel.generate(model, cfg.prior_draws, cfg.text_len, cfg.temperature, gen)))
+    return {"fit_loss": loss.item(), "prior": torch.from_numpy(prior), "real": torch.from_numpy(real),
+            "theta_true": float(real.mean())}
+
+
+def _real_sampler(cfg: Config, fitted: dict[str, Any]):
+    """(rng, reps, count) -> deployed metric values: fresh records from F, or texts drawn without
+    replacement from the held-out population."""
+    if cfg.generator == "gmm":
+        world = tabular.World(cfg.dim, cfg.risky_share, cfg.risky_offset, cfg.risky_sd, cfg.shift)
+        return lambda rng, reps, count: tabular.metric_values(
+            world.score(world.sample(rng, (reps, count))), cfg.metric, cfg.threshold)
+    population = fitted["real"].numpy()
+
+    def sample(rng: np.random.Generator, reps: int, count: int) -> np.ndarray:
+        order = np.argsort(rng.random((reps, len(population))), axis=1)[:, :count]
+        return population[order]
+
+    return sample
+
+
+def _train(cfg: Config, run) -> dict[str, float]:
+    fit = fit_steps(cfg)
+    total = fit + len(cfg.ns) * cfg.repetitions
+    state = run.restore()
+    if state is None:
+        fitted = _fit_gmm(cfg, run) if cfg.generator == "gmm" else _fit_bytes(cfg, run)
+        state = {"step": fit, **fitted, "records": {}}
+        run.save(state)
+    prior = state["prior"].numpy()
+    theta_true = float(state["theta_true"])
+    records = {key: value.numpy() for key, value in state["records"].items()}
+    sample_real = _real_sampler(cfg, state)
+    step, started, drawn = int(state["step"]), time.perf_counter(), 0
+    for i, n in enumerate(cfg.ns):
+        rows = records.get(f"n{n}", np.empty((0, 0)))
+        while len(rows) < cfg.repetitions:
+            done = len(rows)
+            # One stream per (seed, n, chunk): a resumed run draws exactly what an unbroken one would.
+            rng = np.random.default_rng([cfg.seed, n, done // cfg.chunk])
+            chunk = evaluate_chunk(cfg, rng, sample_real, prior, n, min(cfg.chunk, cfg.repetitions - done))
+            rows = chunk if done == 0 else np.concatenate([rows, chunk])
+            records[f"n{n}"] = rows
+            drawn += len(chunk)
+            step = fit + i * cfg.repetitions + len(rows)
+            # Every n measured so far, so the last report holds every final coverage (a sweep's objective).
+            metrics = {k: v for m, r in records.items() for k, v in summarize(r, int(m[1:]), theta_true).items()}
+            metrics["perf/reps_per_s"] = drawn / max(time.perf_counter() - started, 1e-9)
+            run.report({**metrics, "progress": step / total}, step=step)
+            if len(rows) == cfg.repetitions or (len(rows) // cfg.chunk) % cfg.checkpoint_every == 0:
+                run.save({**state, "step": step, "records": {k: torch.from_numpy(v) for k, v in records.items()}})
+    final = {"train/loss": float(state["fit_loss"]), "eval/theta_true": theta_true,
+             "eval/theta_prior": float(prior.mean()), "eval/prior_gap": float(prior.mean()) - theta_true,
+             "eval/prior_sd": float(prior.std())}
+    for n in cfg.ns:
+        final.update(summarize(records[f"n{n}"], n, theta_true))
+    return final
