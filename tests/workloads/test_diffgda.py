@@ -394,6 +394,10 @@ def test_claims_select_the_scale_without_labels_and_need_every_task():
     trials = arms() + [trial("evolve", 4.0, s, 0.9, 0.08, 0.65) for s in (0, 1)]
     holds, measured = beats_source_only(trials)
     assert measured["selected_scale"] == 2.0 and measured["f1_guided"] == pytest.approx(0.5)  # lower MMD, not higher F1
+    assert guided_closer_to_target(trials)[0]  # scale 4 is not chosen but is closer than unguided: holds
+    away = arms() + [trial("evolve", 1.0, s, 0.5, 0.17, 0.7) for s in (0, 1)]
+    holds, measured = guided_closer_to_target(away)
+    assert not holds and measured["mmd_ratio_guided_s1"] == pytest.approx(0.17 / 0.16)
     other = arms(f1=(0.4, 0.4, 0.41), shift=2.5)
     holds, measured = beats_source_only(arms() + other)
     assert not holds and any(k.startswith("shift2.5") for k in measured)

@@ -5,8 +5,8 @@ the claim plot.
 Within a seed every arm sees the same source and target graphs, and the two evolution arms train
 the same score model and draw the same reverse-SDE noise, so the comparisons are paired; the
 claims compare means over seeds per task and must hold on every task. Where several guidance
-scales ran, the one compared in Macro-F1 is chosen without target labels: the lowest mean MMD of
-its evolved graphs to the target graphs.
+scales ran, the one the claims judge is chosen without target labels, by the lowest mean MMD of
+its evolved graphs to the target graphs; the others must still land closer than unguided.
 """
 
 from __future__ import annotations
@@ -15,12 +15,14 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-DISTANCE_RATIO = 0.6
-"""Guided over unguided MMD^2 to the target must be at most this (measured about 0.2 at smoke size)."""
-DOMAIN_ACC_MARGIN = 0.03
-"""A fresh domain classifier's accuracy on guided samples must be lower than on unguided ones by this."""
+DISTANCE_RATIO = 0.5
+"""Guided over unguided MMD^2 to the target must be at most this (smoke size, seeds 0-5: 0.18-0.27)."""
+DOMAIN_ACC_MARGIN = 0.05
+"""A fresh domain classifier's accuracy on guided samples must be lower than on unguided ones by
+this (smoke size, seeds 0-5: lower by 0.11-0.15)."""
 F1_MARGIN = 0.05
-"""Target Macro-F1 of the guided arm over the source-only arm must reach this."""
+"""Target Macro-F1 of the guided arm over the source-only arm must reach this (smoke size, seeds
+0-5: 0.11-0.18)."""
 
 TASK_FIELDS = ("nodes", "classes", "dim", "feature_sep", "feature_std", "shift", "rotation_deg",
                "source_p_in", "source_p_out", "target_p_in", "target_p_out")
@@ -66,24 +68,27 @@ def selected_scale(arms: dict[str, list[dict[str, Any]]]) -> str:
 
 
 def guided_closer_to_target(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
-    """Guided evolution lands closer to the target than unguided: MMD^2 at most 0.6x, and a fresh domain classifier's accuracy lower by 0.03."""
+    """Guided evolution lands closer to the target than unguided: MMD^2 at most 0.5x and a fresh domain classifier's accuracy 0.05 lower at the selected scale, closer at every scale."""
     measured: dict[str, float] = {}
     holds = True
     for task, arms in by_task(trials).items():
         guided = _guided(arms)
         _need(arms, ["unguided"] + (guided or ["guided_s*"]), task, "guided_closer_to_target")
-        name = _task_name(task) if len(by_task(trials)) > 1 else ""
-        pre = f"{name}/" if name else ""
+        pre = f"{_task_name(task)}/" if len(by_task(trials)) > 1 else ""
         un_mmd, un_acc = _mean(arms["unguided"], "eval/evolved_mmd"), _mean(arms["unguided"], "eval/evolved_domain_acc")
         measured[f"{pre}mmd_source"] = _mean(arms["unguided"], "eval/source_mmd")
         measured[f"{pre}mmd_unguided"] = un_mmd
         measured[f"{pre}acc_unguided"] = un_acc
+        chosen = selected_scale(arms)
         for g in guided:
             mmd, acc = _mean(arms[g], "eval/evolved_mmd"), _mean(arms[g], "eval/evolved_domain_acc")
             measured[f"{pre}mmd_{g}"] = mmd
             measured[f"{pre}acc_{g}"] = acc
             measured[f"{pre}mmd_ratio_{g}"] = mmd / un_mmd
-            holds &= mmd <= DISTANCE_RATIO * un_mmd and acc <= un_acc - DOMAIN_ACC_MARGIN
+            if g == chosen:
+                holds &= mmd <= DISTANCE_RATIO * un_mmd and acc <= un_acc - DOMAIN_ACC_MARGIN
+            else:  # a scale not chosen must still move the samples towards the target
+                holds &= mmd < un_mmd and acc < un_acc
     return holds, measured
 
 
@@ -94,8 +99,7 @@ def beats_source_only(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, flo
     for task, arms in by_task(trials).items():
         guided = _guided(arms)
         _need(arms, ["source_only"] + (guided or ["guided_s*"]), task, "beats_source_only")
-        name = _task_name(task) if len(by_task(trials)) > 1 else ""
-        pre = f"{name}/" if name else ""
+        pre = f"{_task_name(task)}/" if len(by_task(trials)) > 1 else ""
         chosen = selected_scale(arms)
         base = _mean(arms["source_only"], "eval/target_macro_f1")
         ours = _mean(arms[chosen], "eval/target_macro_f1")
