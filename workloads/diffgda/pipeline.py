@@ -110,6 +110,20 @@ def gcn_epoch(gcn: GCN, opt: torch.optim.Optimizer, train: Graphs, target: Unlab
     return float(loss.detach())
 
 
+def gcn_sets(source: Graphs, source_val: Graphs, evolved: Graphs | None, n_val: int, *, select_by: str,
+             train_on: str) -> tuple[Graphs, Graphs | None]:
+    """(training graphs, selection graphs) of the GCN, labelled graphs only: select_by 'evolved'
+    holds out the first n_val evolved graphs, 'source' uses the held-out source graphs, 'last' none."""
+    val = {"source": source_val, "last": None}.get(select_by)
+    if evolved is None:
+        return source, val
+    if select_by == "evolved":
+        val, evolved = evolved.take(slice(0, n_val)), evolved.take(slice(n_val, None))
+    if train_on == "evolved":
+        return evolved, val
+    return Graphs(torch.cat([source.x, evolved.x]), torch.cat([source.a, evolved.a]), torch.cat([source.y, evolved.y])), val
+
+
 @torch.no_grad()
 def predict(gcn: GCN, graphs: Graphs | Unlabelled) -> torch.Tensor:
     gcn.eval()

@@ -11,7 +11,7 @@ import torch
 from workloads.diffgda.data import Domains, Graphs, Unlabelled, edge_homophily, make_domains
 from workloads.diffgda.model import GCN, DomainNet, ScoreNet
 from workloads.diffgda.pipeline import (
-    classifier_distance, classifier_step, domain_bandwidths, evolve, f1_on, gcn_epoch, mmd_distance,
+    classifier_distance, classifier_step, domain_bandwidths, evolve, f1_on, gcn_epoch, gcn_sets, mmd_distance,
     predict, ratio_step, score_step,
 )
 from workloads.diffgda.sde import make_sde
@@ -346,7 +346,8 @@ def adapt(cfg: Config, source: Graphs, source_val: Graphs, target: Unlabelled, r
             report.update(metrics)
         else:
             if train_set is None:
-                train_set, val_set = _gcn_sets(cfg, source, source_val, evolved, n_val)
+                train_set, val_set = gcn_sets(source, source_val, evolved, n_val, select_by=cfg.select_by,
+                                              train_on=cfg.train_on)
             loss = gcn_epoch(gcn, opts["gcn"], train_set, target, cfg.mmd_weight, gens["gcn"])
             report["train/gcn_loss"] = loss
             epoch = step - offset["gcn"]
@@ -367,16 +368,3 @@ def adapt(cfg: Config, source: Graphs, source_val: Graphs, target: Unlabelled, r
     metrics["eval/selected_val_f1"] = float(best["f1"]) if best["state"] is not None else math.nan
     metrics["train/loss"] = loss
     return {"gcn": gcn, "evolved": evolved, "metrics": metrics}
-
-
-def _gcn_sets(cfg: Config, source: Graphs, source_val: Graphs, evolved: Graphs | None, n_val: int
-              ) -> tuple[Graphs, Graphs | None]:
-    """(training graphs, selection graphs) of the GCN: labelled graphs only, source or evolved."""
-    val = {"source": source_val, "last": None}.get(cfg.select_by)
-    if evolved is None:
-        return source, val
-    if cfg.select_by == "evolved":
-        val, evolved = evolved.take(slice(0, n_val)), evolved.take(slice(n_val, None))
-    if cfg.train_on == "evolved":
-        return evolved, val
-    return Graphs(torch.cat([source.x, evolved.x]), torch.cat([source.a, evolved.a]), torch.cat([source.y, evolved.y])), val
