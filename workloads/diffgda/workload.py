@@ -1,0 +1,371 @@
+"""diffgda: Config and the trial loop (see the package docstring)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from workloads.diffgda.data import Domains, Graphs, Unlabelled, edge_homophily, make_domains
+from workloads.diffgda.model import GCN, DomainNet, ScoreNet
+from workloads.diffgda.pipeline import (
+    classifier_distance, classifier_step, domain_bandwidths, evolve, f1_on, gcn_epoch, gcn_sets, mmd_distance,
+    predict, ratio_step, score_step,
+)
+from workloads.diffgda.sde import make_sde
+
+
+@dataclass(frozen=True)
+class Config:
+    mode: Literal["evolve", "source_only"] = "evolve"
+    """'evolve': train the GCN on the source plus source graphs evolved by the SDE; 'source_only':
+    the baseline, the same GCN on the source alone."""
+    guidance_scale: float = 1.0
+    """Weight of the density-ratio guidance gradient in the reverse SDE (0: unguided evolution,
+    and no guidance network is trained). The label-free MMD picks 1 at this size and 2 at the
+    smoke size, whose less-trained score model needs a stronger pull."""
+    adj_guidance: float = 1.0
+    """Scale of the guidance on A relative to that on X (the released code has separate X and A
+    guidance networks; one network with a relative weight here, a reconstruction)."""
+    guidance: Literal["classifier", "ratio"] = "classifier"
+    """Guidance estimate (the paper's loss is not public): 'classifier', grad of the logit of a
+    time-dependent source-vs-target node classifier on noisy graphs (the log ratio of the noisy
+    marginals); 'ratio', TGDP-style grad log h_t with h_t(G_t, y) regressed onto the clean
+    classifier's ratio r(G_0) over source graphs."""
+    classes: int = 3
+    """Node classes C."""
+    nodes: int = 30
+    """Nodes per graph m (dense adjacency)."""
+    dim: int = 8
+    """Node feature dimension d."""
+    feature_sep: float = 2.5
+    """Distance between every two class means (features have unit noise std scaled by feature_std)."""
+    feature_std: float = 1.0
+    """Std of the isotropic feature noise around the class mean."""
+    source_graphs: int = 128
+    """Labelled source graphs used for training."""
+    source_val_graphs: int = 32
+    """Labelled source graphs held out (model selection with select_by='source')."""
+    target_graphs: int = 64
+    """Unlabelled target graphs (adaptation sees their x and A; their labels score the result)."""
+    source_p_in: float = 0.3
+    """Source edge probability within a class."""
+    source_p_out: float = 0.02
+    """Source edge probability across classes."""
+    target_p_in: float = 0.15
+    """Target edge probability within a class (lower homophily than the source by default)."""
+    target_p_out: float = 0.06
+    """Target edge probability across classes."""
+    shift: float = 1.5
+    """Target class means move by this along mu_1 - mu_0 (the feature shift)."""
+    rotation_deg: float = 0.0
+    """Target class means also rotate by this angle in the (mu_0, mu_1) plane."""
+    sde_x: Literal["vp", "ve"] = "vp"
+    """Forward SDE of the node features (VP as in GDSS)."""
+    x_low: float = 0.1
+    """beta_min (VP) or sigma_min (VE) of the feature SDE."""
+    x_high: float = 10.0
+    """beta_max (VP) or sigma_max (VE) of the feature SDE."""
+    sde_adj: Literal["vp", "ve"] = "ve"
+    """Forward SDE of the adjacency (VE as in GDSS's molecule settings)."""
+    adj_low: float = 0.2
+    """beta_min (VP) or sigma_min (VE) of the adjacency SDE."""
+    adj_high: float = 1.0
+    """beta_max (VP) or sigma_max (VE) of the adjacency SDE."""
+    score_hidden: int = 64
+    """Width of the joint score network."""
+    score_layers: int = 3
+    """Graph blocks in the score network's trunk."""
+    score_steps: int = 2000
+    """Denoising-score-matching steps."""
+    score_batch: int = 32
+    """Source graphs per score step."""
+    score_lr: float = 2e-3
+    """Adam learning rate of the score network."""
+    guide_hidden: int = 32
+    """Width of the domain (guidance) networks."""
+    guide_layers: int = 2
+    """Graph blocks in the domain networks."""
+    guide_steps: int = 600
+    """Steps of the domain classifier (and as many of the ratio network with guidance='ratio')."""
+    guide_lr: float = 2e-3
+    """Adam learning rate of the domain networks."""
+    ratio_clip: float = 20.0
+    """guidance='ratio': the clean density ratio r(G_0) is clipped at this before regression."""
+    sample_steps: int = 50
+    """Euler-Maruyama steps of the reverse SDE."""
+    evolve_from: float = 1.0
+    """Diffusion time the evolution starts at: 1.0 samples from the prior conditioned on a source
+    graph's labels (the released code's sampler); t < 1 starts from that source graph itself
+    perturbed to t, a shorter source-to-target trajectory. A reconstruction choice."""
+    evolved_copies: int = 1
+    """Evolved graphs per source training graph."""
+    train_on: Literal["source+evolved", "evolved"] = "source+evolved"
+    """Labelled graphs of the GCN in mode 'evolve' (the released code mixes the evolved subgraph
+    into the source graph)."""
+    gcn_hidden: int = 32
+    """GCN width."""
+    gcn_layers: int = 2
+    """GCN layers (the released code uses 3)."""
+    gcn_dropout: float = 0.2
+    """Dropout after each hidden GCN layer."""
+    gcn_epochs: int = 150
+    """Full-batch GCN epochs."""
+    gcn_lr: float = 1e-2
+    """Adam learning rate of the GCN."""
+    mmd_weight: float = 0.0
+    """Weight of MMD^2 between source and target GCN embeddings in the GCN loss (the released code
+    uses 0.05 on top of the evolution; 0 isolates the evolution's effect)."""
+    select_by: Literal["evolved", "source", "last"] = "evolved"
+    """GCN epoch selection without target labels: 'evolved', Macro-F1 on held-out evolved graphs
+    (labelled samples of the estimated target domain); 'source', on the held-out source graphs;
+    'last', no selection. Target labels are never read."""
+    evolved_val_frac: float = 0.2
+    """Fraction of the evolved graphs held out for select_by='evolved'."""
+    log_every: int = 50
+    """Report metrics every this many steps."""
+    checkpoint_every: int = 500
+    """Checkpoint every this many steps, and at the end of every stage."""
+    threads: int = 1
+    """Intra-op CPU threads during the run (0 leaves torch's setting)."""
+    seed: int = 0
+    """Seed of the data (domains depend on it alone) and of every network and sampler."""
+
+
+def smoke() -> Config:
+    """CPU-sized: 48 source graphs of 24 nodes, 300 score steps, 20 reverse steps, a few seconds."""
+    return Config(
+        guidance_scale=2.0, nodes=24, source_graphs=48, source_val_graphs=16, target_graphs=32, score_hidden=32,
+        score_layers=2, score_steps=300, guide_hidden=24, guide_steps=150, sample_steps=20, gcn_epochs=60,
+        log_every=25, checkpoint_every=100,
+    )
+
+
+STAGES = ("score", "guide", "ratio", "evolve", "gcn")
+
+
+def stage_lengths(cfg: Config) -> dict[str, int]:
+    """Steps of each stage of this trial (0: skipped); the global step runs through them in order."""
+    evolving = cfg.mode == "evolve"
+    guided = evolving and cfg.guidance_scale != 0.0
+    return {
+        "score": cfg.score_steps if evolving else 0,
+        "guide": cfg.guide_steps if guided else 0,
+        "ratio": cfg.guide_steps if guided and cfg.guidance == "ratio" else 0,
+        "evolve": 1 if evolving else 0,
+        "gcn": cfg.gcn_epochs,
+    }
+
+
+def validate(cfg: Config, world_size: int = 1) -> None:
+    """Checks that need no training: raised before anything is launched."""
+    if world_size != 1:
+        raise ValueError(f"diffgda trains small dense graphs on one worker; got world_size={world_size}: use workers=1")
+    choices = {"mode": ("evolve", "source_only"), "guidance": ("classifier", "ratio"), "sde_x": ("vp", "ve"),
+               "sde_adj": ("vp", "ve"), "train_on": ("source+evolved", "evolved"), "select_by": ("evolved", "source", "last")}
+    for name, allowed in choices.items():
+        if getattr(cfg, name) not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}, got {getattr(cfg, name)!r}")
+    for name in ("classes", "nodes", "dim", "source_graphs", "source_val_graphs", "target_graphs", "score_hidden",
+                 "score_layers", "score_batch", "guide_hidden", "guide_layers", "sample_steps", "evolved_copies",
+                 "gcn_hidden", "gcn_layers", "gcn_epochs", "log_every", "checkpoint_every"):
+        if getattr(cfg, name) <= 0:
+            raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
+    for name in ("score_steps", "guide_steps"):
+        if getattr(cfg, name) < 0:
+            raise ValueError(f"{name} must be >= 0, got {getattr(cfg, name)}")
+    if cfg.classes < 2 or cfg.nodes < cfg.classes:
+        raise ValueError(f"need classes >= 2 and nodes >= classes, got classes={cfg.classes}, nodes={cfg.nodes}")
+    if cfg.dim < cfg.classes:
+        raise ValueError(f"dim={cfg.dim} < classes={cfg.classes}: the class means need orthogonal directions, use dim >= classes")
+    for name in ("source_p_in", "source_p_out", "target_p_in", "target_p_out"):
+        if not 0.0 <= getattr(cfg, name) <= 1.0:
+            raise ValueError(f"{name} is an edge probability and must lie in [0, 1], got {getattr(cfg, name)}")
+    if not cfg.feature_sep > 0 or not cfg.feature_std > 0:
+        raise ValueError(f"feature_sep and feature_std must be positive, got {cfg.feature_sep}, {cfg.feature_std}")
+    for kind, low, high, what in ((cfg.sde_x, cfg.x_low, cfg.x_high, "x"), (cfg.sde_adj, cfg.adj_low, cfg.adj_high, "adj")):
+        if not 0 < low < high:
+            raise ValueError(f"{what}_low and {what}_high must satisfy 0 < low < high, got {low}, {high}")
+    if cfg.adj_guidance < 0:
+        raise ValueError(f"adj_guidance must be >= 0 (0: guide the features only), got {cfg.adj_guidance}")
+    if cfg.guidance_scale < 0:
+        raise ValueError(f"guidance_scale must be >= 0 (0: unguided), got {cfg.guidance_scale}")
+    if cfg.mode == "evolve" and cfg.score_steps == 0:
+        raise ValueError("mode='evolve' needs a trained score model: set score_steps > 0")
+    if cfg.mode == "evolve" and cfg.guidance_scale and cfg.guide_steps == 0:
+        raise ValueError("guidance_scale > 0 needs a trained domain network: set guide_steps > 0 (or guidance_scale=0)")
+    if not 0.0 < cfg.evolve_from <= 1.0:
+        raise ValueError(f"evolve_from is a diffusion time in (0, 1], got {cfg.evolve_from}")
+    if cfg.mode == "source_only" and (cfg.select_by == "evolved" or cfg.train_on == "evolved"):
+        raise ValueError("mode='source_only' has no evolved graphs: use select_by='source' or 'last' and train_on='source+evolved'")
+    if cfg.select_by == "evolved" and not 0.0 < cfg.evolved_val_frac < 1.0:
+        raise ValueError(f"select_by='evolved' needs evolved_val_frac in (0, 1), got {cfg.evolved_val_frac}")
+    if cfg.select_by == "evolved" and round(cfg.evolved_val_frac * cfg.source_graphs * cfg.evolved_copies) < 1:
+        raise ValueError("select_by='evolved' holds out no evolved graph at this size: raise evolved_val_frac or source_graphs")
+    if not 0.0 <= cfg.gcn_dropout < 1.0:
+        raise ValueError(f"gcn_dropout must lie in [0, 1), got {cfg.gcn_dropout}")
+    for name in ("score_lr", "guide_lr", "gcn_lr", "ratio_clip"):
+        if not getattr(cfg, name) > 0:
+            raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
+    if cfg.mmd_weight < 0:
+        raise ValueError(f"mmd_weight must be >= 0, got {cfg.mmd_weight}")
+    if cfg.threads < 0:
+        raise ValueError(f"threads must be >= 0 (0: torch's own setting), got {cfg.threads}")
+
+
+def domains(cfg: Config) -> Domains:
+    return make_domains(
+        seed=cfg.seed, classes=cfg.classes, nodes=cfg.nodes, dim=cfg.dim, feature_sep=cfg.feature_sep,
+        feature_std=cfg.feature_std, source_graphs=cfg.source_graphs, source_val_graphs=cfg.source_val_graphs,
+        target_graphs=cfg.target_graphs, source_p_in=cfg.source_p_in, source_p_out=cfg.source_p_out,
+        target_p_in=cfg.target_p_in, target_p_out=cfg.target_p_out, shift=cfg.shift, rotation_deg=cfg.rotation_deg,
+    )
+
+
+def train(cfg: Config, run) -> dict[str, float]:
+    validate(cfg, run.world_size)
+    previous = torch.get_num_threads()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    try:
+        doms = domains(cfg)
+        result = adapt(cfg, doms.source, doms.source_val, doms.target.unlabelled(), run)
+        return {**result["metrics"], **evaluate(cfg, result, doms)}
+    finally:
+        torch.set_num_threads(previous)
+
+
+def evaluate(cfg: Config, result: dict[str, Any], doms: Domains) -> dict[str, float]:
+    """The only place target labels are read: scores of the selected GCN and evolved-graph statistics."""
+    gcn, target = result["gcn"], doms.target
+    pred = predict(gcn, target)
+    out = {
+        "eval/target_macro_f1": f1_on(gcn, target, cfg.classes),
+        "eval/target_acc": float((pred == target.y).float().mean()),
+        "eval/target_homophily": edge_homophily(target.a, target.y),
+        "eval/source_homophily": edge_homophily(doms.source.a, doms.source.y),
+    }
+    evolved: Graphs | None = result["evolved"]
+    if evolved is not None:
+        out["eval/evolved_homophily"] = edge_homophily(evolved.a, evolved.y)
+        # per-class mean error against the target's true class means (a known generator parameter)
+        err = [float((evolved.x[evolved.y == c].mean(0) - doms.means_target[c]).norm()) for c in range(cfg.classes)]
+        out["eval/evolved_mean_err"] = sum(err) / len(err)
+    err = [float((doms.source.x[doms.source.y == c].mean(0) - doms.means_target[c]).norm()) for c in range(cfg.classes)]
+    out["eval/source_mean_err"] = sum(err) / len(err)
+    return out
+
+
+def _init(seed: int, build):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build()
+
+
+def adapt(cfg: Config, source: Graphs, source_val: Graphs, target: Unlabelled, run) -> dict[str, Any]:
+    """Everything that trains or selects: the score model, the guidance, the evolution, the GCN and
+    its epoch selection. It receives the target as `Unlabelled` graphs: no label to read.
+    Returns the selected GCN, the evolved graphs (or None) and the label-free metrics."""
+    if not isinstance(target, Unlabelled):
+        raise TypeError(f"adapt takes the target as Unlabelled graphs, got {type(target).__name__}")
+    lengths = stage_lengths(cfg)
+    total = sum(lengths.values())
+    offset = {s: sum(lengths[p] for p in STAGES[:i]) for i, s in enumerate(STAGES)}
+    sde_x, sde_a = make_sde(cfg.sde_x, cfg.x_low, cfg.x_high), make_sde(cfg.sde_adj, cfg.adj_low, cfg.adj_high)
+    seed = cfg.seed * 1000
+    score = _init(seed + 1, lambda: ScoreNet(cfg.dim, cfg.classes, cfg.score_hidden, cfg.score_layers))
+    clf = _init(seed + 2, lambda: DomainNet(cfg.dim, cfg.guide_hidden, cfg.guide_layers))
+    ratio = _init(seed + 3, lambda: DomainNet(cfg.dim, cfg.guide_hidden, cfg.guide_layers, classes=cfg.classes))
+    gcn = _init(seed + 4, lambda: GCN(cfg.dim, cfg.gcn_hidden, cfg.classes, cfg.gcn_layers, cfg.gcn_dropout))
+    nets = {"score": score, "guide": clf, "ratio": ratio, "gcn": gcn}
+    opts = {"score": torch.optim.Adam(score.parameters(), lr=cfg.score_lr),
+            "guide": torch.optim.Adam(clf.parameters(), lr=cfg.guide_lr),
+            "ratio": torch.optim.Adam(ratio.parameters(), lr=cfg.guide_lr),
+            "gcn": torch.optim.Adam(gcn.parameters(), lr=cfg.gcn_lr)}
+    gens = {s: torch.Generator().manual_seed(seed + 10 + i) for i, s in enumerate(STAGES)}
+    bw = domain_bandwidths(source, target)
+    metrics: dict[str, float] = {
+        "eval/source_mmd": mmd_distance(source, target, bw),
+        "eval/source_density": float(source.a.mean()),
+        "eval/target_density": float(target.a.mean()),
+        "eval/source_domain_acc": classifier_distance(source, target, seed + 7),
+    }
+    evolved: Graphs | None = None
+    best: dict[str, Any] = {"f1": -math.inf, "epoch": 0, "state": None}
+
+    step, state = 0, run.restore()
+    if state is not None:
+        step = int(state["step"])
+        for s in STAGES:
+            if s in state["nets"]:
+                nets[s].load_state_dict(state["nets"][s])
+                opts[s].load_state_dict(state["opts"][s])
+            gens[s].set_state(state["gens"][s])
+        metrics.update(state["metrics"])
+        if state["evolved"] is not None:
+            evolved = Graphs(**state["evolved"])
+        best = state["best"]
+
+    def save() -> None:
+        run.save({
+            "step": step, "metrics": metrics, "best": best,
+            "nets": {s: n.state_dict() for s, n in nets.items()}, "opts": {s: o.state_dict() for s, o in opts.items()},
+            "gens": {s: g.get_state() for s, g in gens.items()},
+            "evolved": None if evolved is None else {"x": evolved.x, "a": evolved.a, "y": evolved.y},
+        })
+
+    guide = None
+    if lengths["guide"]:
+        guide = (lambda x, a, t, y: clf(x, a, t)) if cfg.guidance == "classifier" else (lambda x, a, t, y: ratio(x, a, t, y))
+    n_val = round(cfg.evolved_val_frac * cfg.source_graphs * cfg.evolved_copies) if cfg.select_by == "evolved" else 0
+    train_set = val_set = None
+    loss = math.nan
+    for step in range(step + 1, total + 1):
+        stage = next(s for s in STAGES if offset[s] < step <= offset[s] + lengths[s])
+        report: dict[str, float] = {}
+        if stage == "score":
+            loss = score_step(score, opts["score"], sde_x, sde_a, source, cfg.score_batch, gens["score"])
+            report["train/score_loss"] = loss
+        elif stage == "guide":
+            loss = classifier_step(clf, opts["guide"], sde_x, sde_a, source, target, cfg.score_batch, gens["guide"])
+            report["train/guide_loss"] = loss
+        elif stage == "ratio":
+            loss = ratio_step(ratio, opts["ratio"], clf, sde_x, sde_a, source, cfg.score_batch, cfg.ratio_clip, gens["ratio"])
+            report["train/ratio_loss"] = loss
+        elif stage == "evolve":
+            for n in nets.values():
+                n.eval()
+            evolved = evolve(score, sde_x, sde_a, source, cfg.evolved_copies, steps=cfg.sample_steps, gen=gens["evolve"],
+                             guide=guide, scale=cfg.guidance_scale, adj_scale=cfg.guidance_scale * cfg.adj_guidance,
+                             t_start=cfg.evolve_from)
+            metrics["eval/evolved_mmd"] = mmd_distance(evolved, target, bw)
+            metrics["eval/evolved_domain_acc"] = classifier_distance(evolved, target, seed + 7)
+            metrics["eval/evolved_source_mmd"] = mmd_distance(evolved, source.unlabelled(), bw)
+            metrics["eval/evolved_density"] = float(evolved.a.mean())
+            report.update(metrics)
+        else:
+            if train_set is None:
+                train_set, val_set = gcn_sets(source, source_val, evolved, n_val, select_by=cfg.select_by,
+                                              train_on=cfg.train_on)
+            loss = gcn_epoch(gcn, opts["gcn"], train_set, target, cfg.mmd_weight, gens["gcn"])
+            report["train/gcn_loss"] = loss
+            epoch = step - offset["gcn"]
+            if val_set is not None:
+                f1 = f1_on(gcn, val_set, cfg.classes)
+                report["eval/val_macro_f1"] = f1
+                if f1 > best["f1"]:
+                    best = {"f1": f1, "epoch": epoch, "state": {k: v.clone() for k, v in gcn.state_dict().items()}}
+        if math.isfinite(loss):
+            report["train/loss"] = loss
+        if step % cfg.log_every == 0 or step == total or stage == "evolve":
+            run.report({**report, "progress": step / total}, step=step)
+        if step % cfg.checkpoint_every == 0 or step == total or step == offset[stage] + lengths[stage]:
+            save()
+    if best["state"] is not None:
+        gcn.load_state_dict(best["state"])
+    metrics["eval/selected_epoch"] = float(best["epoch"] if best["state"] is not None else cfg.gcn_epochs)
+    metrics["eval/selected_val_f1"] = float(best["f1"]) if best["state"] is not None else math.nan
+    metrics["train/loss"] = loss
+    return {"gcn": gcn, "evolved": evolved, "metrics": metrics}
