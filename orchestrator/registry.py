@@ -21,6 +21,7 @@ WORKLOADS: dict[str, str] = {
     "frl": "workloads.frl",
     "lowprec_attention": "workloads.lowprec_attention",
     "mx_anomaly": "workloads.mx_anomaly",
+    "pft": "workloads.pft",
     "tubal_fgd": "workloads.tubal_fgd",
 }
 
