@@ -4,14 +4,17 @@ source model towards 'neutral' on the same frames, L_exp is what keeps the trans
 collapsing onto 'neutral', and nothing but the translator changes.
 
 Each trial is one target subject and runs every arm from one source model, so the comparison is
-paired; the claims average over the target subjects (per setting). The smoke size is six target
-subjects of one seed in 16-d; the full size is ten target subjects and three seeds, in the
-default 32-d world with 8 source subjects and in a 64-d world with 16.
+paired; the claims average over the trials of a setting. The smoke size is four target subjects
+in each of two worlds (seeds `seed` and `seed + 1`: prototypes, source subjects and source model),
+16-d; a world's source model sets how far a neutral-only correction can go, so two worlds keep
+one unlucky world from deciding the verdict. The full size is ten target subjects in each of
+three worlds, in the default 32-d world with 8 source subjects and in a 64-d world with 16.
 """
 
 from orchestrator.sweep import Sweep, grid, seeds
 
-SMOKE_TARGETS = 6
+SMOKE_TARGETS = 4
+SMOKE_SEEDS = 2
 FULL_TARGETS = 10
 FULL_SEEDS = 3
 
@@ -24,8 +27,9 @@ FULL_SETTINGS = (
 def build(*, smoke: bool = False, seed: int = 0) -> Sweep:
     if smoke:
         return Sweep(
-            name="pft_repro_smoke", workload="pft", base="smoke", overrides={"seed": seed},
-            space={"target": grid(*range(SMOKE_TARGETS))}, objective=("eval/acc/pft", "max"),
+            name="pft_repro_smoke", workload="pft", base="smoke",
+            space={"target": grid(*range(SMOKE_TARGETS)), "seed": seeds(SMOKE_SEEDS, start=seed)},
+            objective=("eval/acc/pft", "max"),
         )
     return Sweep(
         name="pft_repro", workload="pft", base="default", points=FULL_SETTINGS,

@@ -416,7 +416,8 @@ def test_smoke_reproduction_holds(workdir):
 
     rep = reproduce("pft", smoke=True, local=True)
     assert not rep.failed_trials
-    assert len(rep.trials) == 6 and sorted(t["target"] for t in rep.trials) == list(range(6))
+    assert len(rep.trials) == 8
+    assert sorted((t["seed"], t["target"]) for t in rep.trials) == [(s, t) for s in (0, 1) for t in range(4)]
     assert rep.holds, [(c.name, c.measured, c.error) for c in rep.claims]
     for claim in rep.claims:
         assert claim.measured and all(math.isfinite(v) for v in claim.measured.values()), claim

@@ -17,7 +17,7 @@ from workloads.pft.workload import ARMS
 
 SOURCE_MARGIN = 0.05
 """PFT's mean target accuracy must exceed the unadapted source model's by this much."""
-FINETUNE_MARGIN = 0.02
+FINETUNE_MARGIN = 0.03
 """PFT's mean target accuracy must exceed the plain neutral fine-tune's by this much."""
 COLLAPSE_MARGIN = 0.2
 """Without L_exp the non-neutral recall must fall at least this far below PFT's."""
@@ -75,7 +75,7 @@ def pft_beats_source(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, floa
 
 
 def pft_beats_finetune(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
-    """PFT's mean target accuracy beats a plain fine-tune towards 'neutral' on the same frames and budget by >= 0.02."""
+    """PFT's mean target accuracy beats a plain fine-tune towards 'neutral' on the same frames and budget by >= 0.03."""
     return _compare(trials, "finetune", FINETUNE_MARGIN)
 
 

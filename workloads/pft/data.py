@@ -8,7 +8,10 @@ A frame of subject s showing expression y is
   an expression) and e_1..e_{K-1} orthogonal, of norm `expr_radius`;
 - R_s = exp(theta S) is a rotation near the identity (S a random skew-symmetric matrix scaled so
   that a unit vector turns by about theta radians), c_s = exp(scale * N(0, 1)) per axis, and
-  b_s ~ N(0, shift^2 / dim I), so that |b_s| is about `shift`: together the subject's style.
+  b_s = u + lean * e_k / |e_k| with u ~ N(0, shift^2 / dim I) (|u| about `shift`) and k a random
+  expressive class: together the subject's style. The lean is a resting face that looks like
+  expression k, the case the paper is about: a source model reads such a subject's neutral frames
+  as an expression, and only the neutral frames are there to correct it.
 
 Because e_0 = 0, a subject's neutral frames are centred on its own offset b_s: neutral frames
 reveal the shift (and, through their covariance, the scale) but not the rotation, which only

@@ -49,11 +49,12 @@ def eval_frames(cfg: Config, world: data.World, subject: data.Subject) -> tuple[
 
 def build_models(cfg: Config) -> dict[str, torch.nn.Module]:
     """Every network of the run, initialised from the seed; arm copies are overwritten when their phase starts."""
-    torch.manual_seed(cfg.seed)
-    encoder = Encoder(cfg.dim, cfg.hidden, cfg.feat)
-    classifier = torch.nn.Linear(cfg.feat, cfg.classes)
-    translator = Translator(cfg.feat, cfg.translator_hidden, residual=cfg.translator_residual,
-                            identity_init=cfg.translator_residual)
+    with torch.random.fork_rng(devices=[]):  # seeded initialisation without moving the caller's global RNG
+        torch.manual_seed(cfg.seed)
+        encoder = Encoder(cfg.dim, cfg.hidden, cfg.feat)
+        classifier = torch.nn.Linear(cfg.feat, cfg.classes)
+        translator = Translator(cfg.feat, cfg.translator_hidden, residual=cfg.translator_residual,
+                                identity_init=cfg.translator_residual)
     return {
         "encoder": encoder, "classifier": classifier, "translator": translator,
         "ft_encoder": copy.deepcopy(encoder), "ft_classifier": copy.deepcopy(classifier),

@@ -229,7 +229,7 @@ def _train(cfg: Config, run) -> dict[str, float]:
     def evaluate(arm: str, encoder, classifier, translator=None) -> None:
         x, y = method.eval_frames(cfg, world, target)  # the only read of target labels
         results[arm] = accuracy_report(predict(x, encoder, classifier, translator), y, cfg.classes)
-        run.report({f"eval/{k}/{arm}": v for k, v in results[arm].items()}, step=step)
+        run.report({**{f"eval/{k}/{arm}": v for k, v in results[arm].items()}, "progress": step / total}, step=step)
 
     def make_optimizer(phase: str) -> torch.optim.Optimizer:
         lr = {"source": cfg.source_lr, "translator": cfg.translator_lr}.get(phase, cfg.target_lr)
@@ -290,9 +290,8 @@ def _train(cfg: Config, run) -> dict[str, float]:
                 # Only the adapted translator may differ from what the phase started with.
                 diag[f"frozen_changed_by_{phase}"] = float(sum(
                     changed_tensors(frozen[n], nets[n]) for n in ("encoder", "classifier", "translator")))
-                start_state = frozen["translator"] if phase == "pft" else None
-                if start_state is not None:
-                    diag["translator_changed_by_pft"] = float(changed_tensors(start_state, nets["pft_translator"]))
+                if phase == "pft":
+                    diag["translator_changed_by_pft"] = float(changed_tensors(frozen["translator"], nets["pft_translator"]))
                 evaluate(phase, nets["encoder"], nets["classifier"], nets[f"{phase}_translator"])
         if step % cfg.log_every == 0 or local == length:
             now = time.perf_counter()
