@@ -12,8 +12,14 @@ compared with: the unadapted source model, the pre-trained translator before ada
 fine-tune of the source model towards 'neutral' on the same frames, and PFT from an untrained
 translator.
 
+The target subject's offset leans towards one expression (`target_lean`): a resting face that
+the source model reads as that expression, the failure that neutral frames can reveal and the
+setting the paper addresses. Without the lean, a subject whose offset makes its expressive
+frames look neutral gives neutral-only adaptation nothing to correct.
+
 The claims: on the target, PFT's accuracy beats the unadapted source model's and the plain
-fine-tune's, and PFT changes nothing but the translator.
+fine-tune's; without L_exp the translator collapses towards 'neutral'; and PFT changes nothing
+but the translator.
 """
 
 from workloads.pft.claims import CLAIMS, plot
