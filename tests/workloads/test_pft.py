@@ -1,0 +1,424 @@
+"""pft: the synthetic subjects' statistics, the style loss's gradient, what each phase may change,
+the neutral-only data path, bad configs, resumption, the claims and the smoke reproduction."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from orchestrator.run import LocalRun
+from workloads.pft import CLAIMS, Config, data, method, plot, smoke, train, validate
+from workloads.pft.claims import (
+    exp_loss_prevents_collapse, only_translator_adapted, pft_beats_finetune, pft_beats_source,
+)
+from workloads.pft.model import Encoder, Translator, changed_tensors, gram, style_distance
+from workloads.pft.workload import ARMS, phases
+
+
+def tiny(**kw) -> Config:
+    """Every phase in a few dozen steps: well under a second."""
+    base = dict(dim=8, source_subjects=3, frames_per_class=20, source_eval_per_class=5, target_neutral_frames=24,
+                target_eval_per_class=10, hidden=16, feat=8, translator_hidden=16, batch=16, source_steps=40,
+                translator_steps=30, target_steps=20, target_batch=8, log_every=10)
+    return Config(**{**base, **kw})
+
+
+class Recorder(LocalRun):
+    """A LocalRun that keeps a copy of every checkpoint it writes."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.saved: list[dict] = []
+
+    def save(self, state):
+        super().save(state)
+        self.saved.append(copy.deepcopy(state))
+
+
+def phase_end(cfg: Config, name: str) -> int:
+    total = 0
+    for phase, n in phases(cfg):
+        total += n
+        if phase == name:
+            return total
+    raise KeyError(name)
+
+
+# --- the synthetic subjects -------------------------------------------------------------------
+
+
+def test_prototypes_neutral_at_zero_and_orthogonal_expressions():
+    p = data.prototypes(5, 12, 3.0, data.generator(0, 0))
+    assert p.shape == (5, 12)
+    assert torch.count_nonzero(p[0]) == 0
+    torch.testing.assert_close(p[1:] @ p[1:].T, 9.0 * torch.eye(4), atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="need dim >= 5"):
+        data.prototypes(6, 4, 1.0, data.generator(0, 0))
+
+
+def test_subject_style_magnitudes():
+    protos = data.prototypes(4, 32, 3.0, data.generator(1, 0))
+    subjects = [data.random_subject(protos, rotation=0.2, scale=0.3, shift=4.0, lean=0.0, gen=data.generator(1, 1, i))
+                for i in range(60)]
+    for s in subjects[:5]:
+        torch.testing.assert_close(s.rotation @ s.rotation.T, torch.eye(32), atol=1e-5, rtol=0)
+        assert float(torch.linalg.det(s.rotation)) == pytest.approx(1.0, abs=1e-4)
+    v = torch.randn(200, 32, generator=torch.Generator().manual_seed(0))
+    v = v / v.norm(dim=1, keepdim=True)
+    turn = torch.stack([((v @ s.rotation.T) - v).norm(dim=1).mean() for s in subjects]).mean()
+    assert float(turn) == pytest.approx(0.2, rel=0.15)  # |Rv - v| ~ angle for small angles
+    log_scales = torch.cat([s.scale.log() for s in subjects])
+    assert float(log_scales.std()) == pytest.approx(0.3, rel=0.1)
+    shift_norm = torch.stack([s.shift.norm() for s in subjects]).pow(2).mean().sqrt()
+    assert float(shift_norm) == pytest.approx(4.0, rel=0.1)
+
+
+def test_lean_moves_the_offset_onto_one_expression():
+    protos = data.prototypes(4, 16, 3.0, data.generator(2, 0))
+    for i in range(10):
+        s = data.random_subject(protos, rotation=0.1, scale=0.1, shift=0.0, lean=2.5, gen=data.generator(2, 1, i))
+        along = protos[1:] @ s.shift / 3.0  # offset's coordinate along each expressive direction
+        assert float(along.max()) == pytest.approx(2.5, abs=1e-5)
+        assert float(along.abs().sort().values[:-1].max()) < 1e-5
+        assert float(s.shift.norm()) == pytest.approx(2.5, abs=1e-5)
+
+
+def test_frames_follow_the_subject_affine_style():
+    protos = data.prototypes(4, 10, 3.0, data.generator(3, 0))
+    s = data.random_subject(protos, rotation=0.3, scale=0.2, shift=3.0, lean=1.0, gen=data.generator(3, 1))
+    n = 20000
+    for k in range(4):
+        x = data.sample(s, protos, torch.full((n,), k), 0.5, data.generator(3, 2, k))
+        expected_mean = s.matrix @ protos[k] + s.shift
+        assert float((x.mean(0) - expected_mean).norm()) < 0.05
+        expected_cov = 0.25 * s.matrix @ s.matrix.T
+        assert float((torch.cov(x.T) - expected_cov).abs().max()) < 0.03
+
+
+def test_target_neutral_frames_are_unlabelled_neutral_draws_of_their_own_stream():
+    cfg = tiny()
+    world = method.make_world(cfg)
+    target = method.make_target(cfg, world)
+    neutral = method.neutral_frames(cfg, world, target)
+    assert neutral.shape == (cfg.target_neutral_frames, cfg.dim)
+    expected = data.sample(target, world.protos, torch.zeros(cfg.target_neutral_frames, dtype=torch.long), cfg.noise,
+                           data.generator(cfg.seed, 5, cfg.target))
+    assert torch.equal(neutral, expected)
+    # Neutral is e_0 = 0, so the frames centre on the subject's own offset.
+    big = data.target_neutral(target, world.protos, seed=0, index=0, frames=20000, noise=cfg.noise)
+    assert float((big.mean(0) - target.shift).norm()) < 0.05
+    # Evaluation frames are another stream: more of them leave the neutral frames alone.
+    more = dataclasses.replace(cfg, target_eval_per_class=50)
+    assert torch.equal(method.neutral_frames(more, world, method.make_target(more, world)), neutral)
+    other = dataclasses.replace(cfg, target=1)
+    assert not torch.equal(method.neutral_frames(other, world, method.make_target(other, world)), neutral)
+
+
+def test_world_shapes_and_seeding():
+    cfg = tiny()
+    w = method.make_world(cfg)
+    assert w.source_x.shape == (3, 4, 20, 8)
+    assert w.source_eval_x.shape == (3 * 4 * 5, 8) and w.source_eval_y.shape == (60,)
+    assert torch.equal(method.make_world(cfg).source_x, w.source_x)
+    assert not torch.equal(method.make_world(dataclasses.replace(cfg, seed=1)).source_x, w.source_x)
+
+
+def test_pairs_come_from_two_subjects_with_different_expressions():
+    cfg = tiny(source_subjects=4)
+    w = method.make_world(cfg)
+    flat = w.source_x.reshape(-1, cfg.dim)
+    n = cfg.frames_per_class
+    for i in range(20):
+        x1, x2 = method.pair_batch(w, 16, torch.Generator().manual_seed(i))
+        where = [torch.cdist(x, flat).argmin(1) for x in (x1, x2)]
+        subj = [idx // (cfg.classes * n) for idx in where]
+        label = [(idx // n) % cfg.classes for idx in where]
+        assert len(set(subj[0].tolist())) == 1 and len(set(subj[1].tolist())) == 1
+        assert subj[0][0] != subj[1][0]
+        assert bool((label[0] != label[1]).all())
+
+
+# --- the losses -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["gram", "meanvar", "moments"])
+def test_style_loss_gradient_reaches_every_translator_parameter(kind):
+    cfg = tiny(style_loss=kind)
+    nets = method.build_models(cfg)
+    torch.nn.init.normal_(nets["translator"].out.weight, std=0.1)  # off the identity start, so W1 gets a gradient too
+    x1, x2 = torch.randn(16, 8), torch.randn(16, 8) + 2.0
+    _, l_style = method.translator_losses(cfg, x1, x2, nets["encoder"], nets["classifier"], nets["translator"])
+    assert l_style.requires_grad
+    grads = torch.autograd.grad(l_style, list(nets["translator"].parameters()), retain_graph=True)
+    assert all(float(g.abs().max()) > 0 for g in grads), [float(g.abs().max()) for g in grads]
+    # The source model gets nothing from the style loss: its features are computed without a graph.
+    source_params = [p for n in ("encoder", "classifier") for p in nets[n].parameters()]
+    assert all(g is None for g in torch.autograd.grad(l_style, source_params, allow_unused=True))
+
+
+def test_released_style_loss_on_frozen_features_gives_the_translator_nothing():
+    cfg = tiny(style_through_translator=False)
+    nets = method.build_models(cfg)
+    x1, x2 = torch.randn(16, 8), torch.randn(16, 8) + 2.0
+    l_exp, l_style = method.translator_losses(cfg, x1, x2, nets["encoder"], nets["classifier"], nets["translator"])
+    assert float(l_style) > 0 and not l_style.requires_grad  # a value, but a constant for T
+    assert l_exp.requires_grad
+
+
+def test_style_distances_vanish_for_one_style_and_see_an_affine_change():
+    h = torch.randn(256, 6, generator=torch.Generator().manual_seed(0))
+    for kind in ("gram", "meanvar", "moments"):
+        assert float(style_distance(h, h.clone(), kind)) == 0.0
+        assert float(style_distance(h, 1.5 * h + 1.0, kind)) > 0.01
+    torch.testing.assert_close(gram(h), h.T @ h / (256 * 6))
+
+
+def test_translator_starts_as_the_identity():
+    t = Translator(8, 16)
+    h = torch.randn(5, 8)
+    assert torch.equal(t(h), h)
+    assert not torch.equal(Translator(8, 16, residual=False, identity_init=False)(h), h)
+
+
+def test_changed_tensors_sees_a_single_ulp():
+    net = Encoder(4, 8, 4)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    assert changed_tensors(before, net) == 0
+    with torch.no_grad():
+        w = net.net[0].weight
+        w[0, 0] = torch.nextafter(w[0, 0], torch.tensor(math.inf))
+    assert changed_tensors(before, net) == 1
+
+
+# --- what each phase changes ------------------------------------------------------------------
+
+
+def test_adaptation_changes_only_the_translator(tmp_path):
+    cfg = tiny()
+    run = Recorder(tmp_path)
+    out = train(cfg, run)
+    by_step = {s["step"]: s["nets"] for s in run.saved}
+    before, after = by_step[phase_end(cfg, "finetune")], by_step[phase_end(cfg, "pft")]
+    for name in ("encoder", "classifier", "translator"):
+        for k, v in before[name].items():
+            assert torch.equal(v, after[name][k]), f"{name}.{k} changed during PFT"
+    moved = [k for k, v in before["translator"].items() if not torch.equal(v, after["pft_translator"][k])]
+    assert len(moved) == len(before["translator"])  # every tensor of the adapted translator moved
+    # The source model is also untouched by translator pretraining and by the plain fine-tune.
+    source_end = by_step[phase_end(cfg, "source")]
+    for name in ("encoder", "classifier"):
+        for k, v in source_end[name].items():
+            assert torch.equal(v, after[name][k])
+    assert any(not torch.equal(v, after["ft_encoder"][k]) for k, v in source_end["encoder"].items())
+    assert out["diag/frozen_changed_by_pft"] == 0.0 and out["diag/translator_changed_by_pft"] == 4.0
+    assert out["diag/frozen_changed_by_pretraining"] == 0.0
+
+
+@pytest.mark.parametrize("which, moves", [("classifier", ("ft_classifier",)), ("encoder", ("ft_encoder",)),
+                                          ("model", ("ft_encoder", "ft_classifier"))])
+def test_finetune_updates_what_it_says(tmp_path, which, moves):
+    cfg = tiny(finetune_params=which, scratch_arm=False, no_exp_arm=False)
+    run = Recorder(tmp_path)
+    train(cfg, run)
+    end = run.saved[-1]["nets"]
+    for name in ("ft_encoder", "ft_classifier"):
+        source = end[name.removeprefix("ft_")]
+        changed = any(not torch.equal(v, end[name][k]) for k, v in source.items())
+        assert changed == (name in moves), name
+
+
+# --- the neutral-only data path ---------------------------------------------------------------
+
+
+def test_adaptation_sees_only_the_neutral_frames(tmp_path, monkeypatch):
+    cfg = tiny()
+    seen = []
+    real_pft, real_ft = method.pft_loss, method.finetune_loss
+    monkeypatch.setattr(method, "pft_loss", lambda x, *a, **k: (seen.append(x), real_pft(x, *a, **k))[1])
+    monkeypatch.setattr(method, "finetune_loss", lambda x, *a, **k: (seen.append(x), real_ft(x, *a, **k))[1])
+    train(cfg, LocalRun(tmp_path))
+    world = method.make_world(cfg)
+    neutral = method.neutral_frames(cfg, world, method.make_target(cfg, world))
+    assert len(seen) == 4 * cfg.target_steps  # finetune, pft, scratch, no_exp
+    rows = torch.cat(seen)
+    assert bool((rows[:, None, :] == neutral[None]).all(-1).any(1).all())  # every adaptation frame is a neutral frame
+
+
+def test_target_labels_cannot_change_adaptation(tmp_path, monkeypatch):
+    cfg = tiny()
+    honest = Recorder(tmp_path / "honest")
+    train(cfg, honest)
+    real = method.eval_frames
+    calls = []
+
+    def scrambled(c, world, target):
+        calls.append(1)
+        x, y = real(c, world, target)
+        return x, (y + 1) % c.classes  # every label wrong
+
+    monkeypatch.setattr(method, "eval_frames", scrambled)
+    lied = Recorder(tmp_path / "lied")
+    train(cfg, lied)
+    for name in ("pft_translator", "scratch_translator", "no_exp_translator", "ft_encoder", "ft_classifier"):
+        for k, v in honest.saved[-1]["nets"][name].items():
+            assert torch.equal(v, lied.saved[-1]["nets"][name][k]), name
+    assert len(calls) == len(ARMS)  # evaluation, and only evaluation, read the scrambled labels
+    assert lied.saved[-1]["results"] != honest.saved[-1]["results"]
+
+
+# --- the loop ---------------------------------------------------------------------------------
+
+
+def test_reports_every_arm_and_progress(tmp_path):
+    run = LocalRun(tmp_path)
+    out = train(tiny(), run)
+    for arm in ARMS:
+        for key in ("acc", "recall_neutral", "recall_expr"):
+            assert 0.0 <= out[f"eval/{key}/{arm}"] <= 1.0
+    assert 0.0 <= out["diag/source_acc"] <= 1.0
+    progress = [m["progress"] for _, m in run.history if "progress" in m]
+    assert progress == sorted(progress) and progress[-1] == 1.0
+
+
+def test_arms_can_be_left_out(tmp_path):
+    out = train(tiny(scratch_arm=False, no_exp_arm=False), LocalRun(tmp_path))
+    assert "eval/acc/scratch" not in out and "eval/acc/no_exp" not in out and "eval/acc/pft" in out
+
+
+def test_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
+    cfg = tiny(checkpoint_every_frac=0.1)
+    whole = train(cfg, LocalRun(tmp_path / "whole"))
+    # Killed right after a mid-phase checkpoint (optimizer state restored) and after a phase end.
+    for cut_after in (2, 5):
+        class Dies(LocalRun):
+            saves = 0
+
+            def save(self, state):
+                super().save(state)
+                Dies.saves += 1
+                if Dies.saves == cut_after:
+                    raise KeyboardInterrupt
+
+        folder = tmp_path / f"cut{cut_after}"
+        with pytest.raises(KeyboardInterrupt):
+            train(cfg, Dies(folder))
+        resumed = LocalRun(folder)
+        again = train(cfg, resumed)
+        assert resumed.restored_step and resumed.restored_step > 0
+        assert again.keys() == whole.keys()
+        for key in whole:
+            if not key.startswith("perf/"):
+                assert again[key] == whole[key], key
+
+
+def test_train_restores_torch_threads(tmp_path):
+    before = torch.get_num_threads()
+    train(tiny(source_steps=2, translator_steps=2, target_steps=2), LocalRun(tmp_path))
+    assert torch.get_num_threads() == before
+
+
+# --- configs ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"classes": 1}, "classes must be at least 2"),
+    ({"classes": 40}, "needs dim >= 39"),
+    ({"source_subjects": 1}, "translator pairs need two different subjects"),
+    ({"target": -1}, "target is a subject index"),
+    ({"noise": 0.0}, "noise must be positive"),
+    ({"target_lr": -1e-3}, "target_lr must be positive"),
+    ({"target_shift": -1.0}, "target_shift must be non-negative"),
+    ({"style_weight": -1.0}, "style_weight must be non-negative"),
+    ({"exp_loss": "l1"}, "exp_loss must be"),
+    ({"style_loss": "adain"}, "style_loss must be"),
+    ({"finetune_params": "all"}, "finetune_params must be"),
+    ({"style_loss": "moments", "batch": 1}, "batch >= 2"),
+    ({"target_steps": 0}, "target_steps must be positive"),
+    ({"target_neutral_frames": 0}, "target_neutral_frames must be positive"),
+    ({"checkpoint_every_frac": 0.0}, "checkpoint_every_frac must lie in"),
+    ({"threads": -1}, "threads must be"),
+])
+def test_bad_configs_name_the_problem(change, message):
+    with pytest.raises(ValueError, match=message):
+        validate(dataclasses.replace(Config(), **change))
+
+
+def test_more_than_one_worker_is_refused():
+    with pytest.raises(ValueError, match="workers=1"):
+        validate(Config(), world_size=2)
+
+
+def test_smoke_and_default_configs_are_valid():
+    validate(smoke())
+    validate(Config())
+
+
+# --- claims -----------------------------------------------------------------------------------
+
+
+def trial(target, *, source=0.6, finetune=0.7, pft=0.8, expr_pft=0.9, expr_no_exp=0.4, frozen=0.0, moved=4.0, **cfg):
+    t = {"seed": 0, "target": target, "dim": 16, **cfg, "trial_id": f"t{target}",
+         "diag/frozen_changed_by_pft": frozen, "diag/translator_changed_by_pft": moved}
+    for arm, acc, expr in (("source", source, 0.8), ("finetune", finetune, 0.6), ("pft", pft, expr_pft),
+                           ("no_exp", 0.5, expr_no_exp), ("translator", source, 0.8), ("scratch", pft, expr_pft)):
+        t[f"eval/acc/{arm}"], t[f"eval/recall_expr/{arm}"] = acc, expr
+    return t
+
+
+def test_claims_hold_on_the_papers_pattern():
+    trials = [trial(0), trial(1, source=0.7, finetune=0.75, pft=0.78)]
+    results = {c.__name__: c(trials) for c in CLAIMS}
+    assert all(holds for holds, _ in results.values()), results
+    assert results["pft_beats_source"][1]["gain"] == pytest.approx(0.14)
+    assert results["pft_beats_finetune"][1]["wins"] == 1.0
+    assert results["exp_loss_prevents_collapse"][1]["min_drop"] == pytest.approx(0.5)
+
+
+def test_claims_fail_when_the_pattern_is_absent():
+    assert not pft_beats_source([trial(0, source=0.78), trial(1, source=0.8)])[0]
+    assert not pft_beats_finetune([trial(0, finetune=0.8), trial(1, finetune=0.79)])[0]
+    assert not exp_loss_prevents_collapse([trial(0, expr_no_exp=0.8)])[0]
+    assert not only_translator_adapted([trial(0), trial(1, frozen=1.0)])[0]
+    assert not only_translator_adapted([trial(0, moved=0.0)])[0]
+
+
+def test_claims_are_judged_per_setting():
+    good = [trial(0, dim=16), trial(1, dim=16)]
+    bad = [trial(0, dim=32, source=0.79), trial(1, dim=32, source=0.79)]
+    holds, measured = pft_beats_source(good + bad)
+    assert not holds
+    assert measured["gain[dim=16]"] == pytest.approx(0.2) and measured["gain[dim=32]"] == pytest.approx(0.01)
+    assert measured["min_gain"] == pytest.approx(0.01)
+
+
+def test_a_missing_arm_is_an_error_not_a_pass():
+    t = trial(0)
+    del t["eval/recall_expr/no_exp"]
+    with pytest.raises(ValueError, match="no_arm|did not run"):
+        exp_loss_prevents_collapse([t])
+
+
+def test_plot_writes_a_png(tmp_path):
+    path = tmp_path / "claims.png"
+    plot([trial(0), trial(1, pft=0.7)], path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- the reproduction -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_smoke_reproduction_holds(workdir):
+    from orchestrator.reproduce import reproduce
+
+    rep = reproduce("pft", smoke=True, local=True)
+    assert not rep.failed_trials
+    assert len(rep.trials) == 8
+    assert sorted((t["seed"], t["target"]) for t in rep.trials) == [(s, t) for s in (0, 1) for t in range(4)]
+    assert rep.holds, [(c.name, c.measured, c.error) for c in rep.claims]
+    for claim in rep.claims:
+        assert claim.measured and all(math.isfinite(v) for v in claim.measured.values()), claim

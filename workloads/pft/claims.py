@@ -1,0 +1,128 @@
+"""The paper's claims over a reproduction sweep (target subjects x seeds, per setting), and its plot.
+
+Every trial is one target subject; it carries all arms of the comparison, trained from the same
+source model on the same neutral frames, so the comparisons are paired. A setting is everything
+in a trial's config but its seed and target subject; each claim is judged per setting, on the
+mean over that setting's trials (the paper's own per-dataset average over target subjects), and
+must hold in every setting.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from workloads.pft.workload import ARMS
+
+SOURCE_MARGIN = 0.05
+"""PFT's mean target accuracy must exceed the unadapted source model's by this much."""
+FINETUNE_MARGIN = 0.03
+"""PFT's mean target accuracy must exceed the plain neutral fine-tune's by this much."""
+COLLAPSE_MARGIN = 0.2
+"""Without L_exp the non-neutral recall must fall at least this far below PFT's."""
+
+_PER_TRIAL = {"seed", "target", "trial_id"}
+
+
+def settings(trials: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
+    """Trials grouped by their config minus seed and target (metric keys hold a '/', config fields do not)."""
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for t in trials:
+        key = tuple(sorted((k, repr(v)) for k, v in t.items() if "/" not in k and k not in _PER_TRIAL))
+        groups[key].append(t)
+    if not groups:
+        raise ValueError("no trials to judge")
+    return dict(groups)
+
+
+def _label(key: tuple, groups: dict[tuple, list]) -> str:
+    """A short name for a setting: the fields that differ between settings (empty with one setting)."""
+    if len(groups) == 1:
+        return ""
+    varying = [k for k, v in key if len({dict(g)[k] for g in groups}) > 1]
+    return "[" + ",".join(f"{k}={dict(key)[k]}" for k in varying) + "]"
+
+
+def _mean(trials: list[dict[str, Any]], key: str) -> float:
+    missing = [t.get("trial_id", "?") for t in trials if key not in t]
+    if missing:
+        raise ValueError(f"trials {missing} have no {key!r}: the arm did not run (check the *_arm fields)")
+    return sum(float(t[key]) for t in trials) / len(trials)
+
+
+def _compare(trials: list[dict[str, Any]], arm: str, margin: float) -> tuple[bool, dict[str, float]]:
+    groups = settings(trials)
+    measured: dict[str, float] = {}
+    gains = []
+    for key, group in groups.items():
+        name = _label(key, groups)
+        pft, other = _mean(group, "eval/acc/pft"), _mean(group, f"eval/acc/{arm}")
+        gains.append(pft - other)
+        measured[f"pft{name}"] = pft
+        measured[f"{arm}{name}"] = other
+        measured[f"gain{name}"] = pft - other
+        measured[f"wins{name}"] = sum(float(t["eval/acc/pft"]) > float(t[f"eval/acc/{arm}"]) for t in group) / len(group)
+        measured[f"recall_expr_pft{name}"] = _mean(group, "eval/recall_expr/pft")
+        measured[f"recall_expr_{arm}{name}"] = _mean(group, f"eval/recall_expr/{arm}")
+    measured["min_gain"] = min(gains)
+    return measured["min_gain"] >= margin, measured
+
+
+def pft_beats_source(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
+    """After adaptation on neutral frames, PFT's mean target accuracy beats the unadapted source model's by >= 0.05."""
+    return _compare(trials, "source", SOURCE_MARGIN)
+
+
+def pft_beats_finetune(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
+    """PFT's mean target accuracy beats a plain fine-tune towards 'neutral' on the same frames and budget by >= 0.03."""
+    return _compare(trials, "finetune", FINETUNE_MARGIN)
+
+
+def exp_loss_prevents_collapse(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
+    """Without L_exp in the target phase the translator collapses towards 'neutral': non-neutral recall falls >= 0.2 below PFT's."""
+    groups = settings(trials)
+    measured: dict[str, float] = {}
+    drops = []
+    for key, group in groups.items():
+        name = _label(key, groups)
+        pft, ablated = _mean(group, "eval/recall_expr/pft"), _mean(group, "eval/recall_expr/no_exp")
+        drops.append(pft - ablated)
+        measured[f"recall_expr_pft{name}"] = pft
+        measured[f"recall_expr_no_exp{name}"] = ablated
+    measured["min_drop"] = min(drops)
+    return measured["min_drop"] >= COLLAPSE_MARGIN, measured
+
+
+def only_translator_adapted(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
+    """PFT's adaptation changes the translator and leaves every other parameter and buffer bit-identical."""
+    frozen = [float(t["diag/frozen_changed_by_pft"]) for t in trials]
+    moved = [float(t["diag/translator_changed_by_pft"]) for t in trials]
+    measured = {"max_frozen_tensors_changed": max(frozen), "min_translator_tensors_changed": min(moved)}
+    return measured["max_frozen_tensors_changed"] == 0 and measured["min_translator_tensors_changed"] > 0, measured
+
+
+CLAIMS = [pft_beats_source, pft_beats_finetune, exp_loss_prevents_collapse, only_translator_adapted]
+
+
+def plot(trials: list[dict[str, Any]], path: str | Path) -> None:
+    """Target accuracy and non-neutral recall per arm: bars are means, dots single target subjects."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = [a for a in ARMS if any(f"eval/acc/{a}" in t for t in trials)]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for ax, (metric, title) in zip(axes, (("acc", "target accuracy"), ("recall_expr", "non-neutral recall"))):
+        for i, arm in enumerate(arms):
+            values = [float(t[f"eval/{metric}/{arm}"]) for t in trials if f"eval/{metric}/{arm}" in t]
+            ax.bar(i, sum(values) / len(values), color="tab:orange" if arm == "pft" else "tab:gray", alpha=0.7)
+            ax.plot([i] * len(values), values, "k.", markersize=4)
+        ax.set_xticks(range(len(arms)), arms, rotation=20)
+        ax.set(title=title, ylim=(0, 1))
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle(f"PFT on {len(trials)} target subjects")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

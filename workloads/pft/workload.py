@@ -1,0 +1,310 @@
+"""pft: Config, and the loop of the four phases and their arms (see the package docstring)."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from workloads.pft import method
+from workloads.pft.model import accuracy_report, changed_tensors, freeze, predict
+
+ARMS = ("source", "translator", "finetune", "pft", "scratch", "no_exp")
+"""Evaluated arms: the unadapted source model, the pretrained translator before adaptation, the
+plain fine-tune on neutral frames, PFT, PFT from an untrained (identity) translator, and PFT
+without L_exp in the target phase."""
+
+
+@dataclass(frozen=True)
+class Config:
+    dim: int = 32
+    """Dimension of the latent frames."""
+    classes: int = 4
+    """Expression classes K; class 0 is neutral (needs classes - 1 <= dim)."""
+    expr_radius: float = 3.0
+    """Distance of every expressive prototype from the neutral one (e_0 = 0)."""
+    noise: float = 0.5
+    """Std of the per-frame latent noise (before the subject's style)."""
+    source_subjects: int = 8
+    """Source subjects, every expression labelled."""
+    frames_per_class: int = 100
+    """Training frames per source subject and class."""
+    source_eval_per_class: int = 25
+    """Held-out frames per source subject and class, for the source model's own accuracy."""
+    style_rotation: float = 0.3
+    """Source styles: typical rotation angle (radians) of R_s."""
+    style_scale: float = 0.2
+    """Source styles: std of the per-axis log-scales."""
+    style_shift: float = 3.0
+    """Source styles: typical norm of the random part of the offset b_s."""
+    style_lean: float = 0.0
+    """Source styles: part of b_s along one random expressive prototype (a resting face that looks
+    like that expression)."""
+    target: int = 0
+    """Index of the held-out target subject (each index is a different subject of the same seed)."""
+    target_rotation: float = 0.3
+    """Target style: typical rotation angle; neutral frames cannot reveal it."""
+    target_scale: float = 0.2
+    """Target style: std of the per-axis log-scales."""
+    target_shift: float = 4.0
+    """Target style: typical norm of the random part of the offset, larger than the sources'."""
+    target_lean: float = 2.5
+    """Target style: part of the offset along one random expressive prototype, so that the source
+    model reads the target's neutral face as that expression (the case neutral frames can reveal)."""
+    target_neutral_frames: int = 200
+    """Unlabelled neutral frames of the target: the only target data adaptation sees."""
+    target_eval_per_class: int = 200
+    """Labelled target frames per class, used only to evaluate."""
+    hidden: int = 128
+    """Encoder hidden width."""
+    feat: int = 64
+    """Feature width (the space the translator works in)."""
+    translator_hidden: int = 128
+    """Translator MLP hidden width."""
+    translator_residual: bool = True
+    """T(h) = h + MLP(h) (True, starting at the identity) or MLP(h) as in the released FeatureTranslator
+    (False); the released code's MLP has no skip, a reconstruction choice for a latent translator."""
+    batch: int = 64
+    """Source-model batch, and frames per subject of each translator pair."""
+    source_steps: int = 1500
+    """Adam steps of the source model (F and C, cross-entropy on every source frame)."""
+    source_lr: float = 1e-3
+    """Source-model learning rate."""
+    translator_steps: int = 1500
+    """Adam steps of translator pretraining on source subject pairs (F and C frozen)."""
+    translator_lr: float = 1e-4
+    """Translator pretraining learning rate, the released code's 1e-4. Pretrained at 1e-3 over the
+    default 1,500 steps, the translator adapted badly in the 32-d world (PFT 0.47 against the
+    source model's 0.51 over 8 target subjects; its logits were not inflated, the cause is open)."""
+    exp_loss: Literal["ce", "mse", "kl"] = "ce"
+    """L_exp: cross-entropy against the frozen model's argmax (the released default), logit MSE, or KL."""
+    style_loss: Literal["gram", "meanvar", "moments"] = "gram"
+    """L_style between a batch of subject s1 and the translated batch of s2: Gram matrices over the
+    subject's frames (the released code's Gram, frames standing in for positions), mean/std, or
+    mean/covariance; vectors have no spatial positions, so this is a reconstruction."""
+    style_through_translator: bool = True
+    """True: the style of the *translated* features T(F(x2)) is matched, so L_style trains T (the
+    paper's intent). False: the released train_source.py, which matches the frozen F(x2), a
+    constant that gives T no gradient."""
+    exp_weight: float = 1.0
+    """Weight of L_exp in translator pretraining (loss weights are not published)."""
+    style_weight: float = 1.0
+    """Weight of L_style in translator pretraining (loss weights are not published)."""
+    target_steps: int = 300
+    """Adam steps of each adaptation arm (fine-tune, PFT, PFT from scratch) on the neutral frames."""
+    target_lr: float = 3e-4
+    """Learning rate of every adaptation arm (the released code: 1e-4 for 25 epochs)."""
+    target_batch: int = 32
+    """Neutral frames per adaptation step (32 in the released code)."""
+    target_exp_weight: float = 1.0
+    """Weight of L_exp(C(F(x)), C(T(F(x)))) next to the neutral cross-entropy when adapting T
+    (the released code adds the two with weight 1; 0 drops it)."""
+    finetune_params: Literal["model", "classifier", "encoder"] = "model"
+    """What the plain fine-tune updates with cross-entropy towards 'neutral' on the neutral frames:
+    the whole source model F and C ('model'), only C, or only F. It has PFT's steps, batch and lr."""
+    scratch_arm: bool = True
+    """Also run PFT from an untrained identity translator (no source pretraining), an ablation."""
+    no_exp_arm: bool = True
+    """Also run PFT without L_exp in the target phase (neutral cross-entropy alone), an ablation."""
+    log_every: int = 50
+    """Report the training loss every this many steps."""
+    checkpoint_every_frac: float = 0.25
+    """Save a checkpoint at every multiple of this training fraction, and at every phase's end."""
+    threads: int = 1
+    """Intra-op CPU threads during the run (0 leaves torch's setting): these tensors are tiny."""
+    seed: int = 0
+    """Seed of the prototypes, the source and target subjects, the frames and the initialisation."""
+
+
+def smoke() -> Config:
+    """A CPU-sized run: 16-d frames, 6 source subjects, a few hundred steps per phase, ~1-2 s."""
+    return Config(
+        dim=16, source_subjects=6, frames_per_class=60, source_eval_per_class=10, target_neutral_frames=100,
+        target_eval_per_class=100, hidden=64, feat=32, translator_hidden=64, source_steps=600,
+        translator_steps=500, target_steps=300,
+    )
+
+
+def phases(cfg: Config) -> list[tuple[str, int]]:
+    """(phase, steps) in the order they run; the step counter runs on across phases."""
+    out = [("source", cfg.source_steps), ("translator", cfg.translator_steps),
+           ("finetune", cfg.target_steps), ("pft", cfg.target_steps)]
+    if cfg.scratch_arm:
+        out.append(("scratch", cfg.target_steps))
+    if cfg.no_exp_arm:
+        out.append(("no_exp", cfg.target_steps))
+    return out
+
+
+def validate(cfg: Config, world_size: int = 1) -> None:
+    """Checks that need no training: raised before anything is launched."""
+    if world_size != 1:
+        raise ValueError(f"pft runs on one worker (the problem is small); got world_size={world_size}: use workers=1")
+    for name in ("dim", "source_subjects", "frames_per_class", "source_eval_per_class", "target_neutral_frames",
+                 "target_eval_per_class", "hidden", "feat", "translator_hidden", "batch", "source_steps",
+                 "translator_steps", "target_steps", "target_batch", "log_every"):
+        if getattr(cfg, name) <= 0:
+            raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
+    if cfg.classes < 2:
+        raise ValueError(f"classes must be at least 2 (neutral and one expression), got {cfg.classes}")
+    if cfg.classes - 1 > cfg.dim:
+        raise ValueError(f"classes={cfg.classes} needs dim >= {cfg.classes - 1} for orthogonal expression prototypes, got dim={cfg.dim}")
+    if cfg.source_subjects < 2:
+        raise ValueError(f"source_subjects={cfg.source_subjects}: translator pairs need two different subjects, use >= 2")
+    if cfg.target < 0:
+        raise ValueError(f"target is a subject index, must be >= 0, got {cfg.target}")
+    for name in ("expr_radius", "noise", "source_lr", "translator_lr", "target_lr"):
+        if not getattr(cfg, name) > 0:
+            raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
+    for name in ("style_rotation", "style_scale", "style_shift", "target_rotation", "target_scale", "target_shift",
+                 "exp_weight", "style_weight", "target_exp_weight"):
+        if not getattr(cfg, name) >= 0:
+            raise ValueError(f"{name} must be non-negative, got {getattr(cfg, name)}")
+    if cfg.exp_loss not in ("ce", "mse", "kl"):
+        raise ValueError(f"exp_loss must be 'ce', 'mse' or 'kl', got {cfg.exp_loss!r}")
+    if cfg.style_loss not in ("gram", "meanvar", "moments"):
+        raise ValueError(f"style_loss must be 'gram', 'meanvar' or 'moments', got {cfg.style_loss!r}")
+    if cfg.finetune_params not in ("model", "classifier", "encoder"):
+        raise ValueError(f"finetune_params must be 'model', 'classifier' or 'encoder', got {cfg.finetune_params!r}")
+    if cfg.style_loss != "gram" and cfg.batch < 2:
+        raise ValueError(f"style_loss={cfg.style_loss!r} needs a spread over the batch: use batch >= 2, got {cfg.batch}")
+    if not 0 < cfg.checkpoint_every_frac <= 1:
+        raise ValueError(f"checkpoint_every_frac must lie in (0, 1], got {cfg.checkpoint_every_frac}")
+    if cfg.threads < 0:
+        raise ValueError(f"threads must be >= 0 (0: torch's own setting), got {cfg.threads}")
+
+
+def locate(plan: list[tuple[str, int]], step: int) -> tuple[str, int, int]:
+    """(phase, step within it counting from 1, its length) of global step `step` (from 1)."""
+    for name, n in plan:
+        if step <= n:
+            return name, step, n
+        step -= n
+    raise ValueError(f"step {step} lies past the plan")
+
+
+def fractions(total: int, frac: float) -> set[int]:
+    return {min(total, max(1, round(j * frac * total))) for j in range(1, math.ceil(1 / frac) + 1)}
+
+
+def snapshot(net: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in net.state_dict().items()}
+
+
+def train(cfg: Config, run) -> dict[str, float]:
+    validate(cfg, run.world_size)
+    previous = torch.get_num_threads()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    try:
+        return _train(cfg, run)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _train(cfg: Config, run) -> dict[str, float]:
+    world = method.make_world(cfg)
+    target = method.make_target(cfg, world)
+    neutral = method.neutral_frames(cfg, world, target)  # [n, dim], no labels: the adaptation data
+    nets = method.build_models(cfg)
+    plan = phases(cfg)
+    total = sum(n for _, n in plan)
+    save_at = fractions(total, cfg.checkpoint_every_frac)
+    gen = torch.Generator().manual_seed(cfg.seed)  # minibatch draws, checkpointed with the rest
+
+    results: dict[str, dict[str, float]] = {}  # arm -> accuracy report on the target
+    diag: dict[str, float] = {}
+    frozen: dict[str, dict[str, torch.Tensor]] = {}  # nets as they were when they were frozen
+    start, opt_state = 0, None
+    state = run.restore()
+    if state is not None:
+        for name, sd in state["nets"].items():
+            nets[name].load_state_dict(sd)
+        gen.set_state(state["gen"])
+        results, diag, frozen, start, opt_state = state["results"], state["diag"], state["frozen"], state["step"], state["optimizer"]
+    for name in frozen:
+        freeze(nets[name])
+
+    def evaluate(arm: str, encoder, classifier, translator=None) -> None:
+        x, y = method.eval_frames(cfg, world, target)  # the only read of target labels
+        results[arm] = accuracy_report(predict(x, encoder, classifier, translator), y, cfg.classes)
+        run.report({**{f"eval/{k}/{arm}": v for k, v in results[arm].items()}, "progress": step / total}, step=step)
+
+    def make_optimizer(phase: str) -> torch.optim.Optimizer:
+        lr = {"source": cfg.source_lr, "translator": cfg.translator_lr}.get(phase, cfg.target_lr)
+        return torch.optim.Adam(method.phase_params(cfg, phase, nets), lr=lr)
+
+    optimizer = None
+    if opt_state is not None and start < total and locate(plan, start + 1)[1] > 1:
+        optimizer = make_optimizer(locate(plan, start + 1)[0])  # resumed mid-phase
+        optimizer.load_state_dict(opt_state)
+    loss_value, window_start, window_steps, steps_per_s = math.nan, time.perf_counter(), 0, math.nan
+    step = start
+    for step in range(start + 1, total + 1):
+        phase, local, length = locate(plan, step)
+        if local == 1:  # a phase starts: set up its networks and a fresh optimizer
+            if phase == "finetune":
+                nets["ft_encoder"].load_state_dict(nets["encoder"].state_dict())
+                nets["ft_classifier"].load_state_dict(nets["classifier"].state_dict())
+            elif phase == "pft":
+                nets["pft_translator"].load_state_dict(nets["translator"].state_dict())
+            optimizer = make_optimizer(phase)
+
+        if phase == "source":
+            x, y = method.source_batch(world, cfg.batch, gen)
+            loss = torch.nn.functional.cross_entropy(nets["classifier"](nets["encoder"](x)), y)
+        elif phase == "translator":
+            x1, x2 = method.pair_batch(world, cfg.batch, gen)
+            l_exp, l_style = method.translator_losses(cfg, x1, x2, nets["encoder"], nets["classifier"], nets["translator"])
+            loss = cfg.exp_weight * l_exp + cfg.style_weight * l_style
+        else:
+            x = neutral[torch.randint(len(neutral), (cfg.target_batch,), generator=gen)]
+            if phase == "finetune":
+                loss = method.finetune_loss(x, nets["ft_encoder"], nets["ft_classifier"])
+            else:
+                loss = method.pft_loss(x, nets["encoder"], nets["classifier"], nets[f"{phase}_translator"],
+                                       exp_weight=0.0 if phase == "no_exp" else cfg.target_exp_weight, exp_loss=cfg.exp_loss)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        loss_value = loss.item()
+        window_steps += 1
+
+        if local == length:  # a phase ends: evaluate its arm, freeze what later phases must not move
+            if phase == "source":
+                freeze(nets["encoder"], nets["classifier"])
+                frozen.update(encoder=snapshot(nets["encoder"]), classifier=snapshot(nets["classifier"]))
+                src_pred = predict(world.source_eval_x, nets["encoder"], nets["classifier"])
+                diag["source_acc"] = float((src_pred == world.source_eval_y).float().mean())
+                evaluate("source", nets["encoder"], nets["classifier"])
+            elif phase == "translator":
+                freeze(nets["translator"])
+                frozen["translator"] = snapshot(nets["translator"])
+                diag["frozen_changed_by_pretraining"] = float(sum(
+                    changed_tensors(frozen[n], nets[n]) for n in ("encoder", "classifier")))
+                evaluate("translator", nets["encoder"], nets["classifier"], nets["translator"])
+            elif phase == "finetune":
+                evaluate("finetune", nets["ft_encoder"], nets["ft_classifier"])
+            else:
+                # Only the adapted translator may differ from what the phase started with.
+                diag[f"frozen_changed_by_{phase}"] = float(sum(
+                    changed_tensors(frozen[n], nets[n]) for n in ("encoder", "classifier", "translator")))
+                if phase == "pft":
+                    diag["translator_changed_by_pft"] = float(changed_tensors(frozen["translator"], nets["pft_translator"]))
+                evaluate(phase, nets["encoder"], nets["classifier"], nets[f"{phase}_translator"])
+        if step % cfg.log_every == 0 or local == length:
+            now = time.perf_counter()
+            steps_per_s = window_steps / max(now - window_start, 1e-9)
+            window_start, window_steps = now, 0
+            run.report({"train/loss": loss_value, f"train/loss/{phase}": loss_value, "perf/steps_per_s": steps_per_s,
+                        "progress": step / total}, step=step)
+        if step in save_at or local == length:
+            run.save({"step": step, "nets": {n: net.state_dict() for n, net in nets.items()}, "gen": gen.get_state(),
+                      "optimizer": optimizer.state_dict(), "results": results, "diag": diag, "frozen": frozen})
+    out = {f"eval/{k}/{arm}": v for arm, r in results.items() for k, v in r.items()}
+    out.update({f"diag/{k}": v for k, v in diag.items()})
+    out.update({"train/loss": loss_value, "perf/steps_per_s": steps_per_s})
+    return out
