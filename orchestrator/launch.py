@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator import outbox, registry, tracking
+from orchestrator import checkpoints, outbox, registry, tracking
 from orchestrator.config import ConfigError, flatten, from_dict, to_dict, to_json
 
 RUNS_DIR = "ladder-runs"
@@ -99,6 +99,8 @@ def _prepare(name: str, cfg: Any, resume: str | os.PathLike | None, track: bool,
             raise ConfigError(f"{resume} is a run of {record['workload']!r}, not {name!r}")
         run_dir = Path(resume).resolve()
         cfg = from_dict(workload.Config, record["config"])
+        # Refused here, before anything starts, rather than deep inside the restarted loop.
+        checkpoints.load_latest(run_dir / "checkpoints", checkpoints.identity(name, to_dict(cfg)))
         run_id, uri = record.get("mlflow_run_id"), record.get("tracking_uri")
         if run_id:
             tracking.client(uri).update_run(run_id, status="RUNNING")
@@ -140,7 +142,7 @@ def run_local(
     wandb_sink = tracking.WandbSink(f"ladder-{name}", run_dir.name, to_dict(cfg)) if wandb else None
     if wandb_sink:
         sinks.append(wandb_sink)
-    run = LocalRun(run_dir, sinks=sinks)
+    run = LocalRun(run_dir, sinks=sinks, identity=checkpoints.identity(name, to_dict(cfg)))
     started = time.monotonic()
     status = "FAILED"
     try:

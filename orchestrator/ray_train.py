@@ -37,12 +37,13 @@ class RayReports:
     so that a checkpoint of the same step travels with it in one Ray round trip.
     """
 
-    def __init__(self, api: Any, *, sinks: list[Any], writes_checkpoints: bool) -> None:
+    def __init__(self, api: Any, *, sinks: list[Any], writes_checkpoints: bool, identity: dict[str, Any] | None = None) -> None:
         self.api = api  # the module `ray.train` or `ray.tune`
         self.sinks = sinks
         self.writes_checkpoints = writes_checkpoints
         self._last: dict[str, float] = {}
         self._pending: dict[str, float] | None = None
+        self.identity = identity
 
     def report(self, metrics: Mapping[str, float], *, step: int) -> None:
         clean = check_metrics(metrics)
@@ -72,7 +73,7 @@ class RayReports:
             self.api.report(metrics)  # ranks other than 0 still meet the barrier
             return
         with tempfile.TemporaryDirectory(prefix="ladder-ckpt-") as tmp:
-            checkpoints.write_checkpoint(tmp, state, keep=1)
+            checkpoints.write_checkpoint(tmp, state, keep=1, identity=self.identity)
             self.api.report(metrics, checkpoint=self.api.Checkpoint.from_directory(tmp))
 
     def restore(self) -> dict[str, Any] | None:
@@ -80,11 +81,11 @@ class RayReports:
         if ckpt is None:
             return None
         with ckpt.as_directory() as folder:
-            return checkpoints.load_latest(folder)
+            return checkpoints.load_latest(folder, self.identity)
 
 
 class RayTrainRun:
-    def __init__(self, *, sinks: list[Any], cpus_per_worker: float) -> None:
+    def __init__(self, *, sinks: list[Any], cpus_per_worker: float, identity: dict[str, Any] | None = None) -> None:
         import ray.train
         import ray.train.torch
 
@@ -93,7 +94,7 @@ class RayTrainRun:
         self.world_size = ctx.get_world_size()
         self.device = ray.train.torch.get_device()
         self.sinks = sinks if self.rank == 0 else []
-        self._ray = RayReports(ray.train, sinks=self.sinks, writes_checkpoints=self.rank == 0)
+        self._ray = RayReports(ray.train, sinks=self.sinks, writes_checkpoints=self.rank == 0, identity=identity)
         self.report, self.flush, self.save, self.restore = (
             self._ray.report, self._ray.flush, self._ray.save, self._ray.restore)
         # Ray caps OMP threads of an actor at its CPU reservation; torch must agree or a
@@ -144,7 +145,10 @@ def worker_entry(loop_config: dict[str, Any]) -> dict[str, float]:
             sinks.append(sink)
         if loop_config.get("progress", True):
             sinks.append(ProgressSink(loop_config["workload"]))
-    run = RayTrainRun(sinks=sinks, cpus_per_worker=loop_config["cpus_per_worker"])
+    from orchestrator.checkpoints import identity
+
+    run = RayTrainRun(sinks=sinks, cpus_per_worker=loop_config["cpus_per_worker"],
+                      identity=identity(loop_config["workload"], loop_config["config"]))
     final = workload.train(cfg, run)
     run.flush()
     for sink in run.sinks:

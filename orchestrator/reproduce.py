@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from orchestrator import registry, tracking
+from orchestrator import checkpoints, registry, tracking
 from orchestrator.config import ConfigError, apply_overrides, flatten, redacted, to_dict, to_json
 from orchestrator.sweep import Sweep, SweepError
 
@@ -155,7 +155,8 @@ def _run_local(sweep: Sweep) -> tuple[list[Trial], list[str], str, str]:
         )
         tracking.log_text(run_id, to_json(cfg), "config.json", uri=uri)
         sink = tracking.MlflowSink(run_id, uri)
-        run = LocalRun(root / trial_id, sinks=[sink, ProgressSink(f"{sweep.workload}/{trial_id}")])
+        run = LocalRun(root / trial_id, sinks=[sink, ProgressSink(f"{sweep.workload}/{trial_id}")],
+                       identity=checkpoints.identity(sweep.workload, to_dict(cfg)))
         status = "FAILED"
         try:
             final = workload.train(cfg, run)

@@ -26,7 +26,7 @@ SWEEPS_DIR = "ladder-runs/sweeps"
 class TuneRun:
     """`Run` inside a single-worker Tune trial: reports to MLflow and Tune, checkpoints via Tune."""
 
-    def __init__(self, *, sinks: list[Any]) -> None:
+    def __init__(self, *, sinks: list[Any], identity: dict[str, Any] | None = None) -> None:
         import ray.tune
         import torch
 
@@ -34,7 +34,7 @@ class TuneRun:
         self.rank = 0
         self.world_size = 1
         self.sinks = sinks
-        self._ray = RayReports(ray.tune, sinks=sinks, writes_checkpoints=True)
+        self._ray = RayReports(ray.tune, sinks=sinks, writes_checkpoints=True, identity=identity)
         self.report, self.flush, self.save, self.restore = (
             self._ray.report, self._ray.flush, self._ray.save, self._ray.restore)
 
@@ -108,7 +108,9 @@ def trial_main(config: dict[str, Any], meta: dict[str, Any]) -> None:
             torch.set_num_threads(max(1, int(meta["cpus_per_worker"])))
             skip = tracking.last_recorded_step(run_id, uri) if run_id else None
             sinks = [tracking.MlflowSink(run_id, uri, skip_through=skip, outbox_dir=meta.get("outbox_dir"))] if run_id else []
-            run = TuneRun(sinks=sinks)
+            from orchestrator.checkpoints import identity
+
+            run = TuneRun(sinks=sinks, identity=identity(meta["workload"], to_dict(cfg)))
             final = workload.train(cfg, run)
             run.flush()
             for sink in sinks:
