@@ -18,6 +18,7 @@ from orchestrator.config import ConfigError, closest
 WORKLOADS: dict[str, str] = {
     "celerity_lm": "workloads.celerity_lm",
     "consistent_lra": "workloads.consistent_lra",
+    "curves": "workloads.curves",
     "diffgda": "workloads.diffgda",
     "frl": "workloads.frl",
     "lowprec_attention": "workloads.lowprec_attention",

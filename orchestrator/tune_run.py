@@ -85,7 +85,12 @@ def _child_run(meta: Mapping[str, Any], trial_id: str, cfg: Any, params: Mapping
 
 def trial_main(config: dict[str, Any], meta: dict[str, Any]) -> None:
     """The Tune function trainable."""
+    import logging
+
     import ray.tune
+
+    # One line per checkpoint per trial drowns the sweep's own console in a large sweep.
+    logging.getLogger("ray.train._internal.storage").setLevel(logging.WARNING)
 
     from orchestrator import registry
     from orchestrator.config import from_dict
@@ -331,12 +336,14 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
             # objective in every report (a workload may compute it only at the end).
             tune_config=tune.TuneConfig(metric=None if sweep.scheduler == "fifo" else metric,
                                         mode=None if sweep.scheduler == "fifo" else mode, scheduler=scheduler,
-                                        max_concurrent_trials=concurrency, reuse_actors=False),
+                                        max_concurrent_trials=concurrency, reuse_actors=sweep.workers == 1),
             run_config=tune.RunConfig(name="tune", storage_path=storage, verbose=0,
                                       callbacks=[_console_callback(metric)] if progress else [],
                                       failure_config=tune.FailureConfig(max_failures=sweep.max_failures)),
         )
     results = tuner.fit()
+    if diagnostics is not None:
+        diagnostics.flush()
     decisions = getattr(scheduler, "decisions", {})
     if scheduler_state.is_file():  # on a resume, Tune ran its own unpickled copy of the scheduler
         decisions = json.loads(scheduler_state.read_text()).get("decisions", {})

@@ -297,17 +297,30 @@ class CollapseStopper:
 
     # -- persistence --------------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, Any]:
+    def replay(self, trial_id: str, progress: float, loss: float, *, tau: float | None = None,
+               tpp: float | None = None) -> None:
+        """Put back a point recorded before a restart, without deciding on it again (its rung
+        decisions, if any, come from the saved state)."""
+        trial = self._trials.setdefault(str(trial_id), _Trial())
+        if trial.controls is None and tau is not None and tpp is not None and math.isfinite(tau) and math.isfinite(tpp):
+            trial.controls = {"tau": float(tau), "tpp": float(tpp)}
+        if math.isfinite(progress) and math.isfinite(loss) and (not trial.progress or progress > trial.progress[-1]):
+            trial.progress.append(float(progress))
+            trial.loss.append(float(loss))
+
+    def state_dict(self, *, curves: bool = True) -> dict[str, Any]:
         """Everything needed to continue with identical decisions, as plain JSON types (the
-        reference is configuration and is passed again on restore)."""
+        reference is configuration and is passed again on restore). With `curves=False` the
+        reported points are left out (a caller that journals them puts them back with
+        `replay`), so the state's size does not grow with the reports."""
         return {
             "version": STATE_VERSION,
             "config": dict(self.config, rungs=list(self.config["rungs"])),
             "recorded": [dict(r) for r in self._recorded],
             "trials": {
                 tid: {
-                    "progress": list(t.progress),
-                    "loss": list(t.loss),
+                    "progress": list(t.progress) if curves else [],
+                    "loss": list(t.loss) if curves else [],
                     "controls": dict(t.controls) if t.controls else None,
                     "status": t.status,
                     "stopped_at": t.stopped_at,

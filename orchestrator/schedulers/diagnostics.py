@@ -6,6 +6,10 @@ window [0.25, 0.5] has passed, `collapse/residual` (the normalized curve minus t
 divisor frozen from that window). When the residual stays above its seed-noise threshold, the run
 is tagged `collapse.deviation_at` with the training fraction where the deviation began, and the
 console says so.
+
+It runs inside the scheduler's decision, so it is kept cheap: computed when a trial has advanced
+`every` training fraction since its last diagnostic (and at its last report), and logged through
+one buffered MLflow sink per trial.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from orchestrator.collapse import (
 
 
 class CollapseDiagnostics:
-    def __init__(self, *, experiment: str, sweep_id: str, uri: str | None, window: int = 3, consecutive: int = 2) -> None:
+    def __init__(self, *, experiment: str, sweep_id: str, uri: str | None, window: int = 3, consecutive: int = 2,
+                 every: float = 0.02) -> None:
         self.experiment = experiment
         self.sweep_id = sweep_id
         self.uri = uri
@@ -37,6 +42,9 @@ class CollapseDiagnostics:
         self.consecutive = consecutive
         self._runs: dict[str, str | None] = {}
         self._flagged: set[str] = set()
+        self.every = every
+        self._last: dict[str, float] = {}
+        self._sinks: dict[str, Any] = {}
 
     def _run_id(self, trial_id: str) -> str | None:
         if trial_id not in self._runs:
@@ -57,6 +65,10 @@ class CollapseDiagnostics:
         progress, loss = stopper.curve(trial_id)
         if progress.size < 2 or decision.get("diverged"):
             return {}
+        now = float(progress[-1])
+        if now - self._last.get(trial_id, -1.0) < self.every and now < 1.0 - 1e-9:
+            return {}
+        self._last[trial_id] = now
         metrics: dict[str, float] = {}
         estimate = stopper.predict(trial_id)
         if estimate is not None and math.isfinite(estimate.value):
@@ -81,7 +93,23 @@ class CollapseDiagnostics:
         run_id = self._run_id(trial_id)
         if run_id and metrics:
             step = int(result.get("step", result.get("training_iteration", 0)))
-            sink = tracking.MlflowSink(run_id, self.uri)
-            sink.log_metrics(metrics, step)
-            sink.flush()
+            if run_id not in self._sinks:
+                self._sinks[run_id] = tracking.MlflowSink(run_id, self.uri)
+            self._sinks[run_id].log_metrics(metrics, step)
+            if now >= 1.0 - 1e-9:
+                self._sinks[run_id].flush()
         return metrics
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for sink in state.get("_sinks", {}).values():
+            sink.flush()
+        state["_sinks"] = {}  # clients and buffers stay with the process that made them
+        return state
+
+    def flush(self, trial_id: str | None = None) -> None:
+        """Send what is buffered (for one trial, or all)."""
+        run_ids = [self._runs.get(trial_id)] if trial_id is not None else list(self._sinks)
+        for run_id in run_ids:
+            if run_id in self._sinks:
+                self._sinks[run_id].flush()

@@ -116,3 +116,14 @@ def test_tracking_server_down_until_the_end_is_synced_later(workdir):
     finally:
         stop_process_group(proc)
         stop_process_group(server)
+
+
+def test_unreachable_tracking_server_at_start_is_refused_quickly(workdir):
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    started = time.monotonic()
+    out = run_cli(["run", "curves", "--smoke", "--local"], workdir, env={"MLFLOW_TRACKING_URI": url})
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert f"the MLflow tracking server {url} does not answer" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert time.monotonic() - started < 60, "MLflow's own retries ran before giving up"
+    assert not (workdir / "ladder-runs" / "curves").exists() or not any((workdir / "ladder-runs" / "curves").iterdir())
