@@ -10,6 +10,7 @@ when a failed worker group restarts or the same run name is fitted again.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from typing import Any, Mapping
 
@@ -44,6 +45,7 @@ class RayReports:
         self._last: dict[str, float] = {}
         self._pending: dict[str, float] | None = None
         self.identity = identity
+        self._announced = False
 
     def report(self, metrics: Mapping[str, float], *, step: int) -> None:
         clean = check_metrics(metrics)
@@ -81,7 +83,11 @@ class RayReports:
         if ckpt is None:
             return None
         with ckpt.as_directory() as folder:
-            return checkpoints.load_latest(folder, self.identity)
+            state = checkpoints.load_latest(folder, self.identity)
+        if state is not None and self.writes_checkpoints and not self._announced:
+            self._announced = True
+            print(f"ladder: restored from the checkpoint of step {int(state['step'])}", file=sys.stderr, flush=True)
+        return state
 
 
 class RayTrainRun:

@@ -127,3 +127,55 @@ def test_unreachable_tracking_server_at_start_is_refused_quickly(workdir):
     assert "Traceback" not in out.stderr
     assert time.monotonic() - started < 60, "MLflow's own retries ran before giving up"
     assert not (workdir / "ladder-runs" / "curves").exists() or not any((workdir / "ladder-runs" / "curves").iterdir())
+
+
+def _train_workers(root_pid: int) -> list:
+    """Ray Train worker processes started under `root_pid` (this test's own driver), and no others."""
+    import psutil
+
+    found = []
+    for p in psutil.Process(root_pid).children(recursive=True):
+        try:
+            if "RayTrainWorker" in " ".join(p.cmdline()) or "RayTrainWorker" in p.name():
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_killed_ray_train_worker_restarts_from_its_checkpoint(workdir):
+    """SIGKILL one of two DDP workers mid-run: the group restarts from its last checkpoint and
+    the MLflow run ends with every step recorded exactly once."""
+    import signal
+
+    log = workdir / "run.log"
+    proc = subprocess.Popen(
+        LADDER + ["run", "celerity_lm", "--smoke", "--workers", "2", "--max-failures", "1",
+                  "--set", "tpp=16", "checkpoint_every_frac=0.2"],
+        cwd=workdir, start_new_session=True, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+    try:
+        ckpts = lambda: list(workdir.glob("ladder-runs/ray/*/checkpoint_*"))  # noqa: E731
+        _wait(lambda: len(ckpts()) >= 1, "the first checkpoint", proc, timeout=400)
+        workers = _train_workers(proc.pid)
+        assert len(workers) == 2, [w.pid for w in workers]
+        killed_at = len(ckpts())
+        os.kill(workers[1].pid, signal.SIGKILL)
+        assert proc.wait(timeout=600) == 0, log.read_text()[-4000:]
+    finally:
+        stop_process_group(proc)
+    (run_dir,) = list((workdir / "ladder-runs" / "celerity_lm").iterdir())
+    record = json.loads((run_dir / "run.json").read_text())
+    c = tracking.client(record["tracking_uri"])
+    run = c.get_run(record["mlflow_run_id"])
+    cfg = registry.load("celerity_lm").smoke()
+    total = int(run.data.metrics["tokens"] // (cfg.batch_size * cfg.seq_len))
+    expected = _expected_steps(cfg, total)
+    steps = [m.step for m in c.get_metric_history(run.info.run_id, "train/loss")]
+    print(f"Ray Train worker SIGKILL after checkpoint {killed_at}: points reported {len(expected)}, "
+          f"recorded {len(steps)}, distinct {len(set(steps))}")
+    assert sorted(steps) == expected, f"missing {sorted(set(expected) - set(steps))}, duplicates {len(steps) - len(set(steps))}"
+    assert run.info.status == "FINISHED"
+    restored = [int(line.rsplit(" ", 1)[1]) for line in log.read_text().splitlines()
+                if "ladder: restored from the checkpoint of step" in line]
+    assert restored and min(restored) > 0, log.read_text()[-3000:]  # continued, not restarted from 0
