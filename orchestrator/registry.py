@@ -22,6 +22,7 @@ WORKLOADS: dict[str, str] = {
     "lowprec_attention": "workloads.lowprec_attention",
     "mx_anomaly": "workloads.mx_anomaly",
     "tubal_fgd": "workloads.tubal_fgd",
+    "wasi": "workloads.wasi",
 }
 
 
