@@ -7,9 +7,12 @@ weight thresholds and activation ranks, the memory-vs-rank curve of the claim pl
 judge the WASI configurations run at every seed; `RANK_POINTS` (full size only) are trained at
 one seed each to show accuracy against rank and are plotted, not judged.
 
-`ladder reproduce wasi --smoke --seed N` runs seeds N and N+1 (vanilla and WASI each): the
-accuracy claim is a mean of paired gaps and one seed of a ~450-image test set is too noisy to
-judge 1 point on. The full size is the larger model on 16x16 digits with ten seeds.
+`ladder reproduce wasi --smoke --seed N` runs seeds N and N+1 (each seed pretrains its own model
+and fine-tunes it vanilla and with WASI): the accuracy claim is a mean of paired gaps, and one
+seed of a ~450-image test set is too noisy to judge 1 point on. Seeds that share one pretrained
+model (`pretrain_seed`) have strongly correlated gaps, so the smoke pretrains per seed; a third
+seed would not fit the CPU budget of the smoke. The full size is the larger model on 16x16
+digits with ten seeds.
 """
 
 from __future__ import annotations

@@ -260,17 +260,30 @@ def test_wasi_layer_saves_only_the_factors():
 # --- data -------------------------------------------------------------------------------------
 
 
-def test_splits_are_disjoint_stratified_and_relabelled():
-    pre, fine = make_splits((0, 1, 2, 3, 4), 0.5, 8, seed=0)
+def _rows(x: torch.Tensor) -> set:
+    return {tuple(r.flatten().tolist()) for r in x}
+
+
+def test_class_transfer_splits_are_disjoint_stratified_and_relabelled():
+    pre, fine = make_splits("classes", (0, 1, 2, 3, 4), 0.5, 8, seed=0)
     assert pre.classes == 5 and fine.classes == 5
     assert len(fine.y_test) == pytest.approx(len(fine.y_train), abs=5)
     for c in range(5):
         assert abs(int((fine.y_test == c).sum()) - int((fine.y_train == c).sum())) <= 1
-    rows = {tuple(r.flatten().tolist()) for r in fine.x_test}
-    assert not rows & {tuple(r.flatten().tolist()) for r in fine.x_train}
-    assert not torch.equal(make_splits((0, 1, 2, 3, 4), 0.5, 8, seed=1)[1].x_test, fine.x_test)
-    big = make_splits((0, 1, 2, 3, 4), 0.5, 16, seed=0)[1]
-    assert big.x_train.shape[1:] == (16, 16)
+    assert not _rows(fine.x_test) & _rows(fine.x_train)
+    assert not _rows(fine.x_test) & (_rows(pre.x_train) | _rows(pre.x_test))
+    # The fine-tuning split follows `seed`, the pretraining split `pretrain_seed`.
+    other = make_splits("classes", (0, 1, 2, 3, 4), 0.5, 8, seed=1, pretrain_seed=0)
+    assert not torch.equal(other[1].x_test, fine.x_test) and torch.equal(other[0].x_train, pre.x_train)
+    assert make_splits("classes", (0, 1, 2, 3, 4), 0.5, 16, seed=0)[1].x_train.shape[1:] == (16, 16)
+
+
+def test_rotated_transfer_pretrains_on_rotated_training_images_only():
+    pre, fine = make_splits("rotated", (), 0.5, 8, seed=0)
+    assert fine.classes == 10 and len(fine.y_test) > 850
+    upright = torch.rot90(torch.cat([pre.x_train, pre.x_test]), -1, dims=(1, 2))
+    assert _rows(upright) == _rows(fine.x_train)  # the pretraining images are the training split, turned
+    assert not _rows(upright) & _rows(fine.x_test)
 
 
 def test_augmentation_strength_zero_is_identity():
@@ -445,3 +458,30 @@ def test_plot_writes_a_png(tmp_path):
     path = tmp_path / "claims.png"
     plot(paper_pattern(), path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- the reproduction -------------------------------------------------------------------------
+
+SMOKE_GAP_BOUND = 3.0
+"""Points: the largest mean gap seen over the calibration seeds was about 2; beyond 3 WASI is broken."""
+
+
+@pytest.mark.slow
+def test_smoke_reproduction(workdir):
+    from orchestrator.reproduce import reproduce
+
+    rep = reproduce("wasi", smoke=True, local=True)
+    assert not rep.failed_trials
+    assert sorted((t["method"], t["seed"]) for t in rep.trials) == [
+        ("vanilla", 0), ("vanilla", 1), ("wasi", 0), ("wasi", 1)]
+    claims = {c.name: c for c in rep.claims}
+    assert claims["memory_ten_times_lower"].holds, claims["memory_ten_times_lower"].measured
+    assert claims["flops_not_higher"].holds, claims["flops_not_higher"].measured
+    memory = claims["memory_ten_times_lower"].measured
+    assert memory["eps0.8_r16x8x16/whole_step_ratio"] < memory["eps0.8_r16x8x16/min_ratio"]
+    accuracy = claims["accuracy_within_one_point"]
+    gap = accuracy.measured["eps0.8_r16x8x16/gap_pts"]
+    assert math.isfinite(gap) and gap < SMOKE_GAP_BOUND, accuracy.measured  # WASI trains, at least
+    if not accuracy.holds:
+        pytest.xfail(f"accuracy within 1 point does not hold at this seed: mean gap {gap:.2f} points "
+                     f"({accuracy.measured}); over the calibration seeds the mean gap was about 1 point")

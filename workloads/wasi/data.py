@@ -49,20 +49,38 @@ def _stratified(y: torch.Tensor, test_frac: float, generator: torch.Generator) -
     return torch.cat(train), torch.cat(test)
 
 
-def make_splits(pretrain_classes: tuple[int, ...], test_frac: float, image_size: int, seed: int) -> tuple[Split, Split]:
-    """(pretraining split, fine-tuning split); labels renumbered 0.. in ascending class order."""
+TRANSFERS = ("classes", "rotated")
+
+
+def make_splits(transfer: str, pretrain_classes: tuple[int, ...], test_frac: float, image_size: int,
+                seed: int, pretrain_seed: int | None = None) -> tuple[Split, Split]:
+    """(pretraining split, fine-tuning split); labels renumbered 0.. in ascending class order.
+
+    transfer='classes': pretrain on `pretrain_classes` (80/20), fine-tune on the other classes.
+    transfer='rotated': fine-tune on all ten classes, upright; pretrain on the fine-tuning
+    training images rotated by 90 degrees (80/20): a shifted domain, and no test image is ever
+    seen in any orientation. The fine-tuning split is drawn from `seed`, the pretraining split of
+    'classes' from `pretrain_seed` (default: `seed`)."""
     x, y = load_digits()
     if image_size != 8:
         x = F.interpolate(x[:, None], size=(image_size, image_size), mode="bilinear", align_corners=False)[:, 0]
     generator = torch.Generator().manual_seed(10_007 * seed + 17)
+    pre_generator = torch.Generator().manual_seed(10_007 * (seed if pretrain_seed is None else pretrain_seed) + 29)
+    if transfer == "rotated":
+        tr, te = _stratified(y, test_frac, generator)
+        fine = Split(x[tr].contiguous(), y[tr], x[te].contiguous(), y[te])
+        rotated = torch.rot90(fine.x_train, 1, dims=(1, 2))
+        ptr, pte = _stratified(fine.y_train, 0.2, generator)
+        return Split(rotated[ptr].contiguous(), fine.y_train[ptr], rotated[pte].contiguous(), fine.y_train[pte]), fine
     out = []
-    for classes, frac in ((sorted(pretrain_classes), 0.2), (sorted(set(range(10)) - set(pretrain_classes)), test_frac)):
+    rest = sorted(set(range(10)) - set(pretrain_classes))
+    for classes, frac, gen in ((sorted(pretrain_classes), 0.2, pre_generator), (rest, test_frac, generator)):
         keep = torch.isin(y, torch.tensor(classes))
         xs, ys = x[keep], y[keep]
         relabel = torch.full((10,), -1, dtype=torch.int64)
         relabel[torch.tensor(classes)] = torch.arange(len(classes))
         ys = relabel[ys]
-        tr, te = _stratified(ys, frac, generator)
+        tr, te = _stratified(ys, frac, gen)
         out.append(Split(xs[tr].contiguous(), ys[tr], xs[te].contiguous(), ys[te]))
     return out[0], out[1]
 

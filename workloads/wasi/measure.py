@@ -19,11 +19,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import copy
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from workloads.wasi.lowrank import qr_flops
+from workloads.wasi.model import WASILinear, wasi_layers
 
 
 @dataclass
@@ -134,3 +138,72 @@ def count_flops(fn: Callable[[], Any]) -> tuple[int, Any]:
     with FlopCounterMode(display=False, custom_mapping={torch.ops.aten.linalg_qr: _qr_formula}) as counter:
         result = fn()
     return int(counter.get_total_flops()), result
+
+
+def measure_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    """Saved bytes and flops of one fine-tuning step on a copy of the model (the run is untouched).
+
+    Flops: forward (with WASI's Tucker power steps), backward, and WASI's subspace-iteration
+    refresh, each counted by FlopCounterMode; saved bytes: everything autograd keeps between
+    that forward and backward."""
+    model = copy.deepcopy(model)
+    model.train()
+    meter = SavedTensorMeter(model, scope_type=torch.nn.Linear)
+    with meter:
+        fwd, loss = count_flops(lambda: F.cross_entropy(model(x), y))
+    bwd, _ = count_flops(loss.backward)
+    refresh, _ = count_flops(lambda: [layer.refresh() for layer in wasi_layers(model)])
+    saved = meter.result()
+    return {
+        "perf/saved_linear_bytes": float(saved.linear),
+        "perf/saved_linear_act_bytes": float(saved.linear_activation),
+        "perf/saved_linear_weight_bytes": float(saved.linear_weight),
+        "perf/saved_total_bytes": float(saved.total),
+        "perf/saved_total_act_bytes": float(saved.linear_activation + saved.other_activation),
+        "perf/flops_forward": float(fwd),
+        "perf/flops_backward": float(bwd),
+        "perf/flops_refresh": float(refresh),
+        "perf/flops_step": float(fwd + bwd + refresh),
+    }
+
+
+def probe_ranks(model: nn.Module, x: torch.Tensor, y: torch.Tensor, thresholds: tuple[float, ...],
+                act_ranks: tuple[int, int, int], act_scales: tuple[float, ...]) -> dict[str, float]:
+    """Saved bytes and flops of one step at other weight thresholds and activation ranks, measured
+    on copies of the trained WASI model (nothing is trained at these ranks)."""
+    out: dict[str, float] = {}
+    variants = [(f"eps={t:g}", t, 1.0) for t in thresholds]
+    variants += [(f"act={a:g}", None, a) for a in act_scales]
+    for label, threshold, scale in variants:
+        probe = copy.deepcopy(model)
+        layers = wasi_layers(probe)
+        ranks = tuple(0 if r == 0 else max(1, round(r * scale)) for r in act_ranks)
+        for layer in layers:
+            if threshold is not None:
+                layer.init_subspace(threshold)
+            layer.act_ranks, layer.act_factors = ranks, None
+        with torch.enable_grad():
+            probe(x)  # warm-starts the activation factors at the new ranks, as in training
+        measured = measure_step(probe, x, y)
+        for key in ("saved_linear_bytes", "saved_linear_act_bytes", "saved_linear_weight_bytes", "flops_step"):
+            out[f"perf/probe/{label}/{key}"] = measured[f"perf/{key}"]
+        out[f"perf/probe/{label}/rank_mean"] = sum(l.rank for l in layers) / len(layers)
+        # The ranks in effect, after capping by each activation's shape, averaged over layers.
+        out[f"perf/probe/{label}/act_rank_sum"] = sum(
+            sum(u.shape[1] for u in l.act_factors if u is not None) for l in layers) / len(layers)
+    return out
+
+
+def subspace_diagnostics(layers: list[WASILinear]) -> dict[str, float]:
+    """Ranks, orthonormality of L, and how much of W the rank-k forward leaves out."""
+    if not layers:
+        return {}
+    orth = max(float(torch.linalg.matrix_norm(l.left.t() @ l.left - torch.eye(l.rank))) for l in layers)
+    residual = [float(torch.linalg.matrix_norm(l.weight.detach() - l.left @ l.right) / torch.linalg.matrix_norm(l.weight.detach())) for l in layers]
+    fracs = [l.rank / min(l.in_features, l.out_features) for l in layers]
+    return {
+        "diag/rank_mean": sum(l.rank for l in layers) / len(layers),
+        "diag/rank_frac_mean": sum(fracs) / len(fracs),
+        "diag/orth_err_max": orth,
+        "diag/weight_residual_mean": sum(residual) / len(residual),
+    }
