@@ -23,6 +23,8 @@ SMOKE_SEEDS = 2
 FULL_SEEDS = 10
 CLAIMED = {"method": "wasi"}
 """The judged WASI configuration: the base config's threshold and activation ranks."""
+SMOKE_SIZE = {"pretrain_steps": 300, "finetune_steps": 200}
+"""The reproduction's smoke trials train longer than smoke(), which only has to exercise the loop."""
 RANK_POINTS = tuple({"method": "wasi", "threshold": t} for t in (0.5, 0.6, 0.7, 0.9, 0.95))
 """Full size: WASI trained at other thresholds (first seed only)."""
 
@@ -37,6 +39,7 @@ def build(*, smoke: bool = False, seed: int = 0) -> Sweep:
         name="wasi_repro_smoke" if smoke else "wasi_repro",
         workload="wasi",
         base="smoke" if smoke else "default",
+        overrides=SMOKE_SIZE if smoke else {},
         points=points,
         objective=("eval/acc", "max"),
     )

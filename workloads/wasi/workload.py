@@ -61,8 +61,8 @@ class Config:
     """Fraction of each fine-tuning class held out as the test set (the accuracy claim's noise
     falls with its size: 0.5 gives about 450 test images)."""
     pretrain_steps: int = 3000
-    """Vanilla AdamW steps on the pretraining classes (cached per process: trials that share
-    the pretraining fields and seed pretrain once)."""
+    """Vanilla AdamW steps of pretraining (cached per process: trials that share the pretraining
+    fields and pretrain_seed pretrain once)."""
     pretrain_lr: float = 1e-3
     """Peak AdamW learning rate of pretraining (5% warmup, cosine decay)."""
     pretrain_weight_decay: float = 0.05
@@ -74,14 +74,14 @@ class Config:
     optimizer: str = "sgd"
     """Fine-tuning optimizer: 'sgd' (the paper's) or 'adamw' (lr, weight_decay apply; momentum is ignored)."""
     batch_size: int = 128
-    """Images per step, pretraining and fine-tuning (the paper's 128); batches never run short,
-    so the Tucker batch factor keeps its shape."""
+    """Images per fine-tuning step (the paper's 128); batches never run short, so the Tucker batch
+    factor keeps its shape. Vanilla's saved activations grow with it, WASI's hardly."""
     lr: float = 0.05
-    """Fine-tuning SGD learning rate (the paper's 0.05), cosine decay to zero."""
+    """Fine-tuning learning rate (the paper's 0.05 with SGD), cosine decay to zero."""
     momentum: float = 0.0
     """Fine-tuning SGD momentum (the paper's 0)."""
     weight_decay: float = 1e-4
-    """Fine-tuning SGD weight decay (the paper's 1e-4)."""
+    """Fine-tuning weight decay (the paper's 1e-4)."""
     grad_clip: float = 2.0
     """Gradient-norm clip of fine-tuning (the paper's 2.0; 0 disables)."""
     augment: float = 0.5
@@ -115,15 +115,16 @@ class Config:
 
 def smoke() -> Config:
     """CPU-sized: 16x16 digits in 4x4 patches (17 tokens), width 48, 2 blocks, fine-tuning batch
-    128 (the paper's) for 200 AdamW steps; about 15 s of CPU for a vanilla and a WASI trial.
+    128 (the paper's), 100 pretraining and 60 fine-tuning steps: a few seconds. The reproduction
+    (sweeps/repro/wasi.py) trains it 300 + 200 steps.
 
-    Calibrated on seeds 0-5 (see the reproduction): activation ranks (16, 8, 16) with the
-    sequential Tucker keep the linear layers' saved bytes about 14x below vanilla and the step's
-    flops about 0.7x; AdamW rather than the paper's plain SGD, which at this budget leaves the
-    small ViT under-trained (both methods), and an under-trained WASI trails vanilla most."""
+    Activation ranks (16, 8, 16) with the sequential Tucker keep the linear layers' saved bytes
+    about 14x below vanilla and the step's flops about 0.7x. AdamW rather than the paper's plain
+    SGD: at this budget SGD leaves the small ViT under-trained, both methods, and an under-trained
+    WASI trails vanilla most."""
     return Config(
         image_size=16, patch=4, dim=48, depth=2, heads=3, act_ranks=(16, 8, 16), tucker="sequential",
-        pretrain_steps=300, pretrain_lr=2e-3, pretrain_batch_size=64, finetune_steps=200, optimizer="adamw", lr=2e-3,
+        pretrain_steps=100, pretrain_lr=2e-3, pretrain_batch_size=64, finetune_steps=60, optimizer="adamw", lr=2e-3,
         weight_decay=1e-4, log_every=20, eval_every_frac=0.5, probe_thresholds=(0.5, 0.7, 0.8, 0.9, 0.99),
         probe_act_scales=(0.5, 1.0, 2.0),
     )
