@@ -28,6 +28,7 @@ WORKLOADS: dict[str, str] = {
     "pft": "workloads.pft",
     "swd_rl": "workloads.swd_rl",
     "tubal_fgd": "workloads.tubal_fgd",
+    "wasi": "workloads.wasi",
 }
 
 
