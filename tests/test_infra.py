@@ -172,6 +172,8 @@ def _status(url: str, user: str | None = None, password: str | None = None) -> i
             return resp.status
     except urllib.error.HTTPError as exc:
         return exc.code
+    except (urllib.error.URLError, OSError):  # not listening yet
+        return 0
 
 
 @pytest.mark.slow
