@@ -100,14 +100,14 @@ def trial_main(config: dict[str, Any], meta: dict[str, Any]) -> None:
     trial_id = ray.tune.get_context().get_trial_id()
     run_id, finished = _child_run(meta, trial_id, cfg, params)
     uri = meta.get("tracking_uri")
+    if finished is not None:
+        ray.tune.report({**finished, "progress": 1.0, "progress_pct": 100.0})  # done before: not trained again
+        return
     if run_id:
         # The node this trial's process runs on (a multi-worker trial's workers may be elsewhere).
         ctx = ray.get_runtime_context()
         tracking.set_tags(run_id, {"ladder.node_id": ctx.get_node_id(), "ladder.node_ip": ray.util.get_node_ip_address()},
                           uri=uri)
-    if finished is not None:
-        ray.tune.report({**finished, "progress": 1.0, "progress_pct": 100.0})  # done before: not trained again
-        return
     status = "FAILED"
     try:
         if meta.get("in_trial", meta["workers"] == 1):

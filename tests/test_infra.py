@@ -168,7 +168,7 @@ def _status(url: str, user: str | None = None, password: str | None = None) -> i
     if user:
         headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as resp:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=60) as resp:
             return resp.status
     except urllib.error.HTTPError as exc:
         return exc.code

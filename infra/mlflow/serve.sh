@@ -11,7 +11,11 @@
 #   MLFLOW_FLASK_SERVER_SECRET_KEY  signs the auth app's sessions and CSRF tokens
 # Optional: MLFLOW_HOST (0.0.0.0), MLFLOW_PORT (5000), MLFLOW_WORKERS (4),
 #   MLFLOW_ALLOWED_HOSTS (Host headers accepted, e.g. "mlflow.ladder.svc.cluster.local:*,localhost:*"),
-#   MLFLOW_DEFAULT_PERMISSION (what a signed-in user may do with others' experiments: READ).
+#   MLFLOW_DEFAULT_PERMISSION (what a signed-in user may do with others' experiments: READ),
+#   MLFLOW_AUTH_CACHE_TTL_SECONDS (60): how long a checked password is remembered. Every request
+#   is authenticated and each check is a deliberately slow hash; training runs send many small
+#   requests, so the default caches checks for a minute (a changed password may then still be
+#   accepted for up to that long by a server worker that had cached it; 0 turns the cache off).
 # Clients authenticate with MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD.
 set -euo pipefail
 for name in MLFLOW_BACKEND_STORE_URI MLFLOW_ARTIFACTS_DESTINATION MLFLOW_AUTH_DATABASE_URI \
@@ -30,6 +34,7 @@ cat > "${conf_dir}/basic_auth.ini" <<INI
 default_permission = ${MLFLOW_DEFAULT_PERMISSION:-READ}
 database_uri = ${MLFLOW_AUTH_DATABASE_URI}
 authorization_function = mlflow.server.auth:authenticate_request_basic_auth
+auth_cache_ttl_seconds = ${MLFLOW_AUTH_CACHE_TTL_SECONDS:-60}
 INI
 export MLFLOW_AUTH_CONFIG_PATH="${conf_dir}/basic_auth.ini"
 args=(--app-name basic-auth
