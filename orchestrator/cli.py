@@ -46,6 +46,7 @@ def _build_config(args: argparse.Namespace):
     cfg = workload.smoke() if args.smoke else workload.Config()
     cfg = apply_overrides(cfg, parse_sets(args.set or []))
     workload.validate(cfg, world_size=getattr(args, "workers", 1))
+    workload.preflight(cfg)  # this machine runs it (or the cluster at RAY_ADDRESS, which sees the same paths)
     return workload, cfg
 
 
@@ -89,7 +90,11 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     definition = sweep_mod.load_sweep_file(args.file)
     if args.check:
         definition.check()
-        print(f"{args.file}: sweep {definition.name!r} is valid: {definition.trial_count()} trials of {definition.workload}")
+        print(f"{args.file}: sweep {definition.name!r} is valid: {definition.trial_count()} trials of {definition.workload}, "
+              f"each {definition.describe_resources()}")
+        # Where it can run is another question than whether it is valid: say it, do not fail on it.
+        for note in tune_run.launch_problems(definition):
+            print(f"  not runnable here, checked again where it launches: {note}")
         return 0
     result = tune_run.run_sweep(definition, resume=args.resume)
     print(tune_run.format_trials(result))

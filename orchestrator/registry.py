@@ -65,6 +65,18 @@ class Workload:
         except ValueError as exc:
             raise ConfigError(f"{self.name}: {exc}") from exc
 
+    def preflight(self, cfg: Any) -> None:
+        """Run the workload's optional `preflight(cfg)` hook: checks of the machine that will run
+        it (a data folder present, ...), as opposed to `validate`, which judges the config alone.
+        Its ValueError becomes a ConfigError."""
+        hook = getattr(self.module, "preflight", None)
+        if hook is None:
+            return
+        try:
+            hook(cfg)
+        except ValueError as exc:
+            raise ConfigError(f"{self.name}: {exc}") from exc
+
     @property
     def claims(self) -> list[Any]:
         return list(getattr(self.module, "CLAIMS", []))

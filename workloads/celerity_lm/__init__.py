@@ -8,6 +8,6 @@ fixed held-out set, `progress` (tokens seen over the budget), the AdamW timescal
 B/(eta * lambda * D) and `tpp`: the controls under which loss curves of a family collapse.
 """
 
-from workloads.celerity_lm.workload import Budget, Config, budget, build, smoke, train, validate
+from workloads.celerity_lm.workload import Budget, Config, budget, build, preflight, smoke, train, validate
 
-__all__ = ["Budget", "Config", "budget", "build", "smoke", "train", "validate"]
+__all__ = ["Budget", "Config", "budget", "build", "preflight", "smoke", "train", "validate"]

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from workloads.celerity_lm.data import BatchSampler, corpus_files, heldout_batches, load_corpus
+from workloads.celerity_lm.data import BatchSampler, check_data, data_vocab, heldout_batches, load_data
 from workloads.celerity_lm.model import GPT
 
 
@@ -52,11 +52,11 @@ class Config:
     activation: str = "gelu"
     """MLP activation: 'gelu' or 'relu2' (squared ReLU, as in Celerity)."""
     data: str = "stdlib"
-    """'stdlib' (the Python standard library's source) or a folder of text files."""
+    """'stdlib' (the Python standard library's source), a folder of text files, or a tokenized dataset folder (tokens.json)."""
     heldout_frac: float = 0.1
-    """Fraction of files held out for evaluation (assigned by a hash of their path)."""
+    """Fraction of text files held out for evaluation (by a hash of their path); a tokenized dataset has its own split."""
     max_bytes: int = 0
-    """Cap on training bytes read from the corpus (0: all of it)."""
+    """Cap on training bytes read from a text corpus, or on training tokens of a tokenized dataset (0: all of it)."""
     eval_every_frac: float = 0.1
     """Evaluate on the fixed held-out set at every multiple of this training fraction."""
     eval_tokens: int = 32768
@@ -125,10 +125,14 @@ def _checkpoints_at(steps: int, frac: float) -> set[int]:
     return {min(steps, max(1, round(k * frac * steps))) for k in range(1, math.ceil(1 / frac) + 1)}
 
 
+def preflight(cfg: Config) -> None:
+    """Checks of the machine that runs it: the data folder is there and readable. Kept out of
+    `validate` so that a sweep for a cluster's shared storage checks as valid anywhere."""
+    check_data(cfg.data)  # raises DataError (a ValueError) naming the folder
+
+
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Checks that need no training: raised before anything is launched."""
-    if cfg.data != "stdlib":
-        corpus_files(cfg.data)  # raises DataError (a ValueError) naming the folder
     for name in ("width", "depth", "head_dim", "seq_len", "batch_size", "log_every", "eval_tokens"):
         if getattr(cfg, name) <= 0:
             raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
@@ -160,7 +164,7 @@ def evaluate(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Ten
 def build(cfg: Config) -> tuple[GPT, torch.optim.AdamW, Budget]:
     """The model, its AdamW with muP learning rates per parameter group, and the budget."""
     model = GPT(
-        vocab=256,
+        vocab=data_vocab(cfg.data),
         width=cfg.width,
         depth=cfg.depth,
         head_dim=cfg.head_dim,
@@ -185,7 +189,8 @@ def build(cfg: Config) -> tuple[GPT, torch.optim.AdamW, Budget]:
 def train(cfg: Config, run) -> dict[str, float]:
     validate(cfg, run.world_size)
     torch.manual_seed(cfg.seed)
-    train_bytes, held_bytes = load_corpus(cfg.data, heldout_frac=cfg.heldout_frac, max_bytes=cfg.max_bytes)
+    preflight(cfg)
+    train_bytes, held_bytes = load_data(cfg.data, heldout_frac=cfg.heldout_frac, max_bytes=cfg.max_bytes)
     model, optimizer, plan = build(cfg)
     peak_lrs = [g["lr"] for g in optimizer.param_groups]
     model, optimizer = run.prepare(model, optimizer)
