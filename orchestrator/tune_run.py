@@ -434,7 +434,7 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
             # objective in every report (a workload may compute it only at the end).
             tune_config=tune.TuneConfig(metric=None if sweep.scheduler == "fifo" else metric,
                                         mode=None if sweep.scheduler == "fifo" else mode, scheduler=scheduler,
-                                        max_concurrent_trials=concurrency, reuse_actors=sweep.workers == 1),
+                                        max_concurrent_trials=concurrency, reuse_actors=bool(meta["in_trial"])),
             run_config=tune.RunConfig(name="tune", storage_path=storage, verbose=0,
                                       callbacks=[_console_callback(metric)] if progress else [],
                                       failure_config=tune.FailureConfig(max_failures=sweep.max_failures)),

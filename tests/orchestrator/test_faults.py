@@ -16,7 +16,10 @@ import pytest
 from conftest import LADDER, free_port, run_cli, start_mlflow_server, stop_process_group
 from orchestrator import registry, tracking
 
-OUTAGE_SET = ["--set", "tpp=24", "checkpoint_every_frac=0.5"]
+# The synthetic curves workload paced by sleeping: the run lasts as long on a loaded machine as
+# on an idle one, and its reported steps are known in advance.
+LONG_RUN = ["--set", "steps=900", "report_every=3", "checkpoint_every=300", "step_time_s=0.05"]  # 45 s
+SHORT_RUN = ["--set", "steps=240", "report_every=3", "checkpoint_every=120", "step_time_s=0.025"]  # 6 s
 
 
 def _expected_steps(cfg, total: int) -> list[int]:
@@ -36,7 +39,7 @@ def _wait(predicate, what: str, proc: subprocess.Popen | None = None, timeout: f
 
 def _run_ids(url: str) -> list[str]:
     c = tracking.client(url)
-    exp = c.get_experiment_by_name("celerity_lm")
+    exp = c.get_experiment_by_name("curves")
     return [r.info.run_id for r in c.search_runs([exp.experiment_id])] if exp else []
 
 
@@ -46,16 +49,15 @@ def _recorded(url: str, run_id: str) -> list[int]:
 
 def _start_run(workdir: Path, url: str, args: list[str], log: Path) -> subprocess.Popen:
     env = {**os.environ, "MLFLOW_TRACKING_URI": url, "LADDER_TRACKING_RETRY_MAX_S": "1"}
-    return subprocess.Popen(LADDER + ["run", "celerity_lm", "--smoke", "--local", *args], cwd=workdir, env=env,
+    return subprocess.Popen(LADDER + ["run", "curves", "--smoke", "--local", *args], cwd=workdir, env=env,
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
 
 
 def _check_complete(url: str, run_id: str, what: str) -> None:
     c = tracking.client(url)
     run = c.get_run(run_id)
-    cfg = registry.load("celerity_lm").smoke()
-    total = int(run.data.metrics["tokens"] // (cfg.batch_size * cfg.seq_len))
-    expected = _expected_steps(cfg, total)
+    steps_total, every = int(run.data.params["steps"]), int(run.data.params["report_every"])
+    expected = list(range(every, steps_total + 1, every))
     steps = _recorded(url, run_id)
     print(f"{what}: points reported {len(expected)}, recorded {len(steps)}, distinct {len(set(steps))}")
     assert sorted(steps) == expected, f"missing {sorted(set(expected) - set(steps))}, extra {len(steps) - len(set(steps))}"
@@ -69,7 +71,7 @@ def test_tracking_server_outage_mid_run_loses_nothing(workdir):
     url = f"http://127.0.0.1:{port}"
     server = start_mlflow_server(data, port)
     log = workdir / "run.log"
-    proc = _start_run(workdir, url, OUTAGE_SET, log)
+    proc = _start_run(workdir, url, LONG_RUN, log)
     try:
         _wait(lambda: (ids := _run_ids(url)) and len(_recorded(url, ids[0])) >= 2, "the first points", proc)
         (run_id,) = _run_ids(url)
@@ -93,9 +95,9 @@ def test_tracking_server_down_until_the_end_is_synced_later(workdir):
     url = f"http://127.0.0.1:{port}"
     server = start_mlflow_server(data, port)
     log = workdir / "run.log"
-    proc = _start_run(workdir, url, [], log)
+    proc = _start_run(workdir, url, SHORT_RUN, log)
     try:
-        _wait(lambda: "[celerity_lm] step" in log.read_text(), "training to start", proc)
+        _wait(lambda: "[curves] step" in log.read_text(), "training to start", proc)
         (run_id,) = _run_ids(url)
         stop_process_group(server)
         assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
