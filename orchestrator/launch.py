@@ -125,9 +125,12 @@ def run_local(
     tags: dict[str, str] | None = None,
 ) -> RunResult:
     """Train in this process. Exceptions mark the MLflow run FAILED (KILLED on Ctrl-C) and propagate."""
+    from orchestrator import zero
     from orchestrator.console import ProgressSink
     from orchestrator.run import LocalRun
 
+    recorded = load_run_record(resume)["config"] if resume is not None else None
+    zero.check_in_process(from_dict(registry.load(name).Config, recorded) if recorded else cfg)
     workload, cfg, run_dir, run_id, uri = _prepare(name, cfg, resume, track, "local", tags or {})
     sinks: list[Any] = []
     if run_id:

@@ -125,8 +125,12 @@ def _run_local(sweep: Sweep) -> tuple[list[Trial], list[str], str, str]:
     from orchestrator.console import ProgressSink
     from orchestrator.run import LocalRun
 
+    from orchestrator import zero
+
     workload = sweep.load_workload()
     base = sweep.check()
+    for params in sweep.trial_params():
+        zero.check_in_process(apply_overrides(base, params))
     uri = tracking.tracking_uri()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     sweep_id = f"{sweep.name}-{stamp}"

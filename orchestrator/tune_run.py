@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from orchestrator import tracking
+from orchestrator import tracking, zero
 from orchestrator.config import apply_overrides, flatten, redacted, to_dict, to_json
 from orchestrator.ray_train import RayReports
 from orchestrator.sweep import Sweep, SweepError
@@ -102,7 +102,7 @@ def trial_main(config: dict[str, Any], meta: dict[str, Any]) -> None:
         return
     status = "FAILED"
     try:
-        if meta["workers"] == 1:
+        if meta["workers"] == 1 and not zero.spec_of(cfg).enabled:  # ZeRO needs a Train worker group
             import torch
 
             torch.set_num_threads(max(1, int(meta["cpus_per_worker"])))
