@@ -102,7 +102,7 @@ def trial_main(config: dict[str, Any], meta: dict[str, Any]) -> None:
         return
     status = "FAILED"
     try:
-        if meta["workers"] == 1 and not zero.spec_of(cfg).enabled:  # ZeRO needs a Train worker group
+        if meta.get("in_trial", meta["workers"] == 1):
             import torch
 
             torch.set_num_threads(max(1, int(meta["cpus_per_worker"])))
@@ -259,6 +259,10 @@ def run_sweep(sweep: Sweep, *, resume: bool = False, progress: bool = True) -> S
         "base": to_dict(base),
         "workers": sweep.workers,
         "cpus_per_worker": sweep.cpus_per_worker,
+        # A single-worker trial trains in the trial itself, unless a trial asks for ZeRO, which
+        # needs a Ray Train worker group (one DeepSpeed engine per worker) even of one.
+        "in_trial": sweep.workers == 1 and not any(
+            zero.spec_of(apply_overrides(base, p)).enabled for p in sweep.trial_params()),
         "parent_run_id": record["parent_run_id"],
         "tracking_uri": uri,
         "experiment": sweep.name,
@@ -309,10 +313,10 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
         diagnostics = CollapseDiagnostics(experiment=sweep.name, sweep_id=record["sweep_id"], uri=meta["tracking_uri"])
     scheduler = schedulers.build(sweep.scheduler, sweep.scheduler_options, metric=metric, mode=mode,
                                  state_path=scheduler_state, reference=reference, diagnostics=diagnostics)
-    # A single-worker trial trains in the trial itself; a multi-worker trial only drives Ray Train,
+    # A single-worker trial trains in the trial itself; any other trial only drives Ray Train,
     # whose workers hold the CPUs (a CPU held by the driver too would starve them on small nodes).
     # Ray refuses an empty bundle, so the driver asks for a little memory instead of a CPU.
-    resources = {"cpu": sweep.cpus_per_worker} if sweep.workers == 1 else {"cpu": 0, "memory": 64 * 2**20}
+    resources = {"cpu": sweep.cpus_per_worker} if meta["in_trial"] else {"cpu": 0, "memory": 64 * 2**20}
     trainable = tune.with_resources(tune.with_parameters(trial_main, meta=meta), resources)
     storage = str(sweep_storage(sweep) / sweep.name)
     started = time.monotonic()
