@@ -6,7 +6,8 @@ Rank 0 alone writes to MLflow, prints progress and writes checkpoint files; Ray 
 checkpoint folder into the run's storage and hands it back through `ray.train.get_checkpoint()`
 when a failed worker group restarts or the same run name is fitted again. When the config asks
 for ZeRO (`orchestrator.zero`), `prepare` builds a DeepSpeed engine and every rank also writes
-its shard of the engine's state into the checkpoint it reports; Ray merges them into one folder.
+its shard of the engine's state, and its own state dict (its data position), into the checkpoint
+it reports; Ray merges the ranks' folders into one, and each rank restores its own part.
 """
 
 from __future__ import annotations

@@ -122,10 +122,9 @@ def trial_record(cfg: Any, final: Mapping[str, float], trial_id: str) -> Trial:
 
 def _run_local(sweep: Sweep) -> tuple[list[Trial], list[str], str, str]:
     """Every trial in this process, one after another, each its own MLflow child run."""
+    from orchestrator import zero
     from orchestrator.console import ProgressSink
     from orchestrator.run import LocalRun
-
-    from orchestrator import zero
 
     workload = sweep.load_workload()
     base = sweep.check()

@@ -33,6 +33,7 @@ import dataclasses
 import logging
 import os
 import pickle
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -174,6 +175,10 @@ def _import_deepspeed(device_type: str) -> Any:
     for name in ("DeepSpeed", "deepspeed"):
         logging.getLogger(name).setLevel(logging.WARNING)
     deepspeed.utils.logger.setLevel(logging.WARNING)
+    # DeepSpeed's collectives use these torch names; the deprecation is theirs to act on, and
+    # would otherwise repeat in every worker's log.
+    warnings.filterwarnings("ignore", category=FutureWarning,
+                            message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated")
     return deepspeed
 
 
