@@ -108,6 +108,17 @@ def check_in_process(cfg: Any) -> None:
                          "--local; one worker is fine (--workers 1)")
 
 
+def check_resume_workers(cfg: Any, recorded: int | None, workers: int) -> None:
+    """A ZeRO run resumes on the worker count it was partitioned for (DeepSpeed cannot re-shard
+    ZeRO state to another count)."""
+    from orchestrator.config import ConfigError
+
+    spec = spec_of(cfg)
+    if spec.enabled and recorded is not None and int(recorded) != workers:
+        raise ConfigError(f"this run trained with ZeRO-{spec.stage} on {recorded} workers and its optimizer state is "
+                          f"sharded {recorded} ways: resume it with --workers {recorded}")
+
+
 def ds_config(spec: ZeroSpec, *, on_gpu: bool) -> dict[str, Any]:
     """The DeepSpeed config for `spec` (the loop owns batching, the LR schedule and the optimizer)."""
     zero: dict[str, Any] = {

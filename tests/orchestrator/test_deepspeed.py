@@ -103,6 +103,21 @@ def test_in_process_runs_refuse_zero(workdir):
     assert not (workdir / "mlruns.db").exists() and not (workdir / launch.RUNS_DIR).exists()
 
 
+def test_a_zero_run_resumes_on_its_own_worker_count(workdir, capsys):
+    import json
+
+    from orchestrator.cli import main
+    from orchestrator.config import to_dict
+
+    run_dir = workdir / launch.RUNS_DIR / "celerity_lm" / "r"
+    run_dir.mkdir(parents=True)
+    (run_dir / "run.json").write_text(json.dumps(
+        {"workload": "celerity_lm", "config": to_dict(_lm(zero_stage=3)), "mlflow_run_id": None, "tracking_uri": None,
+         "mode": "ray-train x2", "workers": 2}))
+    assert main(["run", "--resume", str(run_dir), "--workers", "1"]) == 2
+    assert "sharded 2 ways: resume it with --workers 2" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------- two Ray Train workers
 
 STEPS = 81  # celerity_lm smoke at tpp=1.2
