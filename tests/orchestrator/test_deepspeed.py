@@ -25,14 +25,15 @@ from orchestrator.config import ConfigError
 
 # Per-step train/loss (rank 0's batch, log_every=1) of DDP, ZeRO-2 and ZeRO-3 from one seed differ
 # only by float rounding (fp64 vs fp32 clip norm, flat vs per-tensor AdamW, reduce-scatter vs
-# all-reduce). The runs use lr=2e-3, where training does not amplify rounding: plain DDP with
-# every gradient scaled by (1 + 1e-7) stays within 4.8e-7 of itself over all 81 steps, and so do
-# DDP, ZeRO-2 and ZeRO-3 (measured without Ray: <= 4.8e-7, one or two float32 ulps of the loss).
-# A real difference shows at once: dropping the gradient clip (active at 46 of the 81 steps)
-# moves the loss by 6e-3 within 10 steps, 0.086 over the run. (At the default lr=2e-2, and still
-# at 5e-3, a gradient-norm spike amplifies rounding to 0.01-0.03 after step 28, which would hide
+# all-reduce). The runs use lr=2e-3, where training barely amplifies rounding. Measured on 2 gloo
+# workers, max over 81 steps and the three pairs: seed 0 4.8e-7 (one float32 ulp of the loss; the
+# same under Ray Train), seed 1 2.1e-5, seed 2 4.8e-7, seed 3 4.8e-7, seed 4 1.9e-6; plain DDP
+# against itself with every gradient scaled by (1 + 1e-7): seed 0 4.8e-7, seed 1 8.8e-6. A real
+# difference shows at once: dropping the gradient clip (active at 46 of the 81 steps) moves the
+# loss by 6e-3 within 10 steps, 0.086 over the run. (At the default lr=2e-2, and still at 5e-3, a
+# gradient-norm spike after step 28 amplifies rounding to 0.01-0.09, which would hide
 # differences of that size.)
-PARITY_TOL = 1e-5
+PARITY_TOL = 1e-4
 
 
 def _lm(**changes):
