@@ -1,7 +1,7 @@
 """ZeRO through `run.prepare`: a DeepSpeed engine for a workload whose config asks for one.
 
-A workload asks for ZeRO with optional `Config` fields, read here by name (a workload without
-them never gets an engine):
+A workload asks for ZeRO with optional `Config` fields, read here by name; a workload without
+`zero_stage` never gets an engine, and the other names are read only when it has that one:
 
 - `zero_stage: int` — 0 is plain DDP; 1, 2, 3 shard optimizer state, then gradients, then
   parameters over the Ray Train workers (DeepSpeed ZeRO);
@@ -75,7 +75,10 @@ class ZeroSpec:
 
 
 def spec_of(cfg: Any) -> ZeroSpec:
-    """The ZeRO request of a workload config (all defaults when it has none of the fields)."""
+    """The ZeRO request of a workload config. A config without `zero_stage` asks for nothing, and
+    its other fields of these names (another workload's `precision`) are its own business."""
+    if not hasattr(cfg, "zero_stage"):
+        return ZeroSpec()
     return ZeroSpec(
         stage=int(getattr(cfg, "zero_stage", 0)),
         offload_optimizer=bool(getattr(cfg, "offload_optimizer", False)),

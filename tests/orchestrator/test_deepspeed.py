@@ -76,8 +76,11 @@ def test_bf16_passes_for_gpu_workers():
 def test_spec_is_read_from_optional_fields():
     spec = zero.spec_of(_lm(zero_stage=3, offload_params=True, grad_clip=0.5))
     assert (spec.stage, spec.offload_params, spec.offload_optimizer, spec.grad_clip) == (3, True, False, 0.5)
-    # A workload without the fields never asks for ZeRO.
+    # A workload without `zero_stage` never asks for ZeRO, whatever else its fields are called.
     assert zero.spec_of(registry.load("tubal_fgd").smoke()) == zero.ZeroSpec()
+    other = registry.load("lowprec_attention").smoke()
+    assert hasattr(other, "precision") and zero.spec_of(other) == zero.ZeroSpec()
+    registry.load("lowprec_attention").validate(other)
 
 
 def test_deepspeed_config_partitions_everything_and_clips_at_grad_clip():
