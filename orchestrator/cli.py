@@ -60,6 +60,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             raise UsageError("--set cannot change a resumed run's config; start a new run instead")
     if not args.name:
         raise UsageError("ladder run needs a workload name (see `ladder list`) or --resume RUN_DIR")
+    if args.workers is None:  # a resumed Ray run keeps its own worker count
+        args.workers = int(record.get("workers", 1)) if args.resume and not args.local else 1
     workload, cfg = _build_config(args)
     if args.local and args.workers != 1:
         raise UsageError("--local runs in this process with one worker; drop --workers or drop --local")
@@ -185,7 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?", help="workload name (see `ladder list`)")
     p.add_argument("--smoke", action="store_true", help="start from the CPU-sized smoke config")
     p.add_argument("--set", nargs="+", metavar="FIELD=VALUE", action="extend", help="override config fields (see `ladder show NAME`)")
-    p.add_argument("--workers", type=int, default=1, help="Ray Train workers (DDP over gloo on CPU); default 1")
+    p.add_argument("--workers", type=int, default=None,
+                   help="Ray Train workers (DDP over gloo on CPU); default 1, or with --resume the run's own")
     p.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs reserved per worker; default 1")
     p.add_argument("--max-failures", type=int, default=0, help="restarts from the last checkpoint after a worker failure")
     p.add_argument("--local", action="store_true", help="train in this process, without Ray")

@@ -56,12 +56,15 @@ class Workload:
         return self.module.smoke()
 
     def validate(self, cfg: Any, *, world_size: int = 1) -> None:
-        """Run the workload's optional `validate(cfg, world_size)` hook; its ValueError becomes a ConfigError."""
+        """Check the config's ZeRO fields (`orchestrator.zero`) and run the workload's optional
+        `validate(cfg, world_size)` hook; a ValueError from either becomes a ConfigError."""
+        from orchestrator import zero
+
         hook = getattr(self.module, "validate", None)
-        if hook is None:
-            return
         try:
-            hook(cfg, world_size)
+            zero.check(cfg)  # the optional ZeRO fields, for every workload that has them
+            if hook is not None:
+                hook(cfg, world_size)
         except ValueError as exc:
             raise ConfigError(f"{self.name}: {exc}") from exc
 

@@ -130,11 +130,14 @@ def trial_record(cfg: Any, final: Mapping[str, float], trial_id: str) -> Trial:
 
 def _run_local(sweep: Sweep) -> tuple[list[Trial], list[str], str, str]:
     """Every trial in this process, one after another, each its own MLflow child run."""
+    from orchestrator import zero
     from orchestrator.console import ProgressSink
     from orchestrator.run import LocalRun
 
     workload = sweep.load_workload()
     base = sweep.check()
+    for params in sweep.trial_params():
+        zero.check_in_process(apply_overrides(base, params))
     uri = tracking.tracking_uri()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     sweep_id = f"{sweep.name}-{stamp}"

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from orchestrator import outbox, tracking
+from orchestrator import outbox, tracking, zero
 from orchestrator.config import apply_overrides, flatten, redacted, to_dict, to_json
 from orchestrator.ray_train import RayReports
 from orchestrator.sweep import Sweep, SweepError
@@ -362,8 +362,10 @@ def run_sweep(sweep: Sweep, *, resume: bool = False, progress: bool = True) -> S
         "cpus_per_worker": sweep.cpus_per_worker,
         "gpus_per_worker": sweep.gpus_per_worker,
         # A one-worker CPU trial trains in the trial itself; GPU trials train in a Ray Train worker
-        # group, which places the GPU and sets the device.
-        "in_trial": sweep.workers == 1 and not sweep.gpus_per_worker,
+        # group, which places the GPU and sets the device, and so do trials that ask for ZeRO
+        # (one DeepSpeed engine per worker, even of one).
+        "in_trial": sweep.workers == 1 and not sweep.gpus_per_worker and not any(
+            zero.spec_of(apply_overrides(base, p)).enabled for p in sweep.trial_params()),
         "parent_run_id": record["parent_run_id"],
         "tracking_uri": uri,
         "experiment": sweep.name,
@@ -416,7 +418,7 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
         diagnostics = CollapseDiagnostics(experiment=sweep.name, sweep_id=record["sweep_id"], uri=meta["tracking_uri"])
     scheduler = schedulers.build(sweep.scheduler, sweep.scheduler_options, metric=metric, mode=mode,
                                  state_path=scheduler_state, reference=reference, diagnostics=diagnostics)
-    # A single-worker trial trains in the trial itself; a multi-worker trial only drives Ray Train,
+    # A single-worker trial trains in the trial itself; any other trial only drives Ray Train,
     # whose workers hold the CPUs (a CPU held by the driver too would starve them on small nodes).
     # Ray refuses an empty bundle, so the driver asks for a little memory instead of a CPU.
     resources = {"cpu": sweep.cpus_per_worker} if meta["in_trial"] else {"cpu": 0, "memory": 64 * 2**20}

@@ -67,6 +67,14 @@ class Config:
     """Report train/loss (averaged since the last report) every this many steps."""
     seed: int = 0
     """Seed of the initialization and of the data order."""
+    zero_stage: int = 0
+    """0: plain DDP; 1, 2, 3: a DeepSpeed ZeRO engine under Ray Train, sharding optimizer state, then grads, then weights."""
+    offload_optimizer: bool = False
+    """With ZeRO: keep the optimizer state and its update on the CPU (DeepSpeed offload_optimizer)."""
+    offload_params: bool = False
+    """With ZeRO-3: keep the parameters on the CPU between uses (DeepSpeed offload_param)."""
+    precision: str = "fp32"
+    """'fp32', or 'bf16' with ZeRO on GPU workers (bf16 weights and compute, fp32 master weights)."""
 
 
 def smoke() -> Config:
@@ -194,6 +202,10 @@ def train(cfg: Config, run) -> dict[str, float]:
     model, optimizer, plan = build(cfg)
     peak_lrs = [g["lr"] for g in optimizer.param_groups]
     model, optimizer = run.prepare(model, optimizer)
+    # With zero_stage > 0, `model` is a DeepSpeed engine and `optimizer` stands for it: its
+    # step() clips at grad_clip and updates the shards, and run.save / run.restore carry the
+    # sharded model and optimizer state themselves (see orchestrator/zero.py).
+    sharded = cfg.zero_stage > 0
     raw = getattr(model, "module", model)
     sampler = BatchSampler(
         train_bytes, cfg.seq_len, cfg.batch_size // run.world_size, seed=cfg.seed, rank=run.rank
@@ -203,8 +215,9 @@ def train(cfg: Config, run) -> dict[str, float]:
     start = 0
     state = run.restore()
     if state is not None:
-        raw.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        if not sharded:
+            raw.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
         sampler.load_state(state["sampler"])
         start = int(state["step"])
 
@@ -227,7 +240,7 @@ def train(cfg: Config, run) -> dict[str, float]:
         loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        if cfg.grad_clip > 0:
+        if cfg.grad_clip > 0 and not sharded:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
         window_loss += loss.item()
@@ -239,7 +252,9 @@ def train(cfg: Config, run) -> dict[str, float]:
             train_loss = window_loss / window_n
             now = time.perf_counter()
             tokens_per_s = window_tokens / max(now - window_start - eval_time, 1e-9)
-            metrics.update({"train/loss": train_loss, "perf/tokens_per_s": tokens_per_s, "train/lr": peak_lrs[1] * factor})
+            # train/lr is read back from the optimizer (under ZeRO, the engine's): the rate applied.
+            lr_now = optimizer.param_groups[1]["lr"]
+            metrics.update({"train/loss": train_loss, "perf/tokens_per_s": tokens_per_s, "train/lr": lr_now})
             window_loss, window_n, window_tokens = 0.0, 0, 0
             window_start, eval_time = now, 0.0
         if step in eval_at:
@@ -251,14 +266,10 @@ def train(cfg: Config, run) -> dict[str, float]:
             metrics.update(fixed, progress=step * plan.batch_tokens / plan.tokens, tokens=step * plan.batch_tokens)
             run.report(metrics, step=step)
         if step in save_at:
-            run.save(
-                {
-                    "step": step,
-                    "model": raw.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "sampler": sampler.state(),
-                }
-            )
+            state = {"step": step, "sampler": sampler.state()}
+            if not sharded:
+                state.update(model=raw.state_dict(), optimizer=optimizer.state_dict())
+            run.save(state)
     if math.isnan(eval_loss) or start >= plan.steps:
         eval_loss = evaluate(model, heldout, run.device)
     return {
