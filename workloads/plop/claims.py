@@ -51,13 +51,13 @@ def _spread(scores: dict[str, float]) -> float:
 
 def scores_one_at_random_init(trials: list[dict[str, Any]]) -> tuple[bool | None, dict[str, float]]:
     """On a freshly initialised model of the same architecture every type's NFN is within 0.1 of 1."""
-    devs = [max(abs(v - 1) for v in _types(g[0], "control").values()) for g in _by_run(trials).values()
-            if _types(g[0], "control")]
-    if not devs:
+    controls = [c for c in (_types(g[0], "control") for g in _by_run(trials).values()) if c]
+    if not controls:
         return None, {}  # the sweep ran without the control (nfn_control=False)
-    spreads = [_spread(_types(g[0], "control")) for g in _by_run(trials).values() if _types(g[0], "control")]
-    return max(devs) <= CONTROL_TOLERANCE, {"max_abs_dev": max(devs), "mean_abs_dev": sum(devs) / len(devs),
-                                            "max_spread": max(spreads)}
+    devs = [abs(v - 1) for c in controls for v in c.values()]
+    measured = {"max_abs_dev": max(devs), "mean_abs_dev": sum(devs) / len(devs),
+                "max_spread": max(_spread(c) for c in controls)}
+    return measured["max_abs_dev"] <= CONTROL_TOLERANCE, measured
 
 
 def scores_separate_when_pretrained(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
@@ -113,6 +113,9 @@ def plop_not_worse_than_blocks(trials: list[dict[str, Any]]) -> tuple[bool, dict
         margin = accs["plop"] - max(accs["attention"], accs["mlp"])
         margins.append(margin)
         measured.update({f"{task}/{p}": v for p, v in sorted(accs.items())})
+        base = [float(t["eval/base_heldout_acc"]) for t in trials if t["task"] == task and "eval/base_heldout_acc" in t]
+        if base:  # what the base model does on the held-out set before fine-tuning
+            measured[f"{task}/base"] = sum(base) / len(base)
         measured[f"{task}/margin"] = margin
     measured["worst_margin"] = min(margins)
     return min(margins) >= -ACC_TOLERANCE, measured

@@ -149,14 +149,19 @@ def _sign(x: float) -> int:
 
 
 def kendall_tau(a: dict[str, float], b: dict[str, float]) -> float:
-    """Kendall's tau-a between two scorings of the same keys (1: same order, -1: reversed)."""
+    """Kendall's tau-b between two scorings of the same keys: 1 for the same order, -1 for the
+    reverse; tied pairs count for neither (so a scoring with ties against itself gives 1)."""
     keys = sorted(a)
     if sorted(b) != keys or len(keys) < 2:
         raise ValueError(f"kendall_tau needs two scorings of the same >= 2 keys, got {sorted(a)} and {sorted(b)}")
-    s = 0
+    concordant, ties_a, ties_b, pairs = 0, 0, 0, 0
     for i in range(len(keys)):
         for j in range(i + 1, len(keys)):
-            da = a[keys[i]] - a[keys[j]]
-            db = b[keys[i]] - b[keys[j]]
-            s += _sign(da) * _sign(db)
-    return s / (len(keys) * (len(keys) - 1) / 2)
+            sa = _sign(a[keys[i]] - a[keys[j]])
+            sb = _sign(b[keys[i]] - b[keys[j]])
+            concordant += sa * sb
+            ties_a += sa == 0
+            ties_b += sb == 0
+            pairs += 1
+    denom = math.sqrt((pairs - ties_a) * (pairs - ties_b))
+    return concordant / denom if denom else math.nan

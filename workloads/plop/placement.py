@@ -7,8 +7,9 @@ sum_t r_t c_t with c_t = sum over the modules of type t of (d_in + d_out). Count
 placements are equal only on common multiples of their costs' divisors, so uniform ranks rarely
 match: `match_ranks` lets each type's rank move up to `window` away from its placement's uniform
 rank and picks the count every placement reaches exactly, with the most uniform ranks (smallest
-largest-minus-smallest rank), then the count nearest the target. When no count is common, each
-placement takes its nearest count and the difference is reported.
+largest-minus-smallest rank), then the count nearest the target. Every type of a placement has
+rank >= 1, so the target is first raised to the largest count a placement has at all ranks 1.
+When no count is common, each placement takes its nearest count and the difference is reported.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ class Match:
     """The ranks of every compared placement and what they train."""
 
     target: int
-    """Parameters of PLoP at the nominal uniform rank (what the counts aim for)."""
+    """What the counts aim for: PLoP's count at the nominal uniform rank, raised to the largest
+    count of a placement at all ranks 1 when that is more."""
     ranks: dict[str, dict[str, int]]
     """placement -> module type -> rank"""
     counts: dict[str, int]
@@ -109,6 +111,7 @@ def reachable(costs: list[int], target: float, window: int) -> dict[int, tuple[i
 def match_ranks(costs: dict[str, int], placements: dict[str, list[str]], target: int, window: int) -> Match:
     """Ranks for every placement (name -> its types) so that all train the same parameter count,
     near `target` (see the module docstring)."""
+    target = max(target, *(sum(costs[t] for t in types) for types in placements.values()))
     options = {p: reachable([costs[t] for t in types], target, window) for p, types in placements.items()}
     common = set.intersection(*(set(o) for o in options.values()))
 
