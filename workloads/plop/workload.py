@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Iterator, Literal
 
 import torch
 
@@ -120,7 +120,8 @@ def validate(cfg: Config, world_size: int = 1) -> None:
                          f"training examples, and task {cfg.task!r} has {train_n}: use nfn_samples <= {train_n // 2}")
 
 
-def nfn_batches(examples: list, tokenizer: Any, cfg: Config):
+def nfn_batches(examples: list, tokenizer: Any, cfg: Config) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(input_ids, attention_mask) batches of what the scoring pass reads (see `nfn_inputs`)."""
     texts = [e.prompt if cfg.nfn_inputs == "prompt" else f"{e.prompt} {e.answer}" for e in examples]
     for s in range(0, len(texts), cfg.nfn_batch):
         enc = tokenizer(texts[s: s + cfg.nfn_batch], padding=True, return_tensors="pt")
@@ -139,7 +140,8 @@ def score_task(cfg: Config, model: torch.nn.Module, tokenizer: Any, train_set: l
         from transformers import AutoModelForCausalLM
 
         torch.manual_seed(cfg.seed)
-        control = AutoModelForCausalLM.from_config(model.config).to(next(model.parameters()).device)
+        weight = next(model.parameters())
+        control = AutoModelForCausalLM.from_config(model.config, dtype=weight.dtype).to(weight.device)
         out["control"] = by_type(score_modules(control, nfn_batches(sample_a, tokenizer, cfg), seed=cfg.seed))
         del control
     return out
