@@ -357,6 +357,19 @@ def test_plot_writes_a_png(tmp_path):
 # --- the reproduction ---------------------------------------------------------------------------
 
 
+def test_full_reproduction_runs_the_same_code_on_a_checkpoint_folder(monkeypatch, tiny_base):
+    from orchestrator.reproduce import load_repro
+    from orchestrator.sweep import SweepError
+
+    monkeypatch.setenv("PLOP_BASE", str(tiny_base))  # any save_pretrained folder
+    sweep = load_repro("plop", smoke=False)
+    assert sweep.base_config().base == str(tiny_base)
+    assert sweep.trial_count() == 4 * 4 * 5  # tasks x placements (PLoP^-1 too) x seeds
+    monkeypatch.setenv("PLOP_BASE", "/no/such/checkpoint")
+    with pytest.raises(SweepError, match="does not exist"):
+        load_repro("plop", smoke=False)
+
+
 @pytest.mark.slow
 def test_smoke_reproduction_holds(workdir, tiny_base):
     from orchestrator.reproduce import reproduce
