@@ -1,6 +1,6 @@
 """plop: the NFN score on hand-built cases and at random init, the hooks, the tasks' encoding, the
 rank match (equal trainable parameters, checked against peft), bad configs, resumption, the
-claims, and the smoke reproduction. tiny-local is loaded once per module from the session cache."""
+claims, and the smoke reproduction. tiny-local is built once per test run (the shared cache) and loaded once here."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ TYPES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_p
 
 @pytest.fixture(scope="module")
 def base(tiny_base):
-    """tiny-local (built once per session, loaded once here), its world and the smoke task's split."""
+    """tiny-local (built once per test run, loaded once per module), its world and the smoke task's split."""
     from orchestrator.basemodel import base_world, load_base
 
     model, tok = load_base("tiny-local")
