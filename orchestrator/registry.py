@@ -26,6 +26,7 @@ WORKLOADS: dict[str, str] = {
     "mom": "workloads.mom",
     "mx_anomaly": "workloads.mx_anomaly",
     "pft": "workloads.pft",
+    "plop": "workloads.plop",
     "swd_rl": "workloads.swd_rl",
     "tubal_fgd": "workloads.tubal_fgd",
     "wasi": "workloads.wasi",
