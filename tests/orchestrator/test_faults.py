@@ -18,7 +18,6 @@ from orchestrator import registry, tracking
 
 # The synthetic curves workload paced by sleeping: the run lasts as long on a loaded machine as
 # on an idle one, and its reported steps are known in advance.
-LONG_RUN = ["--set", "steps=900", "report_every=3", "checkpoint_every=300", "step_time_s=0.05"]  # 45 s
 SHORT_RUN = ["--set", "steps=240", "report_every=3", "checkpoint_every=120", "step_time_s=0.025"]  # 6 s
 
 
@@ -69,9 +68,14 @@ def test_tracking_server_outage_mid_run_loses_nothing(workdir):
     """The server stops mid-run and comes back: training goes on and every point reaches it."""
     port, data = free_port(), workdir / "srv"
     url = f"http://127.0.0.1:{port}"
+    began = time.monotonic()
     server = start_mlflow_server(data, port)
+    # The run must outlast the server's restart: pace it by how long this machine took to start one.
+    startup = time.monotonic() - began
+    steps = 3 * round((20 + 3 * startup) / 0.05 / 3)
     log = workdir / "run.log"
-    proc = _start_run(workdir, url, LONG_RUN, log)
+    proc = _start_run(workdir, url, ["--set", f"steps={steps}", "report_every=3", "checkpoint_every=300",
+                                     "step_time_s=0.05"], log)
     try:
         _wait(lambda: (ids := _run_ids(url)) and len(_recorded(url, ids[0])) >= 2, "the first points", proc)
         (run_id,) = _run_ids(url)
