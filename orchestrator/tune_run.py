@@ -445,8 +445,13 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
     if diagnostics is not None:
         diagnostics.flush()
     decisions = getattr(scheduler, "decisions", {})
-    if scheduler_state.is_file():  # on a resume, Tune ran its own unpickled copy of the scheduler
-        decisions = json.loads(scheduler_state.read_text()).get("decisions", {})
+    if hasattr(scheduler, "checkpoint"):
+        scheduler.checkpoint()
+    if scheduler_state.is_file() or scheduler_state.with_suffix(".journal.jsonl").is_file():
+        # On a resume, Tune ran its own unpickled copy of the scheduler: read what it recorded.
+        from orchestrator.schedulers.collapse import read_state
+
+        decisions = read_state(scheduler_state).get("decisions", {})
     trials = []
     for r in results:
         metrics = r.metrics or {}

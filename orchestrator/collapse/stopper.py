@@ -308,6 +308,22 @@ class CollapseStopper:
             trial.progress.append(float(progress))
             trial.loss.append(float(loss))
 
+    def trial_state(self, trial_id: str) -> dict[str, Any]:
+        """One trial's decision state (everything but its curve), as plain JSON types."""
+        t = self._trials.setdefault(str(trial_id), _Trial())
+        return {"controls": dict(t.controls) if t.controls else None, "status": t.status, "stopped_at": t.stopped_at,
+                "next_rung": t.next_rung, "rungs": {i: dict(d) for i, d in t.rungs.items()}}
+
+    def set_trial_state(self, trial_id: str, state: Mapping[str, Any]) -> None:
+        """Put back what `trial_state` returned (its curve is left as it is)."""
+        t = self._trials.setdefault(str(trial_id), _Trial())
+        t.controls = dict(state["controls"]) if state.get("controls") else None
+        t.status, t.stopped_at, t.next_rung = state["status"], state["stopped_at"], int(state["next_rung"])
+        t.rungs = {str(i): dict(d) for i, d in state["rungs"].items()}
+        for i, record in t.rungs.items():  # the rung's recorded predictions are the trials' own
+            if record.get("predicted") is not None:
+                self._recorded[int(i)][str(trial_id)] = float(record["predicted"])
+
     def state_dict(self, *, curves: bool = True) -> dict[str, Any]:
         """Everything needed to continue with identical decisions, as plain JSON types (the
         reference is configuration and is passed again on restore). With `curves=False` the

@@ -13,6 +13,7 @@ import pytest
 
 from conftest import REPO, run_cli
 from orchestrator import tracking
+from orchestrator.schedulers.collapse import read_state
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +28,7 @@ def load_sweep(tmp_path_factory):
     c = tracking.client(f"sqlite:///{work / 'mlruns.db'}")
     exp = c.get_experiment_by_name("curves_load")
     runs = c.search_runs([exp.experiment_id], filter_string="tags.`ladder.trial_id` != ''", max_results=1000)
-    decisions = json.loads((work / "ladder-runs/sweeps/curves_load/scheduler.json").read_text())["decisions"]
+    decisions = read_state(work / "ladder-runs/sweeps/curves_load/scheduler.json")["decisions"]
     return {"work": work, "out": out, "client": c, "runs": runs, "decisions": decisions}
 
 
