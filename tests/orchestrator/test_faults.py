@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -18,7 +19,7 @@ from orchestrator import registry, tracking
 
 # The synthetic curves workload paced by sleeping: the run lasts as long on a loaded machine as
 # on an idle one, and its reported steps are known in advance.
-SHORT_RUN = ["--set", "steps=240", "report_every=3", "checkpoint_every=120", "step_time_s=0.025"]  # 6 s
+SHORT_RUN = ["--set", "steps=402", "report_every=3", "checkpoint_every=201", "step_time_s=0.03"]  # 12 s
 
 
 def _expected_steps(cfg, total: int) -> list[int]:
@@ -79,7 +80,7 @@ def test_tracking_server_outage_mid_run_loses_nothing(workdir):
     try:
         _wait(lambda: (ids := _run_ids(url)) and len(_recorded(url, ids[0])) >= 2, "the first points", proc)
         (run_id,) = _run_ids(url)
-        stop_process_group(server)
+        stop_process_group(server, signal.SIGKILL)
         _wait(lambda: "unreachable" in log.read_text(), "the console to report the outage", proc)
         server = start_mlflow_server(data, port)
         assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
@@ -103,7 +104,7 @@ def test_tracking_server_down_until_the_end_is_synced_later(workdir):
     try:
         _wait(lambda: "[curves] step" in log.read_text(), "training to start", proc)
         (run_id,) = _run_ids(url)
-        stop_process_group(server)
+        stop_process_group(server, signal.SIGKILL)  # gone at once, as a crashed server is
         assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
         console = log.read_text()
         assert "unreachable" in console and "ladder sync" in console, console[-2000:]
