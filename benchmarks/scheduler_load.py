@@ -106,6 +106,8 @@ def drive(kind: str, args: argparse.Namespace, folder: Path) -> dict[str, float]
         if action == "STOP":
             stopped.add(tid)
             stops += 1
+    if diagnostics is not None:
+        diagnostics.flush()  # what the background thread still holds, before the store goes away (not timed)
     t = np.array(times) * 1e3
     tenth = max(1, t.size // 10)
     return {"results": float(t.size), "stopped": float(stops), "mean_ms": float(t.mean()),

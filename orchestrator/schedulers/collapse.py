@@ -192,7 +192,7 @@ class CollapseScheduler(FIFOScheduler):
                 self.on_decision(tid, record)
         if self.diagnostics is not None:
             try:
-                self.diagnostics.observe(self.stopper, tid, result, record)
+                self.diagnostics.submit(self.stopper, tid, result, record)
             except Exception as exc:  # a diagnostic must never stop a sweep
                 print(f"ladder: collapse diagnostic failed for {tid}: {exc}", file=sys.stderr)
         return TrialScheduler.STOP if decision.stop else TrialScheduler.CONTINUE
