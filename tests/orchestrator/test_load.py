@@ -50,6 +50,9 @@ def test_two_hundred_trials_run_to_completion_under_the_collapse_scheduler(load_
         assert sorted(steps) == list(range(2, 201, 2)), r.data.tags["ladder.trial_id"]
     print(f"load: {len(finished)} trials ran to the end, {len(stopped)} stopped early; "
           f"points reported {reported}, recorded {recorded}")
+    # The deviation diagnostic ran beside the decisions and its predictions reached the runs.
+    predicted = [r for r in runs if "collapse/pred_final_loss" in r.data.metrics]
+    assert len(predicted) >= 150, f"{len(predicted)} of 200 runs carry collapse/pred_final_loss"
     # The survivors are the good learning rates: the best final loss sits near lr = 1e-2.
     best = min(finished, key=lambda r: json.loads(r.data.tags["ladder.final"])["eval/loss"])
     assert 10 ** -2.5 < float(best.data.params["lr"]) < 10 ** -1.5
