@@ -69,7 +69,8 @@ class Config:
     """CNN: taps per axis at the training resolution (odd)."""
     residual: bool = True
     """Predict u(t0 + lag) - u(t0) and add the input back (not stated in the paper; the common forecasting
-    form). Above rho0/2 the increment has no learned response, so the input's fine scales pass on as they are."""
+    form). Above rho0/2 the increment has no learned response, so the input's fine scales pass on as they are.
+    False is the plain FNO (lift, W + K, projection); that baseline is not anchored on Burgers (see claims.py)."""
     frl_coord: str = "physical"
     """FRL spectral weight input: 'physical' (|k|/k_Nyq(rho0), held above it) or 'nyquist' (|k|/k_Nyq(rho) and log2(rho/rho0))."""
     frl_features: int = 8
