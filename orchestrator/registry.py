@@ -25,6 +25,7 @@ WORKLOADS: dict[str, str] = {
     "mom": "workloads.mom",
     "mx_anomaly": "workloads.mx_anomaly",
     "pft": "workloads.pft",
+    "pica": "workloads.pica",
     "swd_rl": "workloads.swd_rl",
     "tubal_fgd": "workloads.tubal_fgd",
 }
