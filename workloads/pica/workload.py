@@ -79,7 +79,7 @@ class Config:
 
 def smoke() -> Config:
     """tiny-local, the qa task, r = 2 on q, k, v, up, down, 40 steps: about a second."""
-    return Config(rank=2, steps=40, batch=32, lr=1e-2, warmup_frac=0.0, eval_every=20, log_every=10,
+    return Config(rank=2, steps=40, batch=32, lr=1e-2, warmup_frac=0.0, eval_every=20, log_every=5,
                   check_examples=32, count_depths=(1, 2, 4))
 
 
