@@ -130,6 +130,8 @@ def _train(cfg: Config, run: Any) -> dict[str, float]:
     zeroth_order = cfg.method in ("lmao", "mezo")
 
     causal_lm = model
+    # The base stays requires_grad=False throughout: the LoRA backward cannot reach it, and the MeZO
+    # phase runs under no_grad (the paper's code unfreezes it for that phase; nothing would be stored).
     for p in model.parameters():
         p.requires_grad_(False)
     if first_order:

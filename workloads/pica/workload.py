@@ -63,8 +63,9 @@ class Config:
     checkpoint_every_frac: float = 0.25
     """Save a checkpoint at every multiple of this training fraction (and at the end)."""
     exact_checks: bool = True
-    """At the end, measure the exact claims on the trained model: merge, span residual, shared
-    gradient (these keep a copy of the target weights and run two extra forward/backward passes)."""
+    """Measure the exact claims on the trained model (merge, span residual, shared gradient) and, at the
+    start, the share of the base's gradient dL/dW0 inside span(P): these keep a copy of the target
+    weights, one full gradient of them, and run three extra forward/backward passes."""
     check_examples: int = 64
     """Training examples in the batch of the shared-gradient and merged-logits checks."""
     count_depths: tuple[int, ...] = (1, 2, 4, 16)
@@ -164,9 +165,9 @@ def _train(cfg: Config, run: Any) -> dict[str, float]:
         snapshot = {name: lin.weight.detach().clone() for name, _, _, lin in decoder_linears(model, cfg.targets)}
     check_batch = train_set.rows(torch.arange(min(cfg.check_examples, len(train_set))))
     # dL/dW0 at the base: the first step of full fine-tuning, which PiCa's theory says lies mostly in span(P).
-    full_grads = full_gradients(model, cfg.targets, lambda m: data.answer_loss(m, check_batch))
+    full_grads = full_gradients(model, cfg.targets, lambda m: data.answer_loss(m, check_batch)) if cfg.exact_checks else {}
     pica = PiCa(model, cfg.targets, cfg.rank, subspace=cfg.subspace, share=cfg.share, seed=cfg.seed)
-    energy = gradient_energy(pica, full_grads)
+    energy = gradient_energy(pica, full_grads) if full_grads else math.nan
     optimizer = torch.optim.AdamW(pica.ms.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     model, optimizer = run.prepare(model, optimizer)
     gen = torch.Generator().manual_seed(cfg.seed)
