@@ -19,6 +19,7 @@ WORKLOADS: dict[str, str] = {
     "celerity_lm": "workloads.celerity_lm",
     "consistent_lra": "workloads.consistent_lra",
     "diffgda": "workloads.diffgda",
+    "dit": "workloads.dit",
     "frl": "workloads.frl",
     "lowprec_attention": "workloads.lowprec_attention",
     "martingale_uq": "workloads.martingale_uq",
