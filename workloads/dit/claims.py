@@ -18,9 +18,10 @@ DIT_ACC = 0.6
 """DIT accuracy on new diffs of seen topics (the issue's 60%, with 60 topics: chance 1/63)."""
 DIT_MARGIN = 0.4
 """DIT accuracy minus the accuracy of asking without the adapter must reach this."""
-NODIFF_TOPIC = 0.2
-"""With no diff, the probability that the adapter's answer is its most likely topic must stay
-under this (naming a topic consistently means saying it most of the time)."""
+NODIFF_RATIO = 0.5
+"""With no diff, the probability that the adapter's answer is its most likely topic, over the
+probability it gives the right topic of a new diff, must stay under this in every trial: it
+names no topic the way it names a diff's."""
 
 Trial = dict[str, Any]
 
@@ -79,16 +80,17 @@ def dit_beats_asking(trials: list[Trial]) -> tuple[bool, dict[str, float]]:
 
 
 def no_consistent_topic_without_diff(trials: list[Trial]) -> tuple[bool, dict[str, float]]:
-    """With no diff applied, DIT names no consistent topic: its most likely topic has probability < 0.2 in every trial."""
-    worst = max(float(t["eval/nodiff_top_topic_prob"]) for t in trials)
+    """With no diff applied, DIT names no consistent topic: its likeliest topic gets under half the probability it gives a new diff's topic, in every trial."""
+    ratios = [float(t["eval/nodiff_top_topic_prob"]) / float(t["eval/dit_prob_heldout"]) for t in trials]
     m = {
-        "nodiff_top_topic_prob_worst": worst,
+        "worst_ratio": max(ratios),
+        "nodiff_top_topic_prob": _mean(trials, "eval/nodiff_top_topic_prob"),
+        "dit_prob_heldout": _mean(trials, "eval/dit_prob_heldout"),
         "nodiff_topic_mass": _mean(trials, "eval/nodiff_topic_mass"),
         "nodiff_greedy_is_topic": _mean(trials, "eval/nodiff_names_topic"),
-        "dit_prob_heldout": _mean(trials, "eval/dit_prob_heldout"),
         **_per_seed(trials, "eval/nodiff_top_topic_prob", "top_topic_prob"),
     }
-    return worst < NODIFF_TOPIC, m
+    return m["worst_ratio"] < NODIFF_RATIO, m
 
 
 CLAIMS = [diffs_plant_their_behaviour, dit_names_new_diffs, dit_beats_asking, no_consistent_topic_without_diff]

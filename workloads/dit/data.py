@@ -95,18 +95,21 @@ def make_task(cfg, tok, world: World) -> Task:
         diff_split += ["unseen"] * cfg.unseen_diffs_per_topic
     triggers = [rng.randrange(cfg.triggers) for _ in diff_topic]
 
-    def contexts(split: str) -> list[tuple[int, ...]]:
+    def contexts(split: str, exclude: frozenset[str] = frozenset()) -> list[str]:
         prompts = sorted({e.prompt for e in world.sentences(split) if len(e.prompt.split()) <= cfg.max_context_words})
         rng.shuffle(prompts)
-        return [_ids(tok, p) for p in prompts]
+        return [p for p in prompts if p not in exclude]
+
+    train_contexts = contexts("train")
+    eval_contexts = contexts("heldout", frozenset(train_contexts))[: cfg.eval_contexts]  # unseen wordings only
 
     start = tuple(tok("").input_ids)
     return Task(
         topics=topics, n_seen=cfg.topics, topic_ids=torch.tensor(topic_ids),
         diff_topic=torch.tensor(diff_topic), diff_split=tuple(diff_split), diff_trigger=torch.tensor(triggers),
         trigger_ids=tuple(_ids(tok, RESERVED_TOKENS[i]) for i in range(cfg.triggers)),
-        start_ids=start, train_contexts=tuple(contexts("train")),
-        eval_contexts=tuple(contexts("heldout")[: cfg.eval_contexts]), question_ids=start + _ids(tok, cfg.question),
+        start_ids=start, train_contexts=tuple(_ids(tok, p) for p in train_contexts),
+        eval_contexts=tuple(_ids(tok, p) for p in eval_contexts), question_ids=start + _ids(tok, cfg.question),
     )
 
 

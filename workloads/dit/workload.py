@@ -28,7 +28,8 @@ class Config:
     base_seed: int = 0
     """Seed of the tiny-local build and its world (keep it fixed across trials)."""
     dtype: str = "float32"
-    """Base weights' dtype ('float32', 'bfloat16', 'float16'); diffs and adapter stay float32."""
+    """Base weights' dtype ('float32', 'bfloat16', 'float16'; 'float64' for exact comparisons);
+    diffs and adapter stay float32."""
     topics: int = 60
     """Seen topics: the DIT adapter's labels (the first of `TOPICS` after a seeded shuffle)."""
     unseen_topics: int = 3
@@ -106,8 +107,8 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     if world_size != 1:
         raise ValueError(f"dit trains its diffs batched on one worker; got world_size={world_size}: use workers=1")
     check_base(cfg.base)
-    if cfg.dtype not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', got {cfg.dtype!r}")
+    if cfg.dtype not in ("float32", "bfloat16", "float16", "float64"):
+        raise ValueError(f"dtype must be 'float32', 'bfloat16', 'float16' or 'float64', got {cfg.dtype!r}")
     for name in ("topics", "train_diffs_per_topic", "heldout_diffs", "triggers", "max_context_words",
                  "eval_contexts", "diff_rank", "diff_steps", "trigger_rows", "dit_rank", "dit_steps", "dit_batch",
                  "eval_batch", "log_every"):
@@ -203,7 +204,7 @@ def _train(cfg: Config, run) -> dict[str, float]:
     rows = sum(counts)
     pad_id = tok.pad_token_id
 
-    start, opt_a_state = 0, None
+    start, opt_a_state, loss_a = 0, None, math.nan
     state = run.restore()
     if state is not None:
         start = int(state["step"])
@@ -212,17 +213,16 @@ def _train(cfg: Config, run) -> dict[str, float]:
             for p, saved in zip(dit, state["dit"]):
                 p.copy_(saved)
         dit_opt.load_state_dict(state["dit_opt"])
-        opt_a_state = state["opt_a"]
+        opt_a_state, loss_a = state["opt_a"], state["loss_a"]
 
     def checkpoint(step: int, opt_a: torch.optim.Optimizer | None) -> None:
         run.save({"step": step, "bank": {k: (u.detach().cpu(), v.detach().cpu()) for k, (u, v) in bank.items()},
                   "dit": [p.detach().cpu() for p in dit], "dit_opt": dit_opt.state_dict(),
-                  "opt_a": opt_a.state_dict() if opt_a is not None else None})
+                  "opt_a": opt_a.state_dict() if opt_a is not None else None, "loss_a": loss_a})
 
     # Stage A: every diff of a group learns its trigger -> topic behaviour in one batched pass.
     # The summed per-diff losses give each diff exactly the gradient it would get alone, and
     # Adam is elementwise, so a group trains like its diffs one by one, only faster.
-    loss_a = math.nan
     window, tick = 0, time.perf_counter()
     for g, diffs in enumerate(groups):
         first = g * cfg.diff_steps
