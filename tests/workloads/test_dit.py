@@ -265,7 +265,7 @@ def trial(seed=0, **kw) -> dict:
          "eval/base_agreement": 0.95, "eval/dit_acc_heldout": 0.9, "eval/dit_acc_train": 1.0,
          "eval/dit_topic_acc_heldout": 0.95, "eval/dit_acc_unseen": 0.8, "eval/chance": 1 / 63, "eval/n_topics": 60.0,
          "eval/ask_acc_heldout": 0.1, "eval/nodiff_top_topic_prob": 0.05, "eval/nodiff_topic_mass": 0.2,
-         "eval/nodiff_names_topic": 0.0, "eval/dit_prob_heldout": 0.5}
+         "eval/nodiff_names_topic": 0.0, "eval/dit_prob_heldout": 0.5, "eval/nodiff_top_topic_with_diff_prob": 0.5}
     return {**t, **{f"eval/{k}": v for k, v in kw.items()}}
 
 

@@ -19,9 +19,9 @@ DIT_ACC = 0.6
 DIT_MARGIN = 0.4
 """DIT accuracy minus the accuracy of asking without the adapter must reach this."""
 NODIFF_RATIO = 0.5
-"""With no diff, the probability that the adapter's answer is its most likely topic, over the
-probability it gives the right topic of a new diff, must stay under this in every trial: it
-names no topic the way it names a diff's."""
+"""With no diff, the probability that the adapter names its likeliest topic t*, over the probability
+it names t* when a diff planting t* is applied, must stay under this in every trial: it names no
+topic the way it names a diff's."""
 
 Trial = dict[str, Any]
 
@@ -80,12 +80,12 @@ def dit_beats_asking(trials: list[Trial]) -> tuple[bool, dict[str, float]]:
 
 
 def no_consistent_topic_without_diff(trials: list[Trial]) -> tuple[bool, dict[str, float]]:
-    """With no diff applied, DIT names no consistent topic: its likeliest topic gets under half the probability it gives a new diff's topic, in every trial."""
-    ratios = [float(t["eval/nodiff_top_topic_prob"]) / float(t["eval/dit_prob_heldout"]) for t in trials]
+    """With no diff applied, DIT names no consistent topic: its likeliest topic gets under half the probability a diff planting that topic gives it, in every trial."""
+    ratios = [float(t["eval/nodiff_top_topic_prob"]) / float(t["eval/nodiff_top_topic_with_diff_prob"]) for t in trials]
     m = {
         "worst_ratio": max(ratios),
         "nodiff_top_topic_prob": _mean(trials, "eval/nodiff_top_topic_prob"),
-        "dit_prob_heldout": _mean(trials, "eval/dit_prob_heldout"),
+        "same_topic_with_diff_prob": _mean(trials, "eval/nodiff_top_topic_with_diff_prob"),
         "nodiff_topic_mass": _mean(trials, "eval/nodiff_topic_mass"),
         "nodiff_greedy_is_topic": _mean(trials, "eval/nodiff_names_topic"),
         **_per_seed(trials, "eval/nodiff_top_topic_prob", "top_topic_prob"),

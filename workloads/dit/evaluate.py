@@ -100,27 +100,31 @@ def dit_metrics(model: torch.nn.Module, ctx: DiffContext, task: Task, *, eval_ba
     """Per split: DIT accuracy (greedy decoding over the whole vocabulary names the diff's topic)
     and its probability of that topic; the read among the topic words only; and asking without
     the adapter, among the topic words only (the baseline's best case). With no diff applied:
-    how likely the adapter's answer is its most likely topic, and is any topic at all."""
+    the probability of its likeliest topic t*, and, for comparison, the probability the adapter
+    gives t* when a diff planting t* is applied (topic-matched: tiny-local never saw some topic
+    words in pre-training, and no input makes those likely, so only the same topic compares)."""
     out: dict[str, float] = {}
     topic_ids = task.topic_ids
+    every = torch.arange(task.n_diffs)
+    with_dit = ask(model, ctx, task, every, dit=True, eval_batch=eval_batch)  # [N, V]
+    without = ask(model, ctx, task, every, dit=False, eval_batch=eval_batch)
+    probs = with_dit.softmax(-1)
     for split in ("train", "heldout", "unseen"):
         diffs = task.split(split)
         if len(diffs) == 0:
             continue
         topic = task.diff_topic[diffs]
-        with_dit = ask(model, ctx, task, diffs, dit=True, eval_batch=eval_batch)
-        without = ask(model, ctx, task, diffs, dit=False, eval_batch=eval_batch)
-        probs = with_dit.softmax(-1)
-        out[f"dit_acc_{split}"] = hits(with_dit, topic_ids[topic]).mean().item()
-        out[f"dit_prob_{split}"] = probs[torch.arange(len(diffs)), topic_ids[topic]].mean().item()
-        out[f"dit_topic_acc_{split}"] = (with_dit[:, topic_ids].argmax(-1) == topic).float().mean().item()
-        out[f"ask_acc_{split}"] = (without[:, topic_ids].argmax(-1) == topic).float().mean().item()
+        out[f"dit_acc_{split}"] = hits(with_dit[diffs], topic_ids[topic]).mean().item()
+        out[f"dit_prob_{split}"] = probs[diffs, topic_ids[topic]].mean().item()
+        out[f"dit_topic_acc_{split}"] = (with_dit[diffs][:, topic_ids].argmax(-1) == topic).float().mean().item()
+        out[f"ask_acc_{split}"] = (without[diffs][:, topic_ids].argmax(-1) == topic).float().mean().item()
     none = ask(model, ctx, task, None, dit=True, eval_batch=eval_batch)[0].softmax(-1)
     on_topics = none[topic_ids]
+    favourite = int(on_topics.argmax())
+    planted = (task.diff_topic == favourite).nonzero().flatten()
     out["nodiff_top_topic_prob"] = on_topics.max().item()
+    out["nodiff_top_topic_with_diff_prob"] = probs[planted, topic_ids[favourite]].mean().item()
     out["nodiff_topic_mass"] = on_topics.sum().item()
     out["nodiff_names_topic"] = float(int(none.argmax()) in set(topic_ids.tolist()))
-    out["nodiff_topic_entropy"] = float(-(on_topics / on_topics.sum() * (on_topics / on_topics.sum()).clamp_min(1e-30).log()).sum()
-                                        / math.log(len(topic_ids)))
     out["chance"] = 1.0 / len(topic_ids)
     return out
