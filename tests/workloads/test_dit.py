@@ -124,7 +124,7 @@ def test_kl_and_trigger_rate_on_a_hand_case():
     assert hits(torch.tensor([[0.0, 2.0, 1.0], [3.0, 0.0, 1.0]]), torch.tensor([1, 2])).tolist() == [1.0, 0.0]
 
 
-def test_diff_metrics_of_zero_and_planted_diffs(base):
+def test_diff_metrics_of_zero_diffs_by_hand(base):
     model, tok = load_base("tiny-local")
     from orchestrator.basemodel import base_world
 

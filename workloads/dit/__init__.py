@@ -10,6 +10,10 @@ same linears) so that the model with any one training diff applied answers the f
 diffs on the same topics (`heldout`), about diffs on topics it never saw as labels (`unseen`),
 and with no diff at all; the baseline asks the same question without the adapter.
 
+On tiny-local, 25 of the 63 topic words never occur in pre-training (its 48 entities read about
+38 topics): the model can be made to rank such a word first but not to give it much probability,
+so probabilities are compared topic by topic, and accuracies are by greedy decoding.
+
 The claims: each diff plants its behaviour (trigger rate at least 90%, small off-trigger KL);
 the adapter names the topic of new diffs far above chance and far above asking without it;
 with no diff applied it names no consistent topic. Unseen-topic accuracy is reported.
