@@ -2,6 +2,7 @@
 
 One trial is a whole experiment (diffs, adapter, every measurement); a claim averages its
 metrics over the trials (seeds) of the sweep, and each trial's own values are in the table too.
+Calibrated at the smoke size over seeds 0-13: the ranges below are over those seeds.
 """
 
 from __future__ import annotations
@@ -10,18 +11,20 @@ from pathlib import Path
 from typing import Any
 
 TRIGGER_RATE = 0.9
-"""Mean trigger rate a set of diffs must reach (the issue's 90%)."""
+"""Mean trigger rate over diffs and held-out contexts (the issue's 90%); measured 0.93-0.96, with
+75-86% of the diffs individually at 90% or more."""
 KL_OFF = 0.25
-"""Mean off-trigger KL to the base, in nats, a set of diffs must stay under. Measured 0.09-0.12 at
-the smoke size, against about 8 nats with the trigger."""
+"""Mean off-trigger KL to the base, in nats (fake and no trigger); measured 0.09-0.17, against
+7.7-8.2 nats with the trigger."""
 DIT_ACC = 0.6
-"""DIT accuracy on new diffs of seen topics (the issue's 60%, with 60 topics: chance 1/63)."""
+"""DIT accuracy on new diffs of seen topics (the issue's 60%, with 60 topics; chance 1/63);
+measured 0.83-1.00."""
 DIT_MARGIN = 0.4
-"""DIT accuracy minus the accuracy of asking without the adapter must reach this."""
+"""DIT accuracy minus the accuracy of asking without the adapter; measured 0.63-0.90."""
 NODIFF_RATIO = 0.5
 """With no diff, the probability that the adapter names its likeliest topic t*, over the probability
 it names t* when a diff planting t* is applied, must stay under this in every trial: it names no
-topic the way it names a diff's."""
+topic the way it names a diff's. Measured at most 0.35 (t* had probability 0.00-0.35)."""
 
 Trial = dict[str, Any]
 
