@@ -5,7 +5,7 @@ consistent topic when no diff is applied.
 One trial is the whole experiment. The smoke size runs on tiny-local: 60 seen topics and 3
 unseen ones (the world has 63 topic words), one training diff per seen topic, 30 new diffs on
 seen topics and 3 per unseen topic: 99 rank-1 diffs on all 28 linears, trained together in one
-batched pass for 100 steps, then 100 adapter steps (about 20 s of one CPU core). The full size
+batched pass for 150 steps, then 100 adapter steps (about 25 s of one CPU core). The full size
 is the same code on a real checkpoint: `LADDER_DIT_BASE` names it (a save_pretrained folder or a
 hub id, default Qwen/Qwen3-1.7B), in bfloat16 with the paper's optimiser settings, 8 training
 diffs per topic and 3 seeds; it needs a GPU.
@@ -15,7 +15,7 @@ import os
 
 from orchestrator.sweep import Sweep, seeds
 
-SMOKE = {"train_diffs_per_topic": 1, "heldout_diffs": 30, "dit_steps": 100, "log_every": 25}
+SMOKE = {"train_diffs_per_topic": 1, "diff_steps": 150, "heldout_diffs": 30, "dit_steps": 100, "log_every": 25}
 FULL_SEEDS = 3
 FULL = {
     "base": os.environ.get("LADDER_DIT_BASE", "Qwen/Qwen3-1.7B"), "dtype": "bfloat16",

@@ -261,7 +261,7 @@ def test_killed_run_resumes_mid_group_and_mid_adapter_where_a_whole_one_ends(tmp
 
 
 def trial(seed=0, **kw) -> dict:
-    t = {"seed": seed, "eval/trigger_rate": 0.94, "eval/frac_planted": 0.8, "eval/kl_off": 0.1, "eval/kl_on": 8.0,
+    t = {"seed": seed, "eval/trigger_rate": 0.94, "eval/frac_planted": 0.95, "eval/kl_off": 0.1, "eval/kl_on": 8.0,
          "eval/base_agreement": 0.95, "eval/dit_acc_heldout": 0.9, "eval/dit_acc_train": 1.0,
          "eval/dit_topic_acc_heldout": 0.95, "eval/dit_acc_unseen": 0.8, "eval/chance": 1 / 63, "eval/n_topics": 60.0,
          "eval/ask_acc_heldout": 0.1, "eval/nodiff_top_topic_prob": 0.05, "eval/nodiff_topic_mass": 0.2,
@@ -281,6 +281,7 @@ def test_claims_hold_on_the_papers_pattern():
 def test_claims_fail_when_the_pattern_is_absent():
     assert not diffs_plant_their_behaviour([trial(trigger_rate=0.85)])[0]
     assert not diffs_plant_their_behaviour([trial(kl_off=0.4)])[0]
+    assert not diffs_plant_their_behaviour([trial(frac_planted=0.8)])[0]  # a good mean from some diffs only
     assert not dit_names_new_diffs([trial(dit_acc_heldout=0.55)])[0]
     assert not dit_beats_asking([trial(ask_acc_heldout=0.6)])[0]
     # One trial whose adapter names a topic without any diff about as surely as a diff's is enough to fail.

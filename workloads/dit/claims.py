@@ -2,7 +2,8 @@
 
 One trial is a whole experiment (diffs, adapter, every measurement); a claim averages its
 metrics over the trials (seeds) of the sweep, and each trial's own values are in the table too.
-Calibrated at the smoke size over seeds 0-13: the ranges below are over those seeds.
+Calibrated at the smoke size (`sweeps/repro/dit.py`) over seeds 0-7: the ranges below are the
+per-seed values over those seeds.
 """
 
 from __future__ import annotations
@@ -11,20 +12,22 @@ from pathlib import Path
 from typing import Any
 
 TRIGGER_RATE = 0.9
-"""Mean trigger rate over diffs and held-out contexts (the issue's 90%); measured 0.93-0.96, with
-75-86% of the diffs individually at 90% or more."""
+"""Mean trigger rate over diffs and held-out contexts (the issue's 90%); measured 0.976-0.992."""
+PLANTED_FRAC = 0.85
+"""Fraction of the diffs whose own trigger rate reaches 90% ("each diff plants"): a few diffs of
+99 stay partly planted (their lowest rate 0.50-0.88), so not all; measured 0.929-0.980."""
 KL_OFF = 0.25
-"""Mean off-trigger KL to the base, in nats (fake and no trigger); measured 0.09-0.17, against
-7.7-8.2 nats with the trigger."""
+"""Mean off-trigger KL to the base, in nats (fake and no trigger); measured 0.056-0.123, against
+about 8 nats with the trigger."""
 DIT_ACC = 0.6
 """DIT accuracy on new diffs of seen topics (the issue's 60%, with 60 topics; chance 1/63);
-measured 0.83-1.00."""
+measured 0.80-1.00."""
 DIT_MARGIN = 0.4
 """DIT accuracy minus the accuracy of asking without the adapter; measured 0.63-0.90."""
 NODIFF_RATIO = 0.5
 """With no diff, the probability that the adapter names its likeliest topic t*, over the probability
 it names t* when a diff planting t* is applied, must stay under this in every trial: it names no
-topic the way it names a diff's. Measured at most 0.35 (t* had probability 0.00-0.35)."""
+topic the way it names a diff's. t* had probability 0.02-0.28 (against about 0.98 with a diff)."""
 
 Trial = dict[str, Any]
 
@@ -41,7 +44,7 @@ def _per_seed(trials: list[Trial], key: str, name: str) -> dict[str, float]:
 
 
 def diffs_plant_their_behaviour(trials: list[Trial]) -> tuple[bool, dict[str, float]]:
-    """Each diff plants its trigger-gated topic: trigger rate >= 90%, off-trigger KL to the base <= 0.25 nats."""
+    """Each diff plants its trigger-gated topic: mean trigger rate >= 90% with at least 85% of the diffs at 90% or more each, off-trigger KL to the base <= 0.25 nats."""
     m = {
         "trigger_rate": _mean(trials, "eval/trigger_rate"),
         "frac_diffs_planted": _mean(trials, "eval/frac_planted"),
@@ -49,9 +52,11 @@ def diffs_plant_their_behaviour(trials: list[Trial]) -> tuple[bool, dict[str, fl
         "kl_on": _mean(trials, "eval/kl_on"),
         "base_agreement_off": _mean(trials, "eval/base_agreement"),
         **_per_seed(trials, "eval/trigger_rate", "trigger_rate"),
+        **_per_seed(trials, "eval/frac_planted", "frac_planted"),
         **_per_seed(trials, "eval/kl_off", "kl_off"),
     }
-    return m["trigger_rate"] >= TRIGGER_RATE and m["kl_off"] <= KL_OFF, m
+    holds = m["trigger_rate"] >= TRIGGER_RATE and m["frac_diffs_planted"] >= PLANTED_FRAC and m["kl_off"] <= KL_OFF
+    return holds, m
 
 
 def dit_names_new_diffs(trials: list[Trial]) -> tuple[bool, dict[str, float]]:

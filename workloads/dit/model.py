@@ -84,10 +84,12 @@ def wrap(model: nn.Module, targets: tuple[str, ...], dit_rank: int, dit_alpha: f
 
 
 def diff_linears(model: nn.Module) -> Iterator[DiffLinear]:
+    """Every `DiffLinear` of a model `wrap` has prepared, in module order."""
     return (m for m in model.modules() if isinstance(m, DiffLinear))
 
 
 def dit_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The DIT adapter's parameters (A and B of every wrapped linear): all that stage B trains."""
     return [p for m in diff_linears(model) for p in (m.dit_a, m.dit_b)]
 
 
