@@ -27,7 +27,10 @@ DIT_MARGIN = 0.4
 NODIFF_RATIO = 0.5
 """With no diff, the probability that the adapter names its likeliest topic t*, over the probability
 it names t* when a diff planting t* is applied, must stay under this in every trial: it names no
-topic the way it names a diff's. t* had probability 0.02-0.28 (against about 0.98 with a diff)."""
+topic the way it names a diff's. Measured ratio 0.02-0.31 (seeds 0-3, 5; t* had probability
+0.02-0.28 over seeds 0-7, against 0.88-0.99 with a diff). Greedy decoding with no diff does give
+a topic word in some trials (seeds 0, 3, 5), at that low probability: the claim is about
+confidence, not about the argmax."""
 
 Trial = dict[str, Any]
 
