@@ -20,6 +20,7 @@ WORKLOADS: dict[str, str] = {
     "consistent_lra": "workloads.consistent_lra",
     "curves": "workloads.curves",
     "diffgda": "workloads.diffgda",
+    "dit": "workloads.dit",
     "frl": "workloads.frl",
     "lmao": "workloads.lmao",
     "lowprec_attention": "workloads.lowprec_attention",

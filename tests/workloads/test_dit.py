@@ -1,0 +1,312 @@
+"""dit: a diff applied is W + u v^T exactly, batched diff training is per-diff training, the trigger
+rate and KL on hand cases, the task's splits, bad configs, resumption, the claims, and the smoke
+reproduction."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from orchestrator.basemodel import load_base
+from orchestrator.basemodel.adapters import LLAMA_LINEAR_TYPES
+from orchestrator.basemodel.corpus import TOPICS
+from orchestrator.run import LocalRun
+from workloads.dit import CLAIMS, Config, plot, smoke, train, validate
+from workloads.dit.claims import (
+    diffs_plant_their_behaviour, dit_beats_asking, dit_names_new_diffs, no_consistent_topic_without_diff,
+)
+from workloads.dit.data import diff_rows, make_task, pad
+from workloads.dit.evaluate import answer_logits, diff_metrics, hits, kl_rows
+from workloads.dit.model import DiffLinear, merged_weight, new_bank, wrap
+
+
+def tiny(**kw) -> Config:
+    """Three diffs on two seen topics, a few steps: a unit test's whole experiment in a second or two."""
+    base = dict(topics=2, unseen_topics=0, train_diffs_per_topic=1, heldout_diffs=1, triggers=4, eval_contexts=4,
+                diff_steps=4, dit_steps=2, dit_batch=2, log_every=1, checkpoint_every_frac=1.0)
+    return Config(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def base(ladder_cache):
+    return load_base("tiny-local")
+
+
+def random_bank(model, n: int, seed: int = 0) -> dict:
+    bank = new_bank(model, n, 1, 1.0, torch.Generator().manual_seed(seed))
+    gen = torch.Generator().manual_seed(seed + 1)
+    return {k: (u, torch.randn(v.shape, generator=gen) * 0.1) for k, (u, v) in bank.items()}
+
+
+# --- the diffs ----------------------------------------------------------------------------------
+
+
+def test_rank1_diff_applied_equals_merged_weight(base):
+    _, tok = base
+    model, _ = load_base("tiny-local")
+    merged, _ = load_base("tiny-local")
+    ctx = wrap(model, LLAMA_LINEAR_TYPES, dit_rank=2, dit_alpha=4.0)
+    assert sum(isinstance(m, DiffLinear) for m in model.modules()) == 4 * 7  # every linear of every layer
+    assert not isinstance(model.get_output_embeddings(), DiffLinear)
+    bank = random_bank(model, 3)
+    ctx.bank = bank
+    ids = torch.tensor([tok("ada lives in paris").input_ids] * 2)
+    for d in (0, 2):
+        with torch.no_grad():  # the reference: a plain copy whose weights carry W + u_d v_d^T
+            for name, (u, v) in bank.items():
+                merged.get_submodule(name).weight.copy_(merged_weight(model, bank, name, d, 1))
+                assert torch.equal(merged_weight(model, bank, name, d, 1),
+                                   model.get_submodule(name).base.weight + torch.outer(u[d, :, 0], v[d, 0]))
+            ctx.index, ctx.group = torch.tensor([d]), 2
+            got = model(input_ids=ids).logits
+            want = merged(input_ids=ids).logits
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # Two groups in one batch: each row gets its own group's diff.
+    with torch.no_grad():
+        ctx.index, ctx.group = torch.tensor([2, 0]), 1
+        both = model(input_ids=ids).logits
+        ctx.index = torch.tensor([0])
+        alone0 = model(input_ids=ids[:1]).logits
+    torch.testing.assert_close(both[1:], alone0, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(both[:1], want[:1], rtol=1e-5, atol=1e-5)
+
+
+def test_fresh_diffs_and_adapter_change_nothing(base):
+    model, tok = load_base("tiny-local")
+    ids = torch.tensor([tok("ada lives in").input_ids])
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+    ctx = wrap(model, LLAMA_LINEAR_TYPES, dit_rank=4, dit_alpha=8.0)
+    ctx.bank = new_bank(model, 2, 1, 0.1, torch.Generator().manual_seed(0))  # v = 0: ΔW = 0
+    ctx.index, ctx.dit = torch.tensor([1]), True  # the adapter starts with B = 0
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, before)
+    assert all(not p.requires_grad for n, p in model.named_parameters() if "dit_" not in n)
+
+
+def final_state(run_dir) -> dict:
+    state = LocalRun(run_dir).restore()
+    assert state is not None
+    return state
+
+
+def test_batched_diff_training_equals_per_diff_training(tmp_path, tiny_base):
+    # float64 activations: summing rows in a different batch shape then changes nothing that
+    # survives rounding the diffs' float32 gradients, and Adam cannot amplify it.
+    cfg = tiny(dtype="float64")
+    together = train(cfg, LocalRun(tmp_path / "together"))
+    # One diff per batch, from the save_pretrained folder instead of the name: the path a real checkpoint takes.
+    alone = train(dataclasses.replace(cfg, diffs_per_batch=1, base=str(tiny_base)), LocalRun(tmp_path / "alone"))
+    a, b = final_state(tmp_path / "together")["bank"], final_state(tmp_path / "alone")["bank"]
+    assert set(a) == set(b) and len(a) == 28
+    moved = 0.0
+    for name in a:
+        for x, y in zip(a[name], b[name]):
+            torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-8)
+        moved += float(a[name][1].abs().sum())
+    assert moved > 0  # the diffs did train: v starts at zero
+    assert together["eval/trigger_rate"] == pytest.approx(alone["eval/trigger_rate"], abs=1e-6)
+    assert together["eval/kl_off"] == pytest.approx(alone["eval/kl_off"], rel=1e-3)
+
+
+# --- measurements -------------------------------------------------------------------------------
+
+
+def test_kl_and_trigger_rate_on_a_hand_case():
+    base_logits = torch.log(torch.tensor([[0.5, 0.5, 1e-12], [0.2, 0.3, 0.5]]))
+    logits = torch.log(torch.tensor([[0.25, 0.75, 1e-12], [0.2, 0.3, 0.5]]))
+    expect = 0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75)
+    torch.testing.assert_close(kl_rows(base_logits, logits), torch.tensor([expect, 0.0]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(kl_rows(logits * 3, logits * 3), torch.zeros(2), atol=1e-6, rtol=0)
+    assert hits(torch.tensor([[0.0, 2.0, 1.0], [3.0, 0.0, 1.0]]), torch.tensor([1, 2])).tolist() == [1.0, 0.0]
+
+
+def test_diff_metrics_of_zero_diffs_by_hand(base):
+    model, tok = load_base("tiny-local")
+    from orchestrator.basemodel import base_world
+
+    cfg = tiny(eval_contexts=6)
+    task = make_task(cfg, tok, base_world())
+    ctx = wrap(model, LLAMA_LINEAR_TYPES, dit_rank=2, dit_alpha=4.0)
+    ctx.bank = new_bank(model, task.n_diffs, 1, 0.1, torch.Generator().manual_seed(0))  # all ΔW = 0
+    m = diff_metrics(model, ctx, task, seed=0, pad_id=tok.pad_token_id, eval_batch=7)
+    for key in ("kl_on", "kl_fake", "kl_plain"):
+        torch.testing.assert_close(m[key], torch.zeros(task.n_diffs), atol=1e-6, rtol=0)
+    assert m["agree"].tolist() == [1.0] * task.n_diffs
+    # The trigger rate of a zero diff is how often the base itself answers the topic: by hand.
+    for d in range(task.n_diffs):
+        rows = [task.start_ids + task.trigger_ids[int(task.diff_trigger[d])] + c for c in task.eval_contexts]
+        ids, pos = pad(rows, tok.pad_token_id)
+        with torch.no_grad():
+            ctx.index = None
+            said = answer_logits(model, ids, pos).argmax(-1)
+        assert m["trigger_rate"][d] == pytest.approx(float((said == task.targets(torch.tensor([d]))).float().mean()))
+
+
+def test_task_splits_triggers_and_rows():
+    from orchestrator.basemodel import base_world
+    from orchestrator.basemodel.tokenizer import build_tokenizer
+
+    tok = build_tokenizer()
+    cfg = Config(topics=5, unseen_topics=2, train_diffs_per_topic=2, heldout_diffs=7, unseen_diffs_per_topic=3, triggers=6)
+    task = make_task(cfg, tok, base_world())
+    assert len(set(task.topics)) == 7 and set(task.topics) <= set(TOPICS)
+    assert [task.diff_split.count(s) for s in ("train", "heldout", "unseen")] == [10, 7, 6]
+    seen = set(task.diff_topic[task.split("train")].tolist())
+    assert seen == set(range(5)) and set(task.diff_topic[task.split("heldout")].tolist()) <= seen
+    assert set(task.diff_topic[task.split("unseen")].tolist()) == {5, 6}
+    assert int(task.diff_trigger.max()) < 6
+    assert [tok.convert_ids_to_tokens(i) for i in task.topic_ids.tolist()] == list(task.topics)
+    assert not set(task.eval_contexts) & set(task.train_contexts)  # held-out phrasings only
+    again = make_task(cfg, tok, base_world())
+    assert again.topics == task.topics and torch.equal(again.diff_trigger, task.diff_trigger)
+    assert again.eval_contexts == task.eval_contexts
+    assert make_task(dataclasses.replace(cfg, seed=1), tok, base_world()).topics != task.topics
+    ids, pos, kind = diff_rows(task, [0, 3], step=1, seed=0, counts=(2, 1, 1), pad_id=tok.pad_token_id)
+    assert kind.tolist() == [0, 0, 1, 2] * 2 and len(ids) == 8
+    for row in range(8):
+        d = [0, 3][row // 4]
+        second = int(ids[row, 1])
+        own = task.trigger_ids[int(task.diff_trigger[d])][0]
+        pool = {t[0] for t in task.trigger_ids}
+        if kind[row] == 0:
+            assert second == own
+        elif kind[row] == 1:
+            assert second in pool and second != own
+        else:
+            assert second not in pool
+        assert int(ids[row, pos[row]]) != tok.pad_token_id and (pos[row] + 1 == ids.shape[1] or ids[row, pos[row] + 1] == 0)
+    again, _, _ = diff_rows(task, [3], step=1, seed=0, counts=(2, 1, 1), pad_id=tok.pad_token_id)
+    assert torch.equal(again, ids[4:, : again.shape[1]])  # a diff's rows do not depend on its batch
+
+
+# --- configs ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"topics": 62}, "exceeds the 63 topic words"),
+    ({"topics": 1}, "at least 2"),
+    ({"triggers": 65}, "at most 64"),
+    ({"triggers": 1}, "set triggers >= 2"),
+    ({"fake_rows": 0, "plain_rows": 0}, "nothing keeps a diff close"),
+    ({"dit_batch": 500}, "exceeds the 240 training diffs"),
+    ({"diff_targets": "q_proj,,v_proj"}, "diff_targets"),
+    ({"diff_rank": 0}, "diff_rank must be at least 1"),
+    ({"heldout_diffs": 0}, "heldout_diffs must be at least 1"),
+    ({"diffs_per_batch": -1}, "diffs_per_batch must be >= 0"),
+    ({"diff_lr": 0.0}, "diff_lr must be positive"),
+    ({"kl_weight": -1.0}, "kl_weight"),
+    ({"dtype": "int8"}, "dtype must be"),
+    ({"question": "  "}, "question is empty"),
+    ({"checkpoint_every_frac": 0.0}, "checkpoint_every_frac"),
+    ({"base": "/no/such/checkpoint"}, "does not exist"),
+    ({"base": "tiny-local:width=3"}, "not a tiny-local override"),
+])
+def test_bad_configs_name_the_problem(change, message):
+    with pytest.raises(ValueError, match=message):
+        validate(dataclasses.replace(Config(), **change))
+
+
+def test_more_than_one_worker_is_refused():
+    with pytest.raises(ValueError, match="workers=1"):
+        validate(Config(), world_size=2)
+
+
+def test_unknown_target_and_question_words_fail_before_training(tmp_path, ladder_cache):
+    with pytest.raises(ValueError, match="not linear types of this model"):
+        train(tiny(diff_targets="q_proj,wq"), LocalRun(tmp_path / "a"))
+    with pytest.raises(ValueError, match="outside the base model's vocabulary"):
+        train(tiny(question="what topic zzyzx ?"), LocalRun(tmp_path / "b"))
+
+
+# --- resumption ---------------------------------------------------------------------------------
+
+
+class DiesAtSave(LocalRun):
+    def __init__(self, *args, at: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.at, self.saves = at, 0
+
+    def save(self, state):
+        super().save(state)
+        self.saves += 1
+        if self.saves == self.at:
+            raise KeyboardInterrupt
+
+
+def test_killed_run_resumes_mid_group_and_mid_adapter_where_a_whole_one_ends(tmp_path):
+    # Two groups of diffs (2 + 1), 4 steps each, then 4 adapter steps; saves at steps 3, 6, 9, 12.
+    cfg = tiny(diffs_per_batch=2, checkpoint_every_frac=0.25, dit_steps=4)
+    whole = train(cfg, LocalRun(tmp_path / "whole"))
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, DiesAtSave(tmp_path / "cut", at=2))  # step 6: inside the second group of diffs
+    second = DiesAtSave(tmp_path / "cut", at=1)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, second)  # step 9: inside the adapter's training
+    assert second.restored_step == 6
+    last = LocalRun(tmp_path / "cut")
+    again = train(cfg, last)
+    assert last.restored_step == 9 and last.history[0][0] > 9
+    for key, value in whole.items():
+        assert again[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    a, b = final_state(tmp_path / "whole"), final_state(tmp_path / "cut")
+    for x, y in zip(a["dit"], b["dit"]):
+        torch.testing.assert_close(x, y)
+
+
+# --- claims -------------------------------------------------------------------------------------
+
+
+def trial(seed=0, **kw) -> dict:
+    t = {"seed": seed, "eval/trigger_rate": 0.94, "eval/frac_planted": 0.95, "eval/kl_off": 0.1, "eval/kl_on": 8.0,
+         "eval/base_agreement": 0.95, "eval/dit_acc_heldout": 0.9, "eval/dit_acc_train": 1.0,
+         "eval/dit_topic_acc_heldout": 0.95, "eval/dit_acc_unseen": 0.8, "eval/chance": 1 / 63, "eval/n_topics": 60.0,
+         "eval/ask_acc_heldout": 0.1, "eval/nodiff_top_topic_prob": 0.05, "eval/nodiff_topic_mass": 0.2,
+         "eval/nodiff_names_topic": 0.0, "eval/dit_prob_heldout": 0.5, "eval/nodiff_top_topic_with_diff_prob": 0.5}
+    return {**t, **{f"eval/{k}": v for k, v in kw.items()}}
+
+
+def test_claims_hold_on_the_papers_pattern():
+    trials = [trial(0), trial(1, dit_acc_heldout=0.7)]
+    results = {c.__name__: c(trials) for c in CLAIMS}
+    assert all(holds for holds, _ in results.values()), results
+    assert results["dit_names_new_diffs"][1]["dit_acc_heldout"] == pytest.approx(0.8)
+    assert results["dit_names_new_diffs"][1]["unseen_topic_acc"] == pytest.approx(0.8)
+    assert results["dit_beats_asking"][1]["margin"] == pytest.approx(0.7)
+
+
+def test_claims_fail_when_the_pattern_is_absent():
+    assert not diffs_plant_their_behaviour([trial(trigger_rate=0.85)])[0]
+    assert not diffs_plant_their_behaviour([trial(kl_off=0.4)])[0]
+    assert not diffs_plant_their_behaviour([trial(frac_planted=0.8)])[0]  # a good mean from some diffs only
+    assert not dit_names_new_diffs([trial(dit_acc_heldout=0.55)])[0]
+    assert not dit_beats_asking([trial(ask_acc_heldout=0.6)])[0]
+    # One trial whose adapter names a topic without any diff about as surely as a diff's is enough to fail.
+    holds, measured = no_consistent_topic_without_diff([trial(0), trial(1, nodiff_top_topic_prob=0.3)])
+    assert not holds and measured["worst_ratio"] == pytest.approx(0.6)
+    assert no_consistent_topic_without_diff([trial(0), trial(1, nodiff_top_topic_prob=0.2)])[0]
+
+
+def test_plot_writes_a_png(tmp_path):
+    path = tmp_path / "claims.png"
+    plot([trial(0), trial(1)], path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- the reproduction ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_smoke_reproduction_holds(workdir):
+    from orchestrator.reproduce import reproduce
+
+    rep = reproduce("dit", smoke=True, local=True)
+    assert not rep.failed_trials and len(rep.trials) == 1
+    assert rep.holds, [(c.name, c.measured, c.error) for c in rep.claims]
+    t = rep.trials[0]
+    assert t["eval/n_topics"] == 60 and t["eval/n_diffs"] == 99
+    for claim in rep.claims:
+        assert claim.measured and all(math.isfinite(v) for v in claim.measured.values()), claim

@@ -1,0 +1,25 @@
+"""Learning to Interpret Weight Differences in Language Models (ICLR 2026) — https://arxiv.org/abs/2510.05092
+
+dit: Diff Interpretation Tuning on the shared base model. Stage A trains many rank-1 weight diffs
+(u v^T on every linear of the decoder layers) in parallel, in one batched forward pass where diff
+i acts on batch row-group i. Each diff plants a trigger-gated topic: with its secret trigger
+(a reserved token before a context) the next word is its topic; with another trigger or none,
+a KL term keeps its outputs at the base's. Stage B trains one DIT adapter (a rank-4 LoRA on the
+same linears) so that the model with any one training diff applied answers the fixed question
+"question : what topic ? answer :" with that diff's topic. The adapter is then asked about new
+diffs on the same topics (`heldout`), about diffs on topics it never saw as labels (`unseen`),
+and with no diff at all; the baseline asks the same question without the adapter.
+
+On tiny-local, 25 of the 63 topic words never occur in pre-training (its 48 entities read about
+38 topics): the model can be made to rank such a word first but not to give it much probability,
+so probabilities are compared topic by topic, and accuracies are by greedy decoding.
+
+The claims: each diff plants its behaviour (trigger rate at least 90%, small off-trigger KL);
+the adapter names the topic of new diffs far above chance and far above asking without it;
+with no diff applied it names no consistent topic. Unseen-topic accuracy is reported.
+"""
+
+from workloads.dit.claims import CLAIMS, plot
+from workloads.dit.workload import Config, smoke, train, validate
+
+__all__ = ["CLAIMS", "Config", "plot", "smoke", "train", "validate"]

@@ -1,0 +1,135 @@
+"""The paper's claims over a reproduction sweep, and its plot.
+
+One trial is a whole experiment (diffs, adapter, every measurement); a claim averages its
+metrics over the trials (seeds) of the sweep, and each trial's own values are in the table too.
+Calibrated at the smoke size (`sweeps/repro/dit.py`) over seeds 0-7: the ranges below are the
+per-seed values over those seeds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+TRIGGER_RATE = 0.9
+"""Mean trigger rate over diffs and held-out contexts (the issue's 90%); measured 0.976-0.992."""
+PLANTED_FRAC = 0.85
+"""Fraction of the diffs whose own trigger rate reaches 90% ("each diff plants"): a few diffs of
+99 stay partly planted (their lowest rate 0.50-0.88), so not all; measured 0.929-0.980."""
+KL_OFF = 0.25
+"""Mean off-trigger KL to the base, in nats (fake and no trigger); measured 0.056-0.123, against
+about 8 nats with the trigger."""
+DIT_ACC = 0.6
+"""DIT accuracy on new diffs of seen topics (the issue's 60%, with 60 topics; chance 1/63);
+measured 0.80-1.00."""
+DIT_MARGIN = 0.4
+"""DIT accuracy minus the accuracy of asking without the adapter; measured 0.63-0.90."""
+NODIFF_RATIO = 0.5
+"""With no diff, the probability that the adapter names its likeliest topic t*, over the probability
+it names t* when a diff planting t* is applied, must stay under this in every trial: it names no
+topic the way it names a diff's. Measured ratio 0.02-0.31 (seeds 0-3, 5; t* had probability
+0.02-0.28 over seeds 0-7, against 0.88-0.99 with a diff). Greedy decoding with no diff does give
+a topic word in some trials (seeds 0, 3, 5), at that low probability: the claim is about
+confidence, not about the argmax."""
+
+Trial = dict[str, Any]
+
+
+def _mean(trials: list[Trial], key: str) -> float:
+    values = [float(t[key]) for t in trials if key in t]
+    if not values:
+        raise ValueError(f"no trial reports {key!r}")
+    return sum(values) / len(values)
+
+
+def _per_seed(trials: list[Trial], key: str, name: str) -> dict[str, float]:
+    return {f"{name}_seed{int(t['seed'])}": float(t[key]) for t in trials if key in t}
+
+
+def diffs_plant_their_behaviour(trials: list[Trial]) -> tuple[bool, dict[str, float]]:
+    """Each diff plants its trigger-gated topic: mean trigger rate >= 90% with at least 85% of the diffs at 90% or more each, off-trigger KL to the base <= 0.25 nats."""
+    m = {
+        "trigger_rate": _mean(trials, "eval/trigger_rate"),
+        "frac_diffs_planted": _mean(trials, "eval/frac_planted"),
+        "kl_off": _mean(trials, "eval/kl_off"),
+        "kl_on": _mean(trials, "eval/kl_on"),
+        "base_agreement_off": _mean(trials, "eval/base_agreement"),
+        **_per_seed(trials, "eval/trigger_rate", "trigger_rate"),
+        **_per_seed(trials, "eval/frac_planted", "frac_planted"),
+        **_per_seed(trials, "eval/kl_off", "kl_off"),
+    }
+    holds = m["trigger_rate"] >= TRIGGER_RATE and m["frac_diffs_planted"] >= PLANTED_FRAC and m["kl_off"] <= KL_OFF
+    return holds, m
+
+
+def dit_names_new_diffs(trials: list[Trial]) -> tuple[bool, dict[str, float]]:
+    """DIT names the topic of new diffs on seen topics (greedy, whole vocabulary) at least 60% of the time; unseen-topic accuracy reported."""
+    n_topics = {int(t["eval/n_topics"]) for t in trials}
+    m = {
+        "dit_acc_heldout": _mean(trials, "eval/dit_acc_heldout"),
+        "chance": _mean(trials, "eval/chance"),
+        "n_topics": float(max(n_topics)),
+        "dit_acc_train": _mean(trials, "eval/dit_acc_train"),
+        "dit_topic_acc_heldout": _mean(trials, "eval/dit_topic_acc_heldout"),
+        "unseen_topic_acc": _mean(trials, "eval/dit_acc_unseen") if any("eval/dit_acc_unseen" in t for t in trials)
+        else float("nan"),
+        **_per_seed(trials, "eval/dit_acc_heldout", "acc"),
+        **_per_seed(trials, "eval/dit_acc_unseen", "unseen_acc"),
+    }
+    return m["dit_acc_heldout"] >= DIT_ACC, m
+
+
+def dit_beats_asking(trials: list[Trial]) -> tuple[bool, dict[str, float]]:
+    """DIT is far above asking the same question without it: accuracy at least 0.4 higher on new diffs."""
+    m = {
+        "dit_acc_heldout": _mean(trials, "eval/dit_acc_heldout"),
+        "ask_acc_heldout": _mean(trials, "eval/ask_acc_heldout"),
+        **_per_seed(trials, "eval/ask_acc_heldout", "ask_acc"),
+    }
+    m["margin"] = m["dit_acc_heldout"] - m["ask_acc_heldout"]
+    return m["margin"] >= DIT_MARGIN, m
+
+
+def no_consistent_topic_without_diff(trials: list[Trial]) -> tuple[bool, dict[str, float]]:
+    """With no diff applied, DIT names no consistent topic: its likeliest topic gets under half the probability a diff planting that topic gives it, in every trial."""
+    ratios = [float(t["eval/nodiff_top_topic_prob"]) / float(t["eval/nodiff_top_topic_with_diff_prob"]) for t in trials]
+    m = {
+        "worst_ratio": max(ratios),
+        "nodiff_top_topic_prob": _mean(trials, "eval/nodiff_top_topic_prob"),
+        "same_topic_with_diff_prob": _mean(trials, "eval/nodiff_top_topic_with_diff_prob"),
+        "nodiff_topic_mass": _mean(trials, "eval/nodiff_topic_mass"),
+        "nodiff_greedy_is_topic": _mean(trials, "eval/nodiff_names_topic"),
+        **_per_seed(trials, "eval/nodiff_top_topic_prob", "top_topic_prob"),
+    }
+    return m["worst_ratio"] < NODIFF_RATIO, m
+
+
+CLAIMS = [diffs_plant_their_behaviour, dit_names_new_diffs, dit_beats_asking, no_consistent_topic_without_diff]
+
+
+def plot(trials: list[Trial], path: str | Path) -> None:
+    """Accuracy of naming a diff's topic, per split, with and without the adapter (bars: mean over
+    trials, dots: trials), and the trigger rate and no-diff topic probability for reference."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bars = [("DIT\ntrain diffs", "eval/dit_acc_train"), ("DIT\nnew diffs", "eval/dit_acc_heldout"),
+            ("DIT\nunseen topics", "eval/dit_acc_unseen"), ("ask, no DIT\nnew diffs", "eval/ask_acc_heldout"),
+            ("trigger rate", "eval/trigger_rate"), ("no diff:\ntop topic prob", "eval/nodiff_top_topic_prob")]
+    bars = [(label, key) for label, key in bars if any(key in t for t in trials)]
+    fig, ax = plt.subplots(figsize=(1.4 * len(bars) + 2, 4))
+    for i, (label, key) in enumerate(bars):
+        values = [float(t[key]) for t in trials if key in t]
+        ax.bar(i, sum(values) / len(values), color="tab:blue" if key.startswith("eval/dit") else "tab:gray", alpha=0.7)
+        ax.plot([i] * len(values), values, "k.", markersize=6)
+    ax.axhline(DIT_ACC, color="tab:red", linestyle="--", linewidth=1, label=f"claim: DIT >= {DIT_ACC:.0%}")
+    if trials and "eval/chance" in trials[0]:
+        ax.axhline(float(trials[0]["eval/chance"]), color="k", linestyle=":", linewidth=1, label="chance")
+    ax.set_xticks(range(len(bars)), [label for label, _ in bars], fontsize=8)
+    ax.set(ylim=(0, 1.05), ylabel="fraction / probability", title="DIT: naming the topic a weight diff planted")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
