@@ -24,6 +24,7 @@ WORKLOADS: dict[str, str] = {
     "martingale_uq": "workloads.martingale_uq",
     "mom": "workloads.mom",
     "mx_anomaly": "workloads.mx_anomaly",
+    "palc": "workloads.palc",
     "pft": "workloads.pft",
     "swd_rl": "workloads.swd_rl",
     "tubal_fgd": "workloads.tubal_fgd",
