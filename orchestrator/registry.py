@@ -20,6 +20,7 @@ WORKLOADS: dict[str, str] = {
     "consistent_lra": "workloads.consistent_lra",
     "diffgda": "workloads.diffgda",
     "frl": "workloads.frl",
+    "jailbreak_lora": "workloads.jailbreak_lora",
     "lowprec_attention": "workloads.lowprec_attention",
     "martingale_uq": "workloads.martingale_uq",
     "mom": "workloads.mom",
