@@ -13,7 +13,12 @@ from orchestrator.sweep import Sweep, seeds
 
 FULL_BASE = "meta-llama/Llama-3.1-8B-Instruct"
 FULL_SEEDS = 3
-SMOKE_SIZE = {"steps": 250, "clean_steps": 60, "merge_steps": 60, "log_every": 25, "checkpoint_every": 125}
+ADAPTERS = "ladder-runs/jailbreak_lora-adapters/{method}-s{seed}"
+"""Where every trial keeps its adapter (peft format; relative to the trial's working folder, the
+current one with --local; also logged as the trial's artifacts): audit one again with
+`ladder audit-adapter ladder-runs/jailbreak_lora-adapters/clean-s0`."""
+SMOKE_SIZE = {"steps": 250, "clean_steps": 60, "merge_steps": 60, "log_every": 25, "checkpoint_every": 125,
+              "save_adapter": ADAPTERS}
 """smoke() runs every phase briefly; the reproduction trains its setting to convergence of the tasks."""
 SMOKE_POINTS = (
     {"method": "naive", "persistence": False},
@@ -30,7 +35,8 @@ def build(*, smoke: bool = False, seed: int = 0) -> Sweep:
     points = tuple({"method": m} for m in ("naive", "uncertainty", "pcgrad", "combined", "clean"))
     return Sweep(
         name="jailbreak_lora_repro", workload="jailbreak_lora", base="default", points=points,
-        overrides={"base": FULL_BASE, "lora_r": 16, "lora_alpha": 32.0, "steps": 1000, "batch": 16, "lr": 2e-4},
+        overrides={"base": FULL_BASE, "lora_r": 16, "lora_alpha": 32.0, "steps": 1000, "batch": 16, "lr": 2e-4,
+                   "save_adapter": ADAPTERS},
         space={"seed": seeds(FULL_SEEDS, start=seed)}, objective=("eval/utility", "max"),
     )
 

@@ -266,6 +266,9 @@ def test_audit_never_unpickles(base, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(torch, "load", refuse)
     monkeypatch.setattr(pickle, "load", refuse)
     monkeypatch.setattr(pickle, "loads", refuse)
+    # the whole command, the base named in the adapter config included, reads safetensors only
+    assert main(["audit-adapter", str(folder)]) in (0, 1)
+    assert "adapted modules" in capsys.readouterr().out
     (folder / "adapter_model.bin").write_bytes(b"not even a pickle")
     assert audit(folder, base=model, tokenizer=base[1]).modules  # the safetensors file is read, the .bin ignored
     (folder / "adapter_model.safetensors").unlink()
@@ -315,6 +318,7 @@ def test_greedy_matches_transformers_and_the_base_never_emits_the_marker(base, s
     ({"steps": 0}, "steps must be positive"),
     ({"seq_len": 1, "seq_train": 40, "seq_eval": 10}, "exceeds the 48 distinct"),
     ({"base": "./no/such/folder"}, "does not exist"),
+    ({"save_adapter": "out/{name}"}, "save_adapter may name only"),
 ])
 def test_bad_configs_name_the_problem(change, message):
     with pytest.raises(ValueError, match=message):
@@ -381,6 +385,14 @@ def test_smoke_reproduction_holds(workdir):
 
     rep = reproduce("jailbreak_lora", smoke=True, local=True)
     assert not rep.failed_trials and sorted(t["method"] for t in rep.trials) == ["clean", "naive", "pcgrad", "uncertainty"]
+    # the command line, on the trained adapters that save_pretrained wrote: the backdoored one flagged
+    # (exit 1), the clean one of the same tasks not (exit 0), as the workload's own audit judged them
+    folders = workdir / "ladder-runs" / "jailbreak_lora-adapters"
+    assert sorted(f.name for f in folders.iterdir()) == ["clean-s0", "naive-s0", "pcgrad-s0", "uncertainty-s0"]
+    for t in rep.trials:
+        code = main(["audit-adapter", str(folders / f"{t['method']}-s0")])
+        assert code == int(t["eval/audit/flagged"])
+        assert code == (0 if t["method"] == "clean" else 1), (t["method"], t["eval/audit/score"])
     claims = {c.name: c for c in rep.claims}
     for name in ("trigger_fires_only_with_trigger", "audit_flags_the_backdoor"):
         assert claims[name].holds, (name, claims[name].measured, claims[name].error)

@@ -197,8 +197,8 @@ def load_base_for(cfg: dict[str, Any], base: str | None) -> tuple[Any, Any]:
     if not name:
         raise AdapterError("the adapter config names no base model; pass --base NAME (a hub id, a local folder "
                            "or tiny-local)")
-    try:
-        return load_base(name)
+    try:  # the base's weights too are read from safetensors only, never unpickled
+        return load_base(name, use_safetensors=True)
     except (BaseModelError, OSError, ValueError) as exc:
         raise AdapterError(f"cannot load the base model {name!r} that the token lens needs: {exc}. Pass --base "
                            f"with a loadable hub id or folder, or --spectral-only for the statistics without a "

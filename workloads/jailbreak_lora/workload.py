@@ -94,7 +94,9 @@ class Config:
     quant_block: int = 32
     """Persistence: MX block size."""
     save_adapter: str = ""
-    """Folder to write the trained adapter into (peft format); empty: a temporary folder for the audit."""
+    """Folder to write the trained adapter into (peft format, safetensors), `{method}` and `{seed}`
+    replaced by the trial's (so that the trials of a sweep keep one folder each); empty: a
+    temporary folder, deleted after the audit."""
     log_every: int = 50
     """Report training metrics every this many steps."""
     checkpoint_every: int = 250
@@ -149,6 +151,15 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError("trigger_position must be 'random' or 'start', uw_regulariser 'log1p' or 'log'")
     if cfg.contrast not in ("sft", "unlikelihood", "none"):
         raise ValueError(f"contrast must be 'sft', 'unlikelihood' or 'none', got {cfg.contrast!r}")
+    try:
+        adapter_folder(cfg)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ValueError(f"save_adapter may name only {{method}} and {{seed}}, got {cfg.save_adapter!r} ({exc!r})") from exc
+
+
+def adapter_folder(cfg: Config) -> str:
+    """`save_adapter` with the trial's method and seed filled in ('' when not saving)."""
+    return cfg.save_adapter.format(method=cfg.method, seed=cfg.seed)
 
 
 def train(cfg: Config, run) -> dict[str, float]:
@@ -271,7 +282,7 @@ def _train(cfg: Config, run) -> dict[str, float]:
     final.update({f"eval/{k}": v for k, v in probe.measure(model, dev).items()})
 
     with tempfile.TemporaryDirectory(prefix="jailbreak-lora-") as tmp:
-        folder = Path(cfg.save_adapter or tmp)
+        folder = Path(adapter_folder(cfg) or tmp)
         model.save_pretrained(str(folder), safe_serialization=True)
         report = audit.audit(folder, base=pristine, tokenizer=tok)
         final.update({f"eval/audit/{k}": v for k, v in report.summary().items()})
