@@ -255,6 +255,35 @@ def test_token_lens_names_a_planted_trigger_and_output_and_the_audit_flags_it(ba
     assert "cannot load the base model" in capsys.readouterr().err
 
 
+def test_audit_reads_another_architectures_peft_folder(tmp_path, capsys):
+    """GPT-2 (Conv1D layers, fan_in_fan_out) with an embedding LoRA as well: the spectra equal the
+    merged update's, the embedding factors are named as left out, and without a loadable base the
+    verdict is refused with the fix."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=100, n_positions=32))
+    before = {n: m.weight.detach().clone() for n, m in model.named_modules() if n.endswith(("c_attn", "c_proj"))}
+    pm = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn", "c_proj", "wte"],
+                                          fan_in_fan_out=True))
+    with torch.no_grad():
+        for name, p in pm.named_parameters():
+            if "lora_B" in name or "lora_embedding_B" in name:
+                p.normal_(0, 0.05)
+    pm.save_pretrained(str(tmp_path), safe_serialization=True)
+    assert main(["audit-adapter", str(tmp_path), "--spectral-only", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["modules"]) == 2 * 3 and math.isnan(out["score"]) and not out["flagged"]
+    assert any("not part of the statistics" in n and "lora_embedding" in n for n in out["notes"])
+    merged = dict(pm.merge_and_unload().named_modules())
+    for name, stats in out["modules"].items():
+        delta = merged[name].weight - before[name]  # Conv1D keeps W as [in, out]: same singular values
+        assert stats["sigma1"] == pytest.approx(float(torch.linalg.svdvals(delta)[0]), rel=1e-4)
+    assert main(["audit-adapter", str(tmp_path)]) == 2
+    assert "names no base model; pass --base" in capsys.readouterr().err
+
+
 def test_audit_never_unpickles(base, tmp_path, monkeypatch, capsys):
     model, _ = base
     folder = tmp_path / "adapter"

@@ -74,8 +74,10 @@ def _pattern_value(patterns: dict[str, Any], name: str, default: Any) -> Any:
     return default
 
 
-def read_adapter(path: str | Path) -> tuple[dict[str, Any], list[ModuleDelta]]:
-    """(adapter config, module deltas) of a peft LoRA folder, from safetensors only."""
+def read_adapter(path: str | Path, ignored: list[str] | None = None) -> tuple[dict[str, Any], list[ModuleDelta]]:
+    """(adapter config, module deltas) of a peft LoRA folder, from safetensors only. The keys of
+    other tensors (embedding LoRA factors, modules_to_save copies, DoRA magnitudes) are appended to
+    `ignored` when given."""
     from safetensors.torch import load_file
 
     p = Path(path).expanduser()
@@ -108,6 +110,8 @@ def read_adapter(path: str | Path) -> tuple[dict[str, Any], list[ModuleDelta]]:
         hit = _module_name(key)
         if hit is not None:
             parts.setdefault(hit[0], {})[hit[1]] = t
+        elif ignored is not None:
+            ignored.append(key)
     r0, alpha0 = int(cfg.get("r", 8)), float(cfg.get("lora_alpha", 8))
     out = []
     for name, ab in sorted(parts.items()):
@@ -212,9 +216,13 @@ def audit(path: str | Path, *, threshold: float = THRESHOLD, base: Any = None, t
     `base_model_name_or_path` is loaded. `spectral_only` skips the lens and gives no verdict."""
     from workloads.jailbreak_lora.lens import token_lens
 
-    cfg, deltas = read_adapter(path)
+    ignored: list[str] = []
+    cfg, deltas = read_adapter(path, ignored)
     modules = {d.name: spectral_stats(singular_values(d)) for d in deltas}
     notes = []
+    if ignored:
+        notes.append(f"{len(ignored)} tensors besides the linear lora_A / lora_B pairs are not part of the "
+                     f"statistics (e.g. {ignored[0]})")
     if cfg.get("use_dora"):
         notes.append("DoRA adapter: the magnitude vectors are not part of the statistics, only B A")
     if spectral_only:
