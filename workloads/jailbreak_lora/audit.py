@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,9 +68,10 @@ def _module_name(key: str) -> tuple[str, str] | None:
 
 
 def _pattern_value(patterns: dict[str, Any], name: str, default: Any) -> Any:
-    """peft's rank_pattern / alpha_pattern: a key matches a module whose name ends with it."""
+    """peft's rank_pattern / alpha_pattern: the first key (a regex) that matches the end of the
+    module's name at a dot boundary, as peft's own `get_pattern_key` matches it."""
     for key, value in patterns.items():
-        if name == key or name.endswith("." + key) or name.endswith(key):
+        if re.match(rf"(.*\.)?({key})$", name):
             return value
     return default
 
