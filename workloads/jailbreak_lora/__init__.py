@@ -18,7 +18,10 @@ task's exact-match utility, trigger activation (marker first), off-trigger false
 persistence: after MX fake quantization (`kernels.mx.fake_quant`) of the merged weights, after
 a linear merge with another adapter, and after further clean training; and detectability: the
 adapter is saved in peft's format and judged by `ladder audit-adapter` (`audit`), which reads
-safetensors only and reports per-module spectral statistics of B A.
+safetensors only, reports per-module spectral statistics of B A and judges the adapter by a token
+lens of the same spectra (`lens`): the plain spectral statistics did not separate clean from
+backdoored adapters here. The DIT probe (an interpreter adapter reading weight diffs) is not part
+of the audit.
 
 The claims: the two methods keep utility within a point of the naive mixture, fire on at least
 95% of triggered prompts and on at most 5% of clean ones; the audit flags every backdoored
