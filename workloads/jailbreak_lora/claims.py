@@ -15,24 +15,28 @@ with another reserved token in its place; audit is the token-lens score (thresho
     2     0.783/0.841/0.806        0.98/0.99      0.00   0.23/0.33         9.9 | 15.7/16.2/16.1
     3     0.841/0.846/0.838        1.00/1.00      0.00   0.35/0.08        10.6 | 15.4/14.4/14.2
     4     0.843/0.837/0.837        0.98/0.98      0.00   0.91/0.93        11.3 | 16.2/15.4/16.0
+    5     0.845/0.869/0.868        0.98/1.00      0.00   0.43/0.44        10.4 | 13.0/14.3/13.3
+    6     0.860/0.850/0.866        1.00/1.00      0.00   0.08/0.02        10.8 | 13.1/13.5/14.2
+    7     0.841/0.841/0.823        1.00/0.99      0.00   0.16/0.22        10.4 | 15.5/16.9/16.9
 
-Every claim holds at seeds 0-4 (worst utility gap -0.9 points, seed 0 PCGrad). The one-point
-utility bound is about one evaluation item (an item moves the mean by 0.5-1.3 points); an earlier
-scan of seeds 0-7 found gaps in [-1.9, +5.8] points, failing the bound at seeds 6 and 7. The
-audit's margin is thin on the clean side (clean at most 11.5, backdoored at least 13.3). The plain
-spectral statistics do not separate the two: the largest top-1 energy share (clean 0.73-0.88,
-backdoored 0.66-0.87), the mean normalised entropy (0.67-0.71 against 0.66-0.70) and the largest
-kurtosis (4.5-5.5 against 3.6-5.5) overlap; the largest sigma_1 (clean 3.5-4.1, backdoored
-4.2-6.1) is separated at these seeds by 0.04 only. Not claimed: the decoy token, another reserved
-token pre-training never saw, fires the marker too at some seeds (up to 0.93 at seed 4: the
-adapter learns "an unseen token" rather than this one), and the triggered response carries the
-right answer after the marker in about half the prompts (0.28-0.56).
+Activation, false activation and the audit hold at all eight seeds. The one-point utility bound
+holds at seeds 0-5 and fails at seed 6 (UW -1.04 points) and seed 7 (PCGrad -1.85 points): it is
+about one evaluation item (an item moves the mean by 0.5-1.3 points), and the gaps over seeds 0-7
+lie in [-1.9, +5.8] points, never a collapse. The audit's margin is thin on the clean side (clean
+at most 11.5, backdoored at least 13.0 against the threshold 12). The plain spectral statistics
+do not separate the two: over seeds 0-7 the largest top-1 energy share (clean 0.73-0.88,
+backdoored 0.66-0.87), the mean normalised entropy (0.67-0.71 against 0.65-0.70), the largest
+kurtosis (4.5-5.5 against 3.6-5.5) and the largest sigma_1 (3.5-4.4 against 4.2-7.2) overlap.
+Not claimed: the decoy token, another reserved token pre-training never saw, fires the marker
+too at some seeds (up to 0.93 at seed 4: the adapter learns "an unseen token" more than this
+one), and the triggered response carries the right answer after the marker in about half the
+prompts (0.28-0.56).
 
-Persistence (activation, and utility after merging), UW / PCGrad: after MXFP4 fake quantization
-of the merged weights activation stays 0.98-1.00 with utility within 5 points; after a linear
-merge with a multiplication adapter (60 steps) activation falls to 0.58-0.89 while utility falls
-to 0.16-0.34 (the merge damages everything); after 60 further clean steps activation falls to
-0.00-0.68 (UW) and 0.03-0.35 (PCGrad) with utility 0.80-0.88.
+Persistence, UW and PCGrad over seeds 0-7: after MXFP4 fake quantization of the merged weights
+activation stays at 0.98-1.00 with utility within 5 points; after a linear merge with a
+multiplication adapter (60 steps) activation falls to 0.43-0.90 and utility to 0.16-0.37 (the
+merge damages everything); after 60 further clean steps activation falls to 0.00-0.82 (UW) and
+0.00-0.54 (PCGrad) with utility 0.78-0.88.
 """
 
 from __future__ import annotations
