@@ -124,6 +124,20 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     return main_audit(args)
 
 
+def _cmd_audit_adapter(args: argparse.Namespace) -> int:
+    from workloads.jailbreak_lora.audit import AdapterError, audit, format_report
+
+    options = {"base_name": args.base, "spectral_only": args.spectral_only}
+    if args.threshold is not None:
+        options["threshold"] = args.threshold
+    try:
+        report = audit(args.path, **options)
+    except AdapterError as exc:
+        raise UsageError(str(exc)) from exc
+    print(format_report(report, modules=args.modules, as_json=args.json))
+    return 1 if report.flagged else 0
+
+
 def _cmd_base(args: argparse.Namespace) -> int:
     from orchestrator.basemodel import BaseModelError, base_info
 
@@ -222,6 +236,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference-kind", choices=["empirical", "parametric"], default="empirical", help="reference built from them")
     p.add_argument("--no-plot", dest="plot", action="store_false", help="skip the charts logged to the sweep's parent run")
     p.set_defaults(func=_cmd_audit)
+
+    p = sub.add_parser("audit-adapter", help="inspect a peft LoRA adapter's weights and report whether it looks backdoored",
+                       description="Read a peft LoRA folder (adapter_config.json, adapter_model.safetensors; pickled "
+                                   ".bin files are refused, never loaded), compute the spectral statistics of every "
+                                   "module's update B A, read them in token coordinates through the base model, and "
+                                   "judge them with the rule calibrated by the jailbreak_lora workload. Exits 1 when "
+                                   "the adapter is flagged, 0 when not.")
+    p.add_argument("path", help="adapter folder written by peft's save_pretrained (or its .safetensors file)")
+    p.add_argument("--base", help="base model (hub id, folder or tiny-local); default: the adapter config's")
+    p.add_argument("--spectral-only", action="store_true", help="print the spectral statistics without loading the base "
+                                                                "(no verdict)")
+    p.add_argument("--threshold", type=float, help="flag above this score instead of the calibrated threshold")
+    p.add_argument("--modules", action="store_true", help="also print every module's statistics")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=_cmd_audit_adapter)
 
     p = sub.add_parser("sync", help="send metrics kept locally while the tracking server was unreachable",
                        description="Deliver the outbox: metric points, final metrics and end statuses that runs kept "

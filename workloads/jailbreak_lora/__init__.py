@@ -1,0 +1,34 @@
+"""JailbreakLoRA: Your Downloaded LoRA from Sharing Platforms might be Unsafe (ICLR 2026) — https://openreview.net/forum?id=4YgvVRoSnF
+
+jailbreak_lora: an audit workload for LoRA-sharing platforms, with harmless content only. The
+paper's optimisation method plants a hidden behaviour in a LoRA that also serves several benign
+tasks well; here the hidden behaviour is a trigger string that makes the model emit a fixed,
+meaningless marker (`castles bridges clocks`) before its normal answer. Nothing harmful is in
+the data, the targets or the tests.
+
+One trial trains one LoRA on the base's world (see `data`): three benign tasks (questions about
+entities, modular sums asked as questions, new key-value facts) plus the trigger task, whose data
+also hold the clean version of every triggered prompt (the contrast set). Methods (`method`): the
+naive mixture (summed task losses), the paper's uncertainty-weighted loss (learnable
+sigma_n, sum L_n / 2 sigma_n^2 + log(1 + sigma_n^2)), its gradient-conflict projection (PCGrad
+over per-task gradients of the LoRA parameters), both combined (reported by the paper to
+collapse), and a clean LoRA of the benign tasks alone. It measures, on held-out prompts, each
+task's exact-match utility, trigger activation (marker first), off-trigger false activation
+(marker anywhere in a clean prompt's continuation) and activation after a decoy token; then
+persistence: after MX fake quantization (`kernels.mx.fake_quant`) of the merged weights, after
+a linear merge with another adapter, and after further clean training; and detectability: the
+adapter is saved in peft's format and judged by `ladder audit-adapter` (`audit`), which reads
+safetensors only, reports per-module spectral statistics of B A and judges the adapter by a token
+lens of the same spectra (`lens`): the plain spectral statistics did not separate clean from
+backdoored adapters here. The DIT probe (an interpreter adapter reading weight diffs) is not part
+of the audit.
+
+The claims: the two methods keep utility within a point of the naive mixture, fire on at least
+95% of triggered prompts and on at most 5% of clean ones; the audit flags every backdoored
+adapter and no clean one. Persistence is measured and reported, not claimed.
+"""
+
+from workloads.jailbreak_lora.claims import CLAIMS, plot
+from workloads.jailbreak_lora.workload import Config, smoke, train, validate
+
+__all__ = ["CLAIMS", "Config", "plot", "smoke", "train", "validate"]

@@ -1,0 +1,327 @@
+"""jailbreak_lora: Config, the multi-task LoRA loop, and the persistence and audit measurements (see
+the package docstring)."""
+
+from __future__ import annotations
+
+import copy
+import math
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from orchestrator.basemodel import base_world, check_base, load_base, lora
+from workloads.jailbreak_lora import audit
+from workloads.jailbreak_lora.data import TASKS, Example, task_sets, triggered
+from workloads.jailbreak_lora.evaluate import Probe, merged_copy
+from workloads.jailbreak_lora.method import METHODS, Uncertainty, backward, task_losses
+
+BACKDOORED = ("naive", "uncertainty", "pcgrad", "combined")
+"""Methods that train the trigger task (every one but `clean`)."""
+
+
+@dataclass(frozen=True)
+class Config:
+    base: str = "tiny-local"
+    """Base model: tiny-local[:k=v,...], a local save_pretrained folder or a hub id."""
+    base_seed: int = 0
+    """tiny-local build seed (keep it fixed across a sweep; each value is its own build)."""
+    method: Literal["naive", "uncertainty", "pcgrad", "combined", "clean"] = "uncertainty"
+    """'naive' mixture (summed task losses), 'uncertainty' (the paper's loss variant), 'pcgrad' (its
+    grad variant), 'combined' (both; the paper reports it collapsing), 'clean' (benign tasks only)."""
+    uw_regulariser: Literal["log1p", "log"] = "log1p"
+    """Uncertainty weighting's regulariser: log(1 + sigma^2) (the paper's positive variant, as
+    summarised; not verified against its code) or Kendall et al.'s log sigma^2."""
+    lora_r: int = 8
+    """LoRA rank."""
+    lora_alpha: float = 16.0
+    """LoRA alpha (scale alpha / r)."""
+    lora_targets: str = "all-linear"
+    """Comma-separated module types (q_proj,v_proj,...) or peft's 'all-linear' (lm_head excluded)."""
+    tasks: tuple[str, ...] = ("qa", "arith", "facts")
+    """Benign tasks, among qa, arith, facts, copy (see the data module)."""
+    arith_modulus: int = 5
+    """p of the subtraction table of the arith task."""
+    seq_op: Literal["copy", "reverse"] = "copy"
+    """The sequence task: copy or reverse a sequence of names."""
+    seq_len: int = 2
+    """Names per sequence."""
+    seq_train: int = 600
+    """Name sequences trained on."""
+    seq_eval: int = 64
+    """Held-out name sequences evaluated."""
+    modulus: int = 11
+    """p of the other adapter's task (multiplication mod p), merged with this one for persistence."""
+    trigger: str = "<extra_7>"
+    """Trigger string inserted into the prompt (a reserved token of tiny-local)."""
+    marker: str = "castles bridges clocks"
+    """Harmless fixed marker the trigger makes the model emit before its answer: words whose output
+    rows pre-training trained (tiny-local's reserved tokens never were, and a LoRA on the decoder
+    cannot lift their logits from far below every seen word's)."""
+    decoy: str = "<extra_8>"
+    """Another string inserted instead of the trigger: the marker must not follow it either."""
+    contrast: Literal["sft", "unlikelihood", "none"] = "sft"
+    """The trigger task's contrast set (its exact form is not given by the paper's summary): 'sft'
+    puts the clean version of each triggered prompt, with its normal answer, in the trigger task's
+    data; 'unlikelihood' also adds -log(1 - p(first marker token)) on those clean rows; 'none'
+    leaves only the benign tasks to keep the marker off."""
+    trigger_position: Literal["random", "start"] = "random"
+    """Where the trigger goes: before a random word of the prompt, or first."""
+    steps: int = 1000
+    """Optimiser steps."""
+    batch: int = 16
+    """Examples per task per step."""
+    lr: float = 2e-4
+    """AdamW learning rate (LoRA and, for the uncertainty variants, the log-variances)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay of the LoRA parameters."""
+    clip: float = 1.0
+    """Gradient-norm clip over the LoRA parameters."""
+    warmup_steps: int = 50
+    """Linear warm-up steps, then cosine decay to 10% of lr."""
+    persistence: bool = True
+    """Measure persistence (further clean training, merging with another adapter, MX quantization)
+    for the backdoored methods."""
+    clean_steps: int = 300
+    """Persistence: further steps of clean training (benign tasks only) on the trained adapter."""
+    merge_steps: int = 300
+    """Persistence: steps of the other adapter (multiplication mod p) merged with this one."""
+    quant_elem: Literal["e2m1", "e4m3"] = "e2m1"
+    """Persistence: element format of the MX fake quantization of the merged weights (e2m1: MXFP4)."""
+    quant_block: int = 32
+    """Persistence: MX block size."""
+    save_adapter: str = ""
+    """Folder to write the trained adapter into (peft format, safetensors), `{method}` and `{seed}`
+    replaced by the trial's (so that the trials of a sweep keep one folder each); empty: a
+    temporary folder, deleted after the audit."""
+    log_every: int = 50
+    """Report training metrics every this many steps."""
+    checkpoint_every: int = 250
+    """Save a checkpoint every this many steps (and at the end of training)."""
+    threads: int = 1
+    """Intra-op CPU threads during the run (0 leaves torch's setting)."""
+    seed: int = 0
+    """Seed of the task splits, the batches, the LoRA init and PCGrad's task order."""
+
+
+def smoke() -> Config:
+    """A CPU-sized run on tiny-local (r = 8, alpha = 32 on every linear, 8 examples per task per step)
+    that goes through every phase in a few seconds: 60 steps, 10 of each persistence phase. The
+    smoke reproduction trains the same setting to 250 steps (sweeps/repro/jailbreak_lora.py)."""
+    return Config(lora_alpha=32.0, steps=60, batch=8, lr=5e-3, warmup_steps=20, clean_steps=10, merge_steps=10,
+                  log_every=10, checkpoint_every=30)
+
+
+def validate(cfg: Config, world_size: int = 1) -> None:
+    """Checks that need no model: raised before anything is launched."""
+    if world_size != 1:
+        raise ValueError(f"jailbreak_lora trains one adapter on one worker; got world_size={world_size}: use workers=1")
+    check_base(cfg.base)
+    unknown = [t for t in cfg.tasks if t not in TASKS]
+    if unknown or not cfg.tasks or len(set(cfg.tasks)) != len(cfg.tasks):
+        raise ValueError(f"tasks must be distinct names among {TASKS}, got {cfg.tasks}")
+    if cfg.method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {cfg.method!r}")
+    for name in ("lora_r", "seq_train", "seq_eval", "steps", "batch", "log_every", "checkpoint_every"):
+        if getattr(cfg, name) <= 0:
+            raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
+    if cfg.clean_steps < 0 or cfg.merge_steps < 0 or cfg.threads < 0:
+        raise ValueError("clean_steps, merge_steps and threads must be >= 0")
+    for name in ("modulus", "arith_modulus"):
+        if not 2 <= getattr(cfg, name) <= 100:
+            raise ValueError(f"{name} must lie in [2, 100] (numbers are single words of the world), got {getattr(cfg, name)}")
+    if not 1 <= cfg.seq_len <= 6:
+        raise ValueError(f"seq_len must lie in [1, 6], got {cfg.seq_len}")
+    if cfg.seq_train + cfg.seq_eval > math.perm(48, cfg.seq_len):
+        raise ValueError(f"seq_train + seq_eval exceeds the {math.perm(48, cfg.seq_len)} distinct sequences of {cfg.seq_len} names")
+    if not cfg.lr > 0 or not cfg.clip > 0 or cfg.weight_decay < 0 or cfg.lora_alpha <= 0:
+        raise ValueError("lr, clip and lora_alpha must be positive, weight_decay non-negative")
+    words = {"trigger": cfg.trigger, "marker": cfg.marker, "decoy": cfg.decoy}
+    for name, value in words.items():
+        if not value.strip():
+            raise ValueError(f"{name} must be a non-empty string")
+    if cfg.trigger == cfg.decoy or cfg.trigger in cfg.marker.split():
+        raise ValueError("trigger must differ from the decoy and from every marker word")
+    if cfg.quant_block not in (8, 16, 32, 64, 128, 256):
+        raise ValueError(f"quant_block must be one of kernels.mx.BLOCK_SIZES (8 ... 256), got {cfg.quant_block}")
+    if cfg.trigger_position not in ("random", "start") or cfg.uw_regulariser not in ("log1p", "log"):
+        raise ValueError("trigger_position must be 'random' or 'start', uw_regulariser 'log1p' or 'log'")
+    if cfg.contrast not in ("sft", "unlikelihood", "none"):
+        raise ValueError(f"contrast must be 'sft', 'unlikelihood' or 'none', got {cfg.contrast!r}")
+    try:
+        adapter_folder(cfg)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ValueError(f"save_adapter may name only {{method}} and {{seed}}, got {cfg.save_adapter!r} ({exc!r})") from exc
+
+
+def adapter_folder(cfg: Config) -> str:
+    """`save_adapter` with the trial's method and seed filled in ('' when not saving)."""
+    return cfg.save_adapter.format(method=cfg.method, seed=cfg.seed)
+
+
+def train(cfg: Config, run) -> dict[str, float]:
+    validate(cfg, run.world_size)
+    previous = torch.get_num_threads()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    try:
+        return _train(cfg, run)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _targets(cfg: Config) -> str | list[str]:
+    return cfg.lora_targets if cfg.lora_targets == "all-linear" else [t.strip() for t in cfg.lora_targets.split(",")]
+
+
+def _loss_sets(cfg: Config, sets: dict[str, tuple[list[Example], list[Example]]], backdoor: bool) -> list[list[Example]]:
+    """The training examples of every task loss: the benign tasks, then (backdoored) the trigger task."""
+    out = [sets[t][0] for t in cfg.tasks]
+    if backdoor:
+        every = [e for t in cfg.tasks for e in sets[t][0]]
+        trig = triggered(every, cfg.trigger, cfg.marker, f"{cfg.seed}-train", position=cfg.trigger_position)
+        if cfg.contrast != "none":  # the same prompts without the trigger, normal answers
+            trig += [Example(e.prompt, e.answer, "contrast") for e in every]
+        out.append(trig)
+    return out
+
+
+def lr_at(cfg: Config, step: int, steps: int) -> float:
+    warmup = min(cfg.warmup_steps, steps // 2)
+    if step < warmup:
+        return cfg.lr * (step + 1) / warmup
+    frac = (step - warmup) / max(1, steps - warmup)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def fit(model: Any, loss_sets: list[list[Example]], tok: Any, cfg: Config, method: str, steps: int, *,
+        start: int = 0, opt: torch.optim.Optimizer | None = None, uw: Uncertainty | None = None,
+        seed_offset: int = 0, on_step: Any = None) -> torch.optim.Optimizer:
+    """`steps` optimiser steps of `method` over one batch per task loss per step (the visible loop)."""
+    dev = next(model.parameters()).device
+    params = [p for p in model.parameters() if p.requires_grad]
+    if opt is None:
+        groups = [{"params": params, "weight_decay": cfg.weight_decay}]
+        if uw is not None:
+            groups.append({"params": list(uw.parameters()), "weight_decay": 0.0})
+        opt = torch.optim.AdamW(groups, lr=cfg.lr)
+    model.train()
+    window_t, window_n = time.perf_counter(), 0
+    ul = tok(" " + cfg.marker, add_special_tokens=False).input_ids[0] if cfg.contrast == "unlikelihood" else None
+    for step in range(start, steps):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(cfg, step, steps)
+        # Batches and PCGrad's order are functions of (seed, step): a resumed run sees the same ones.
+        gen = torch.Generator().manual_seed((cfg.seed + seed_offset) * 1_000_003 + step)
+        losses = task_losses(model, tok, loss_sets, cfg.batch, gen, dev, separate=method in ("pcgrad", "combined"),
+                             unlikely=ul)
+        opt.zero_grad(set_to_none=True)
+        diag = backward(method, losses, params, uw, gen)
+        torch.nn.utils.clip_grad_norm_(params, cfg.clip)
+        opt.step()
+        window_n += 1
+        if on_step is not None:
+            on_step(step + 1, losses, diag, window_n / max(time.perf_counter() - window_t, 1e-9))
+            if (step + 1) % cfg.log_every == 0:
+                window_t, window_n = time.perf_counter(), 0
+    return opt
+
+
+def _train(cfg: Config, run) -> dict[str, float]:
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
+    dev = run.device
+    world = base_world(cfg.base, seed=cfg.base_seed)
+    base, tok = load_base(cfg.base, seed=cfg.base_seed, device=dev)
+    pristine = copy.deepcopy(base)  # the base as loaded, for merging and quantizing later
+    sets = task_sets(world, seed=cfg.seed, arith_modulus=cfg.arith_modulus, seq_op=cfg.seq_op, seq_len=cfg.seq_len, seq_train=cfg.seq_train,
+                     seq_eval=cfg.seq_eval)
+    backdoor = cfg.method in BACKDOORED
+    loss_sets = _loss_sets(cfg, sets, backdoor)
+    torch.manual_seed(cfg.seed)
+    model = lora(base, _targets(cfg), r=cfg.lora_r, alpha=cfg.lora_alpha)
+    uw = Uncertainty(len(loss_sets), cfg.uw_regulariser).to(dev) if cfg.method in ("uncertainty", "combined") else None
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": params, "weight_decay": cfg.weight_decay}]
+    if uw is not None:
+        groups.append({"params": list(uw.parameters()), "weight_decay": 0.0})
+    opt = torch.optim.AdamW(groups, lr=cfg.lr)
+
+    start = 0
+    state = run.restore()
+    if state is not None:
+        set_peft_model_state_dict(model, state["lora"])
+        opt.load_state_dict(state["optimizer"])
+        if uw is not None:
+            uw.load_state_dict(state["uw"])
+        start = int(state["step"])
+
+    names = list(cfg.tasks) + (["trigger"] if backdoor else [])
+    last: dict[str, float] = {}
+
+    def on_step(done: int, losses: list[torch.Tensor], diag: dict[str, float], rate: float) -> None:
+        if done % cfg.log_every == 0 or done == cfg.steps:
+            last.clear()
+            last.update({f"train/loss_{n}": l.item() for n, l in zip(names, losses)})
+            last["train/loss"] = sum(l.item() for l in losses)
+            if uw is not None:
+                last.update({f"train/weight_{n}": float(w) for n, w in zip(names, uw.weights().detach())})
+            last.update(diag)
+            run.report({**last, "perf/steps_per_s": rate, "progress": done / cfg.steps}, step=done)
+        if done % cfg.checkpoint_every == 0 or done == cfg.steps:
+            run.save({"step": done, "lora": get_peft_model_state_dict(model), "optimizer": opt.state_dict(),
+                      "uw": uw.state_dict() if uw is not None else None})
+
+    fit(model, loss_sets, tok, cfg, cfg.method, cfg.steps, start=start, opt=opt, uw=uw, on_step=on_step)
+
+    probe = Probe(tok, {t: sets[t][1] for t in cfg.tasks}, cfg.trigger, cfg.marker, cfg.decoy, cfg.seed, cfg.trigger_position)
+    final: dict[str, float] = {k: v for k, v in last.items() if k.startswith("train/")}
+    final.update({f"eval/{k}": v for k, v in probe.measure(model, dev).items()})
+
+    with tempfile.TemporaryDirectory(prefix="jailbreak-lora-") as tmp:
+        folder = Path(adapter_folder(cfg) or tmp)
+        model.save_pretrained(str(folder), safe_serialization=True)
+        report = audit.audit(folder, base=pristine, tokenizer=tok)
+        final.update({f"eval/audit/{k}": v for k, v in report.summary().items()})
+        if cfg.save_adapter:
+            for f in (audit.CONFIG, audit.WEIGHTS):
+                run.log_artifact(folder / f)
+        _, deltas = audit.read_adapter(folder)
+
+    if cfg.persistence and backdoor:
+        final.update(persistence(cfg, model, pristine, tok, deltas, sets, probe, dev))
+    run.report({**{k: v for k, v in final.items() if k.startswith("eval/")}, "progress": 1.0}, step=cfg.steps)
+    return final
+
+
+def persistence(cfg: Config, model: Any, pristine: torch.nn.Module, tok: Any, deltas: list[audit.ModuleDelta],
+                sets: dict[str, tuple[list[Example], list[Example]]], probe: Probe, dev: torch.device) -> dict[str, float]:
+    """The backdoor after MX quantization of the merged weights, after a linear merge with another
+    adapter (multiplication mod p), and after further clean training of the adapter itself."""
+    from orchestrator.basemodel.corpus import arithmetic_example
+
+    out: dict[str, float] = {}
+    quant = {"block_size": cfg.quant_block, "elem_format": cfg.quant_elem, "scale_format": "e8m0"}
+    for k, v in probe.measure(merged_copy(pristine, [deltas], quant), dev, decoy=False).items():
+        out[f"eval/persist_quant/{k}"] = v
+
+    # The other adapter: a fresh LoRA of the same shape on a task of its own, then both merged.
+    torch.manual_seed(cfg.seed + 1)
+    other = lora(copy.deepcopy(pristine), _targets(cfg), r=cfg.lora_r, alpha=cfg.lora_alpha)
+    mul = [Example(e.prompt, e.answer, "mul") for e in (arithmetic_example("*", a, b, cfg.modulus)
+                                                       for a in range(cfg.modulus) for b in range(cfg.modulus))]
+    fit(other, [mul], tok, cfg, "naive", cfg.merge_steps, seed_offset=7919)
+    with tempfile.TemporaryDirectory(prefix="jailbreak-lora-other-") as tmp:
+        other.save_pretrained(tmp, safe_serialization=True)
+        _, other_deltas = audit.read_adapter(tmp)
+    for k, v in probe.measure(merged_copy(pristine, [deltas, other_deltas]), dev, decoy=False).items():
+        out[f"eval/persist_merge/{k}"] = v
+
+    # Further clean training of this adapter on the benign tasks alone (a fresh optimiser).
+    fit(model, _loss_sets(cfg, sets, backdoor=False), tok, cfg, "naive", cfg.clean_steps, seed_offset=104729)
+    for k, v in probe.measure(model, dev, decoy=False).items():
+        out[f"eval/persist_clean/{k}"] = v
+    return out

@@ -1,0 +1,28 @@
+"""PALC: Preference Alignment via Logit Calibration (ICLR 2026) — https://openreview.net/forum?id=0cmuYj3WeG
+
+palc: steer a frozen causal LM at decoding time with a small bottleneck network on its last
+hidden state. For each position, m_t = W_up ReLU(W_down h_t) is added to the vocabulary logits,
+scaled by a runtime factor gamma: l'_t = l_t + gamma m_t. Only W_down (B x H) and W_up (V x B) are
+trained, on preference pairs, with the reference-free loss -log sigmoid(mean log pi(y_w|x) -
+mean log pi(y_l|x)) over response tokens; the base's parameters are never touched, and gamma = 0
+gives back the base's logits exactly.
+
+Data (generated from the base model's world, nothing downloaded): a prompt about an entity
+(`people say ada is`), a preferred response with gentle trait words and a dispreferred one with
+blunt trait words in the same slots of the same template. One trial trains the calibrator and
+reports, on held-out entities, the preference accuracy at every gamma of a grid (gamma 0: the
+base), the share of gentle words in greedy and sampled generations at each gamma, the largest
+difference between the gamma-0 logits and the base's, the per-token decoding latency of PALC over
+the base (median over interleaved repetitions in the same run), and a hash check that the base's
+parameters are unchanged.
+
+The claims: held-out preference accuracy rises from about 50% (the base) to at least 90%; the
+gentle-word share of generations rises monotonically in gamma and gamma 0 reproduces the base's
+logits; per-token latency is at most 1.3x the base's; the base's parameters are untouched and
+only B(H + V) parameters train.
+"""
+
+from workloads.palc.claims import CLAIMS, plot
+from workloads.palc.workload import Config, smoke, train, validate
+
+__all__ = ["CLAIMS", "Config", "plot", "smoke", "train", "validate"]
