@@ -283,7 +283,8 @@ def _train(cfg: Config, run) -> dict[str, float]:
 
     names = eval_schemes(cfg)
     out = {f"eval/acc/{k}": v for k, v in evaluate(model, comp, held_b, names).items()}
-    out.update({f"eval/train_acc/{k}": v for k, v in evaluate(model, comp, train_b, names).items()})
+    # Training queries, under what this adapter trained on: did it fit them?
+    out.update({f"eval/train_acc/{k}": v for k, v in evaluate(model, comp, train_b, ("none", *pool)).items()})
     with model.disable_adapter():  # the base alone cannot do the task
         out["eval/base_acc"] = data.accuracy(model, held_b)
     if drifted is not None:
