@@ -29,8 +29,11 @@ demo: setup
 	$(VENV)/bin/ladder sweep sweeps/celerity_tuning.py
 	@echo "Open the results with: $(VENV)/bin/ladder ui   (experiments celerity_lm, celerity_reference, celerity_tuning)"
 
+# Two test processes: most tests are single-threaded CPU work, and the Ray and server tests spend
+# much of their time waiting. TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 2
 test: setup
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS)) --durations=25
 
 ui: setup
 	$(VENV)/bin/ladder ui

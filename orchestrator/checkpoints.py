@@ -37,8 +37,40 @@ def list_checkpoints(folder: str | os.PathLike) -> list[Path]:
     return sorted(found, key=_step_of)
 
 
-def write_checkpoint(folder: str | os.PathLike, state: dict[str, Any], *, keep: int = 2) -> Path:
-    """Write `state` (which must carry an integer `step`) and prune all but the newest `keep`."""
+def identity(workload: str, config: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint belongs to: the workload and its config (a plain dict of fields)."""
+    return {"workload": workload, "config": {k: v for k, v in config.items()}}
+
+
+def check_identity(path: Path, found: dict[str, Any] | None, expected: dict[str, Any] | None) -> None:
+    """Refuse a checkpoint written by another workload or another config: it would not fit, or
+    worse, fit and continue someone else's run."""
+    if not found or not expected:
+        return  # written before checkpoints carried their identity, or by a caller that has none
+    if found.get("workload") != expected.get("workload"):
+        raise CheckpointMismatch(
+            f"checkpoint {path} belongs to a run of {found.get('workload')!r}, not {expected.get('workload')!r}: "
+            f"resume a folder of this workload's own runs (ladder-runs/{expected.get('workload')}/...)")
+    a, b = found.get("config", {}), expected.get("config", {})
+    changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    if changed:
+        detail = ", ".join(f"{k}: {a.get(k)!r} in the checkpoint, {b.get(k)!r} now" for k in changed[:5])
+        more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
+        raise CheckpointMismatch(
+            f"checkpoint {path} was written with another {expected.get('workload')} config ({detail}{more}): "
+            "resume with the config it was written with, or start a new run")
+
+
+class CheckpointMismatch(CheckpointError):
+    """A readable checkpoint that belongs to another workload or config."""
+
+
+def write_checkpoint(folder: str | os.PathLike, state: dict[str, Any], *, keep: int = 2,
+                     identity: dict[str, Any] | None = None) -> Path:
+    """Write `state` (which must carry an integer `step`) and prune all but the newest `keep`.
+
+    `identity` (see `identity()`) is stored beside the state, so that a restore can refuse a
+    checkpoint that belongs to another run's workload or config."""
     if "step" not in state:
         raise ValueError("a checkpoint state must include 'step' (the last completed step)")
     folder = Path(folder)
@@ -48,7 +80,10 @@ def write_checkpoint(folder: str | os.PathLike, state: dict[str, Any], *, keep: 
     tmp = folder / f".tmp-{os.getpid()}-{final.name}"
     import torch  # deferred so the CLI can name checkpoint errors without importing torch
 
-    torch.save({"ladder_checkpoint": FORMAT_VERSION, "state": state}, tmp)
+    payload = {"ladder_checkpoint": FORMAT_VERSION, "state": state}
+    if identity is not None:
+        payload["identity"] = identity
+    torch.save(payload, tmp)
     with open(tmp, "rb") as fh:
         os.fsync(fh.fileno())
     os.replace(tmp, final)
@@ -57,8 +92,9 @@ def write_checkpoint(folder: str | os.PathLike, state: dict[str, Any], *, keep: 
     return final
 
 
-def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """Load one checkpoint file; raises `CheckpointError` naming the file when it is unreadable."""
+def read_checkpoint(path: str | os.PathLike, identity: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Load one checkpoint file; raises `CheckpointError` naming the file when it is unreadable, and
+    `CheckpointMismatch` when it belongs to another workload or config than `identity`."""
     import torch
 
     path = Path(path)
@@ -77,16 +113,22 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {path} is unreadable ({type(exc).__name__}: {exc})") from exc
     if not isinstance(payload, dict) or payload.get("ladder_checkpoint") != FORMAT_VERSION:
         raise CheckpointError(f"{path} is not a ladder checkpoint (format {FORMAT_VERSION})")
+    check_identity(path, payload.get("identity"), identity)
     return payload["state"]
 
 
-def load_latest(folder: str | os.PathLike) -> dict[str, Any] | None:
-    """The newest readable checkpoint's state, falling back past unreadable ones; None if none exist."""
+def load_latest(folder: str | os.PathLike, identity: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The newest readable checkpoint's state, falling back past unreadable ones; None if none exist.
+
+    A readable checkpoint of another workload or config is an error, not something to skip: the
+    folder is not this run's."""
     candidates = list_checkpoints(folder)
     errors = []
     for path in reversed(candidates):
         try:
-            state = read_checkpoint(path)
+            state = read_checkpoint(path, identity)
+        except CheckpointMismatch:
+            raise
         except CheckpointError as exc:
             errors.append(str(exc))
             print(f"ladder: {exc}; trying the previous checkpoint", file=sys.stderr)

@@ -46,6 +46,7 @@ def _build_config(args: argparse.Namespace):
     cfg = workload.smoke() if args.smoke else workload.Config()
     cfg = apply_overrides(cfg, parse_sets(args.set or []))
     workload.validate(cfg, world_size=getattr(args, "workers", 1))
+    workload.preflight(cfg)  # this machine runs it (or the cluster at RAY_ADDRESS, which sees the same paths)
     return workload, cfg
 
 
@@ -59,6 +60,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             raise UsageError("--set cannot change a resumed run's config; start a new run instead")
     if not args.name:
         raise UsageError("ladder run needs a workload name (see `ladder list`) or --resume RUN_DIR")
+    if args.workers is None:  # a resumed Ray run keeps its own worker count
+        args.workers = int(record.get("workers", 1)) if args.resume and not args.local else 1
     workload, cfg = _build_config(args)
     if args.local and args.workers != 1:
         raise UsageError("--local runs in this process with one worker; drop --workers or drop --local")
@@ -89,7 +92,11 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     definition = sweep_mod.load_sweep_file(args.file)
     if args.check:
         definition.check()
-        print(f"{args.file}: sweep {definition.name!r} is valid: {definition.trial_count()} trials of {definition.workload}")
+        print(f"{args.file}: sweep {definition.name!r} is valid: {definition.trial_count()} trials of {definition.workload}, "
+              f"each {definition.describe_resources()}")
+        # Where it can run is another question than whether it is valid: say it, do not fail on it.
+        for note in tune_run.launch_problems(definition):
+            print(f"  not runnable here, checked again where it launches: {note}")
         return 0
     result = tune_run.run_sweep(definition, resume=args.resume)
     print(tune_run.format_trials(result))
@@ -180,7 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?", help="workload name (see `ladder list`)")
     p.add_argument("--smoke", action="store_true", help="start from the CPU-sized smoke config")
     p.add_argument("--set", nargs="+", metavar="FIELD=VALUE", action="extend", help="override config fields (see `ladder show NAME`)")
-    p.add_argument("--workers", type=int, default=1, help="Ray Train workers (DDP over gloo on CPU); default 1")
+    p.add_argument("--workers", type=int, default=None,
+                   help="Ray Train workers (DDP over gloo on CPU); default 1, or with --resume the run's own")
     p.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs reserved per worker; default 1")
     p.add_argument("--max-failures", type=int, default=0, help="restarts from the last checkpoint after a worker failure")
     p.add_argument("--local", action="store_true", help="train in this process, without Ray")

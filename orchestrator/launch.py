@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator import outbox, registry, tracking
+from orchestrator import checkpoints, outbox, registry, tracking
 from orchestrator.config import ConfigError, flatten, from_dict, to_dict, to_json
 
 RUNS_DIR = "ladder-runs"
@@ -91,7 +91,8 @@ def _write_record(run_dir: Path, record: dict[str, Any]) -> None:
     (run_dir / "run.json").write_text(json.dumps(record, indent=2, default=str))
 
 
-def _prepare(name: str, cfg: Any, resume: str | os.PathLike | None, track: bool, mode: str, tags: dict[str, str]):
+def _prepare(name: str, cfg: Any, resume: str | os.PathLike | None, track: bool, mode: str, tags: dict[str, str],
+             workers: int = 1):
     workload = registry.load(name)
     if resume is not None:
         record = load_run_record(resume)
@@ -99,6 +100,8 @@ def _prepare(name: str, cfg: Any, resume: str | os.PathLike | None, track: bool,
             raise ConfigError(f"{resume} is a run of {record['workload']!r}, not {name!r}")
         run_dir = Path(resume).resolve()
         cfg = from_dict(workload.Config, record["config"])
+        # Refused here, before anything starts, rather than deep inside the restarted loop.
+        checkpoints.load_latest(run_dir / "checkpoints", checkpoints.identity(name, to_dict(cfg)))
         run_id, uri = record.get("mlflow_run_id"), record.get("tracking_uri")
         if run_id:
             tracking.client(uri).update_run(run_id, status="RUNNING")
@@ -109,7 +112,8 @@ def _prepare(name: str, cfg: Any, resume: str | os.PathLike | None, track: bool,
             run_id, uri = _open_tracking(workload, cfg, run_dir.name, run_dir, {"ladder.mode": mode, **tags})
         _write_record(
             run_dir,
-            {"workload": name, "config": to_dict(cfg), "mlflow_run_id": run_id, "tracking_uri": uri, "mode": mode},
+            {"workload": name, "config": to_dict(cfg), "mlflow_run_id": run_id, "tracking_uri": uri, "mode": mode,
+             "workers": workers},
         )
     return workload, cfg, run_dir, run_id, uri
 
@@ -125,9 +129,12 @@ def run_local(
     tags: dict[str, str] | None = None,
 ) -> RunResult:
     """Train in this process. Exceptions mark the MLflow run FAILED (KILLED on Ctrl-C) and propagate."""
+    from orchestrator import zero
     from orchestrator.console import ProgressSink
     from orchestrator.run import LocalRun
 
+    recorded = load_run_record(resume)["config"] if resume is not None else None
+    zero.check_in_process(from_dict(registry.load(name).Config, recorded) if recorded else cfg)
     workload, cfg, run_dir, run_id, uri = _prepare(name, cfg, resume, track, "local", tags or {})
     sinks: list[Any] = []
     if run_id:
@@ -140,7 +147,7 @@ def run_local(
     wandb_sink = tracking.WandbSink(f"ladder-{name}", run_dir.name, to_dict(cfg)) if wandb else None
     if wandb_sink:
         sinks.append(wandb_sink)
-    run = LocalRun(run_dir, sinks=sinks)
+    run = LocalRun(run_dir, sinks=sinks, identity=checkpoints.identity(name, to_dict(cfg)))
     started = time.monotonic()
     status = "FAILED"
     try:
@@ -189,7 +196,13 @@ def run_ray(
     """Train under Ray Train with `workers` DDP workers (gloo on CPU)."""
     if not os.environ.get("RAY_ADDRESS"):
         check_resources(workers, cpus_per_worker)
-    workload, cfg, run_dir, run_id, uri = _prepare(name, cfg, resume, track, f"ray-train x{workers}", tags or {})
+    if resume is not None:
+        from orchestrator import zero
+
+        record = load_run_record(resume)
+        zero.check_resume_workers(from_dict(registry.load(name).Config, record["config"]), record.get("workers"), workers)
+    workload, cfg, run_dir, run_id, uri = _prepare(name, cfg, resume, track, f"ray-train x{workers}", tags or {},
+                                                   workers=workers)
 
     import ray
     import ray.train

@@ -4,19 +4,26 @@ Every worker calls `train`; `report` and `save` go through `ray.train.report`, w
 barrier, so workloads call them at the same steps on every rank (they do: steps are global).
 Rank 0 alone writes to MLflow, prints progress and writes checkpoint files; Ray Train copies the
 checkpoint folder into the run's storage and hands it back through `ray.train.get_checkpoint()`
-when a failed worker group restarts or the same run name is fitted again.
+when a failed worker group restarts or the same run name is fitted again. When the config asks
+for ZeRO (`orchestrator.zero`), `prepare` builds a DeepSpeed engine and every rank also writes
+its shard of the engine's state, and its own state dict (its data position), into the checkpoint
+it reports; Ray merges the ranks' folders into one, and each rank restores its own part.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
-from typing import Any, Mapping
+from pathlib import Path
+from typing import Any, Callable, Mapping
 
 import torch
 
 from orchestrator import checkpoints
+from orchestrator import zero as zero_engine
 from orchestrator.run import check_metrics
+from orchestrator.zero import ZeroSpec
 
 
 def forward_to_ray(metrics: Mapping[str, float]) -> bool:
@@ -37,12 +44,14 @@ class RayReports:
     so that a checkpoint of the same step travels with it in one Ray round trip.
     """
 
-    def __init__(self, api: Any, *, sinks: list[Any], writes_checkpoints: bool) -> None:
+    def __init__(self, api: Any, *, sinks: list[Any], writes_checkpoints: bool, identity: dict[str, Any] | None = None) -> None:
         self.api = api  # the module `ray.train` or `ray.tune`
         self.sinks = sinks
         self.writes_checkpoints = writes_checkpoints
         self._last: dict[str, float] = {}
         self._pending: dict[str, float] | None = None
+        self.identity = identity
+        self._announced = False
 
     def report(self, metrics: Mapping[str, float], *, step: int) -> None:
         clean = check_metrics(metrics)
@@ -61,30 +70,45 @@ class RayReports:
             pending, self._pending = self._pending, None
             self.api.report(pending)
 
-    def save(self, state: dict[str, Any]) -> None:
+    def save(self, state: dict[str, Any], *, shards: Callable[[Path], None] | None = None) -> None:
+        """Report `state` as a checkpoint. `shards(folder)`, when given, runs on every rank and
+        writes that rank's part of a sharded state into the folder it reports; Ray merges the
+        ranks' folders into one checkpoint."""
         for sink in self.sinks:
             sink.flush()
         if self._pending is not None and self._pending.get("step") != float(state["step"]):
             self.flush()
         metrics = {**(self._pending or self._last), "step": float(state["step"])}
         self._pending = None
-        if not self.writes_checkpoints:
+        if not self.writes_checkpoints and shards is None:
             self.api.report(metrics)  # ranks other than 0 still meet the barrier
             return
         with tempfile.TemporaryDirectory(prefix="ladder-ckpt-") as tmp:
-            checkpoints.write_checkpoint(tmp, state, keep=1)
+            if shards is not None:
+                shards(Path(tmp))
+            if self.writes_checkpoints:
+                checkpoints.write_checkpoint(tmp, state, keep=1, identity=self.identity)
             self.api.report(metrics, checkpoint=self.api.Checkpoint.from_directory(tmp))
 
-    def restore(self) -> dict[str, Any] | None:
+    def restore(self, *, shards: Callable[[Path, dict[str, Any]], dict[str, Any]] | None = None) -> dict[str, Any] | None:
+        """The latest checkpoint's state; `shards(folder, state)`, when given, loads the sharded
+        part saved with it while the folder is at hand and returns this rank's state."""
         ckpt = self.api.get_checkpoint()
         if ckpt is None:
             return None
         with ckpt.as_directory() as folder:
-            return checkpoints.load_latest(folder)
+            state = checkpoints.load_latest(folder, self.identity)
+            if state is not None and shards is not None:
+                state = shards(Path(folder), state)
+        if state is not None and self.writes_checkpoints and not self._announced:
+            self._announced = True
+            print(f"ladder: restored from the checkpoint of step {int(state['step'])}", file=sys.stderr, flush=True)
+        return state
 
 
 class RayTrainRun:
-    def __init__(self, *, sinks: list[Any], cpus_per_worker: float) -> None:
+    def __init__(self, *, sinks: list[Any], cpus_per_worker: float, zero: ZeroSpec | None = None,
+                 identity: dict[str, Any] | None = None) -> None:
         import ray.train
         import ray.train.torch
 
@@ -93,14 +117,51 @@ class RayTrainRun:
         self.world_size = ctx.get_world_size()
         self.device = ray.train.torch.get_device()
         self.sinks = sinks if self.rank == 0 else []
-        self._ray = RayReports(ray.train, sinks=self.sinks, writes_checkpoints=self.rank == 0)
-        self.report, self.flush, self.save, self.restore = (
-            self._ray.report, self._ray.flush, self._ray.save, self._ray.restore)
+        self._ray = RayReports(ray.train, sinks=self.sinks, writes_checkpoints=self.rank == 0, identity=identity)
+        self.report, self.flush = self._ray.report, self._ray.flush
+        self.zero = zero or ZeroSpec()
+        self.engine: Any = None  # the DeepSpeed engine, once prepare built one
         # Ray caps OMP threads of an actor at its CPU reservation; torch must agree or a
         # 2-CPU worker trains on one thread.
         torch.set_num_threads(max(1, int(cpus_per_worker)))
 
+    def save(self, state: dict[str, Any]) -> None:
+        if self.engine is None:
+            return self._ray.save(state)
+
+        def shards(folder: Path) -> None:
+            zero_engine.save_engine(self.engine, folder, int(state["step"]))
+            if self.rank > 0:
+                # Without model and optimizer the state is small, and each rank's is its own (its
+                # data position): every rank keeps it, so all of them resume where they were.
+                checkpoints.write_checkpoint(folder / f"rank-{self.rank}", state, keep=1)
+
+        self._ray.save(state, shards=shards)
+
+    def restore(self) -> dict[str, Any] | None:
+        if not self.zero.enabled:
+            state = self._ray.restore()
+        elif self.engine is None:
+            raise RuntimeError("zero_stage > 0: call run.prepare(model, optimizer) before run.restore(), so that "
+                               "the DeepSpeed engine exists to load the sharded state into")
+        else:
+            def shards(folder: Path, state: dict[str, Any]) -> dict[str, Any]:
+                zero_engine.load_engine(self.engine, folder, int(state["step"]))
+                own = folder / f"rank-{self.rank}"
+                return (checkpoints.load_latest(own) or state) if self.rank > 0 and own.is_dir() else state
+
+            state = self._ray.restore(shards=shards)
+        if state is not None:
+            # On record: a restarted worker group continued from this step, not from the start.
+            for sink in self.sinks:
+                if hasattr(sink, "set_tags"):
+                    sink.set_tags({"ladder.restored_step": str(int(state["step"]))})
+        return state
+
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
+        if self.zero.enabled:
+            self.engine, optimizer = zero_engine.build_engine(model, optimizer, self.zero, self.device)
+            return self.engine, optimizer
         if self.world_size > 1:
             import ray.train.torch
 
@@ -144,7 +205,10 @@ def worker_entry(loop_config: dict[str, Any]) -> dict[str, float]:
             sinks.append(sink)
         if loop_config.get("progress", True):
             sinks.append(ProgressSink(loop_config["workload"]))
-    run = RayTrainRun(sinks=sinks, cpus_per_worker=loop_config["cpus_per_worker"])
+    from orchestrator.checkpoints import identity
+
+    run = RayTrainRun(sinks=sinks, cpus_per_worker=loop_config["cpus_per_worker"], zero=zero_engine.spec_of(cfg),
+                      identity=identity(loop_config["workload"], loop_config["config"]))
     final = workload.train(cfg, run)
     run.flush()
     for sink in run.sinks:

@@ -65,6 +65,9 @@ def load_reference(spec: Mapping[str, Any], *, metric: str, uri: str | None = No
         return fit_parametric([ControlledCurve(c["progress"], c["loss"], c["tau"], c["tpp"]) for c in curves])
     if kind != "empirical":
         raise SweepError(f"reference kind must be 'empirical' or 'parametric', got {kind!r}")
+    if all(not np.isfinite(c["tau"]) and not np.isfinite(c["tpp"]) for c in curves):
+        # A workload that reports no controls (no tau, no tpp): one shape for every trial.
+        return EmpiricalReference([(c["progress"], c["loss"]) for c in curves], smooth_window=smooth_window)
     groups: dict[tuple[float, float], list[tuple[np.ndarray, np.ndarray]]] = defaultdict(list)
     for c in curves:
         key = (round(c["tau"], 4), round(c["tpp"], 3))

@@ -19,15 +19,20 @@ WORKLOADS: dict[str, str] = {
     "car_lora": "workloads.car_lora",
     "celerity_lm": "workloads.celerity_lm",
     "consistent_lra": "workloads.consistent_lra",
+    "curves": "workloads.curves",
     "diffgda": "workloads.diffgda",
     "frl": "workloads.frl",
+    "lmao": "workloads.lmao",
     "lowprec_attention": "workloads.lowprec_attention",
     "martingale_uq": "workloads.martingale_uq",
     "mom": "workloads.mom",
     "mx_anomaly": "workloads.mx_anomaly",
     "pft": "workloads.pft",
+    "pica": "workloads.pica",
+    "plop": "workloads.plop",
     "swd_rl": "workloads.swd_rl",
     "tubal_fgd": "workloads.tubal_fgd",
+    "wasi": "workloads.wasi",
 }
 
 
@@ -55,12 +60,27 @@ class Workload:
         return self.module.smoke()
 
     def validate(self, cfg: Any, *, world_size: int = 1) -> None:
-        """Run the workload's optional `validate(cfg, world_size)` hook; its ValueError becomes a ConfigError."""
+        """Check the config's ZeRO fields (`orchestrator.zero`) and run the workload's optional
+        `validate(cfg, world_size)` hook; a ValueError from either becomes a ConfigError."""
+        from orchestrator import zero
+
         hook = getattr(self.module, "validate", None)
+        try:
+            zero.check(cfg)  # the optional ZeRO fields, for every workload that has them
+            if hook is not None:
+                hook(cfg, world_size)
+        except ValueError as exc:
+            raise ConfigError(f"{self.name}: {exc}") from exc
+
+    def preflight(self, cfg: Any) -> None:
+        """Run the workload's optional `preflight(cfg)` hook: checks of the machine that will run
+        it (a data folder present, ...), as opposed to `validate`, which judges the config alone.
+        Its ValueError becomes a ConfigError."""
+        hook = getattr(self.module, "preflight", None)
         if hook is None:
             return
         try:
-            hook(cfg, world_size)
+            hook(cfg)
         except ValueError as exc:
             raise ConfigError(f"{self.name}: {exc}") from exc
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from orchestrator import registry, tracking
+from orchestrator import checkpoints, registry, tracking
 from orchestrator.config import ConfigError, apply_overrides, flatten, redacted, to_dict, to_json
 from orchestrator.sweep import Sweep, SweepError
 
@@ -130,11 +130,14 @@ def trial_record(cfg: Any, final: Mapping[str, float], trial_id: str) -> Trial:
 
 def _run_local(sweep: Sweep) -> tuple[list[Trial], list[str], str, str]:
     """Every trial in this process, one after another, each its own MLflow child run."""
+    from orchestrator import zero
     from orchestrator.console import ProgressSink
     from orchestrator.run import LocalRun
 
     workload = sweep.load_workload()
     base = sweep.check()
+    for params in sweep.trial_params():
+        zero.check_in_process(apply_overrides(base, params))
     uri = tracking.tracking_uri()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     sweep_id = f"{sweep.name}-{stamp}"
@@ -155,7 +158,8 @@ def _run_local(sweep: Sweep) -> tuple[list[Trial], list[str], str, str]:
         )
         tracking.log_text(run_id, to_json(cfg), "config.json", uri=uri)
         sink = tracking.MlflowSink(run_id, uri)
-        run = LocalRun(root / trial_id, sinks=[sink, ProgressSink(f"{sweep.workload}/{trial_id}")])
+        run = LocalRun(root / trial_id, sinks=[sink, ProgressSink(f"{sweep.workload}/{trial_id}")],
+                       identity=checkpoints.identity(sweep.workload, to_dict(cfg)))
         status = "FAILED"
         try:
             final = workload.train(cfg, run)

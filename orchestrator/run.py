@@ -92,6 +92,7 @@ class LocalRun:
         device: str | torch.device = "cpu",
         keep_checkpoints: int = 2,
         on_report: Callable[[dict[str, float], int], None] | None = None,
+        identity: dict[str, Any] | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -103,6 +104,7 @@ class LocalRun:
         self.history: list[tuple[int, dict[str, float]]] = []
         self.restored_step: int | None = None
         self._on_report = on_report
+        self.identity = identity  # what its checkpoints belong to (checkpoints.identity)
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -117,12 +119,12 @@ class LocalRun:
             self._on_report(clean, int(step))
 
     def save(self, state: dict[str, Any]) -> None:
-        checkpoints.write_checkpoint(self.checkpoint_dir, state, keep=self.keep_checkpoints)
+        checkpoints.write_checkpoint(self.checkpoint_dir, state, keep=self.keep_checkpoints, identity=self.identity)
         for sink in self.sinks:
             sink.flush()
 
     def restore(self) -> dict[str, Any] | None:
-        state = checkpoints.load_latest(self.checkpoint_dir)
+        state = checkpoints.load_latest(self.checkpoint_dir, self.identity)
         if state is not None:
             self.restored_step = int(state.get("step", 0))
         return state

@@ -136,6 +136,8 @@ class Sweep:
     """Data-parallel workers per trial; > 1 runs Ray Train inside the trial."""
     cpus_per_worker: float = 1.0
     """CPUs reserved per worker (fractions allowed)."""
+    gpus_per_worker: float = 0.0
+    """GPUs reserved per worker; > 0 trains every trial under Ray Train on GPU workers (NCCL)."""
     max_concurrent: int | None = None
     """Trials at once (default: as many as the CPUs hold)."""
     max_failures: int = 1
@@ -192,8 +194,41 @@ class Sweep:
             raise SweepError(f"objective mode must be 'min' or 'max', got {mode!r}")
         if self.workers < 1 or self.cpus_per_worker <= 0:
             raise SweepError("workers must be >= 1 and cpus_per_worker > 0")
+        if self.gpus_per_worker < 0:
+            raise SweepError(f"gpus_per_worker must be >= 0 (0: CPU workers), got {self.gpus_per_worker}")
         if self.trial_count() < 1:
             raise SweepError("the search space is empty: give at least one value per grid axis")
+        return base
+
+    def trial_resources(self) -> dict[str, float]:
+        """What one trial reserves in all: {'CPU': ..., 'GPU': ...} (GPU only when asked for)."""
+        need = {"CPU": self.workers * self.cpus_per_worker}
+        if self.gpus_per_worker:
+            need["GPU"] = self.workers * self.gpus_per_worker
+        return need
+
+    def describe_resources(self) -> str:
+        """One trial's request in words, e.g. '8 workers x (8 CPU, 1 GPU)'."""
+        per = f"{self.cpus_per_worker:g} CPU" + (f", {self.gpus_per_worker:g} GPU" if self.gpus_per_worker else "")
+        return f"{self.workers} worker{'s' if self.workers != 1 else ''} x ({per})"
+
+    def preflight(self) -> Any:
+        """Checks of the machine that will run the trials (data present, ...): the workload's
+        optional `preflight(cfg)` hook on the base config and every distinct trial config.
+        Separate from `check()`, which judges the file alone: a cluster sweep is valid on a
+        laptop that cannot run it. Raises SweepError."""
+        w = self.load_workload()
+        base = self.base_config()
+        seen = set()
+        try:
+            for params in [{}] + self.trial_params():
+                cfg = apply_overrides(base, params)
+                key = repr(cfg)
+                if key not in seen:
+                    seen.add(key)
+                    w.preflight(cfg)
+        except ConfigError as exc:
+            raise SweepError(f"sweep {self.name!r}: {exc}") from None
         return base
 
     def trial_count(self) -> int:

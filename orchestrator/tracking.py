@@ -195,10 +195,18 @@ def last_recorded_step(run_id: str, uri: str | None = None) -> int | None:
 
 def run_link(run_id: str, uri: str | None = None) -> str:
     """Where to find a run: the URL on a server, the store and ids on a local store."""
-    c = client(uri)
-    run = c.get_run(run_id)
-    exp = c.get_experiment(run.info.experiment_id)
+    from orchestrator.outbox import fail_fast, is_unreachable
+
     store = uri or tracking_uri()
+    c = client(uri)
+    try:
+        with fail_fast():
+            run = c.get_run(run_id)
+            exp = c.get_experiment(run.info.experiment_id)
+    except Exception as exc:
+        if not is_unreachable(exc):
+            raise
+        return f"run {run_id} on {store} (unreachable now: what it could not send waits for `ladder sync`)"
     if store.startswith(("http://", "https://")):
         return f"{store.rstrip('/')}/#/experiments/{exp.experiment_id}/runs/{run_id}"
     return f"experiment {exp.name!r} (id {exp.experiment_id}), run {run_id} in {store} — open it with `ladder ui`"

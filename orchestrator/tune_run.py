@@ -15,18 +15,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from orchestrator import outbox, tracking
+from orchestrator import outbox, tracking, zero
 from orchestrator.config import apply_overrides, flatten, redacted, to_dict, to_json
 from orchestrator.ray_train import RayReports
 from orchestrator.sweep import Sweep, SweepError
 
 SWEEPS_DIR = "ladder-runs/sweeps"
+RUNS_DIR_ENV = "LADDER_RUNS_DIR"
+"""Where sweeps keep their state and checkpoints instead of ./ladder-runs: on a cluster of several
+nodes, a folder every node mounts (Ray Train and Tune write checkpoints from the node that trained)."""
 
 
 class TuneRun:
     """`Run` inside a single-worker Tune trial: reports to MLflow and Tune, checkpoints via Tune."""
 
-    def __init__(self, *, sinks: list[Any]) -> None:
+    def __init__(self, *, sinks: list[Any], identity: dict[str, Any] | None = None) -> None:
         import ray.tune
         import torch
 
@@ -34,7 +37,7 @@ class TuneRun:
         self.rank = 0
         self.world_size = 1
         self.sinks = sinks
-        self._ray = RayReports(ray.tune, sinks=sinks, writes_checkpoints=True)
+        self._ray = RayReports(ray.tune, sinks=sinks, writes_checkpoints=True, identity=identity)
         self.report, self.flush, self.save, self.restore = (
             self._ray.report, self._ray.flush, self._ray.save, self._ray.restore)
 
@@ -85,7 +88,12 @@ def _child_run(meta: Mapping[str, Any], trial_id: str, cfg: Any, params: Mapping
 
 def trial_main(config: dict[str, Any], meta: dict[str, Any]) -> None:
     """The Tune function trainable."""
+    import logging
+
     import ray.tune
+
+    # One line per checkpoint per trial drowns the sweep's own console in a large sweep.
+    logging.getLogger("ray.train._internal.storage").setLevel(logging.WARNING)
 
     from orchestrator import registry
     from orchestrator.config import from_dict
@@ -100,15 +108,22 @@ def trial_main(config: dict[str, Any], meta: dict[str, Any]) -> None:
     if finished is not None:
         ray.tune.report({**finished, "progress": 1.0, "progress_pct": 100.0})  # done before: not trained again
         return
+    if run_id:
+        # The node this trial's process runs on (a multi-worker trial's workers may be elsewhere).
+        ctx = ray.get_runtime_context()
+        tracking.set_tags(run_id, {"ladder.node_id": ctx.get_node_id(), "ladder.node_ip": ray.util.get_node_ip_address()},
+                          uri=uri)
     status = "FAILED"
     try:
-        if meta["workers"] == 1:
+        if meta.get("in_trial", meta["workers"] == 1):
             import torch
 
             torch.set_num_threads(max(1, int(meta["cpus_per_worker"])))
             skip = tracking.last_recorded_step(run_id, uri) if run_id else None
             sinks = [tracking.MlflowSink(run_id, uri, skip_through=skip, outbox_dir=meta.get("outbox_dir"))] if run_id else []
-            run = TuneRun(sinks=sinks)
+            from orchestrator.checkpoints import identity
+
+            run = TuneRun(sinks=sinks, identity=identity(meta["workload"], to_dict(cfg)))
             final = workload.train(cfg, run)
             run.flush()
             for sink in sinks:
@@ -141,9 +156,13 @@ def _fit_train(meta: Mapping[str, Any], cfg: Any, trial_id: str, run_id: str | N
             "progress": False,
             "outbox_dir": meta.get("outbox_dir"),
         },
-        torch_config=TorchConfig(backend="gloo"),
+        # NCCL between GPU workers; gloo on CPU.
+        torch_config=TorchConfig(backend="nccl" if meta.get("gpus_per_worker") else "gloo"),
         scaling_config=ray.train.ScalingConfig(
-            num_workers=meta["workers"], resources_per_worker={"CPU": meta["cpus_per_worker"]}
+            num_workers=meta["workers"],
+            use_gpu=bool(meta.get("gpus_per_worker")),
+            resources_per_worker={"CPU": meta["cpus_per_worker"],
+                                  **({"GPU": meta["gpus_per_worker"]} if meta.get("gpus_per_worker") else {})},
         ),
         run_config=ray.train.RunConfig(
             # A deterministic name makes a Tune-level retry resume this Train run.
@@ -170,19 +189,98 @@ class SweepResult:
     metric: str = "objective"
 
 
+def runs_root() -> Path:
+    """`$LADDER_RUNS_DIR` when set, else ./ladder-runs."""
+    env = os.environ.get(RUNS_DIR_ENV)
+    return Path(env).expanduser().resolve() if env else Path(os.getcwd()).resolve() / "ladder-runs"
+
+
 def sweep_storage(sweep: Sweep) -> Path:
-    return Path(os.getcwd()).resolve() / SWEEPS_DIR
+    return runs_root() / "sweeps"
 
 
-def resolve_concurrency(sweep: Sweep, cpus: float) -> int:
-    per_trial = sweep.workers * sweep.cpus_per_worker
-    fit = int(cpus // per_trial)
+def in_ray_job() -> bool:
+    """True in the entrypoint of a `ray job submit` (the job supervisor sets this variable)."""
+    return bool(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR"))
+
+
+def check_job_environment() -> None:
+    """A job's working directory is a temporary copy that Ray deletes (and may unpack again under
+    a running sweep): the defaults ./ladder-runs and ./mlruns.db would land there. Refuse them."""
+    if not in_ray_job():
+        return
+    missing = [name for name in (RUNS_DIR_ENV, "MLFLOW_TRACKING_URI") if not os.environ.get(name)]
+    if missing:
+        raise SweepError(
+            f"this sweep runs as a Ray job, whose working directory is temporary: set {' and '.join(missing)} in the "
+            "job's environment, e.g. --runtime-env-json '{\"env_vars\": {\"LADDER_RUNS_DIR\": \"/mnt/shared/ladder-runs\", "
+            "\"MLFLOW_TRACKING_URI\": \"http://mlflow:5000\"}}' (LADDER_RUNS_DIR: a folder every node mounts; see docs/cluster.md)"
+        )
+
+
+def local_gpus() -> float:
+    """GPUs a local Ray started here would have."""
+    try:
+        import torch
+
+        return float(torch.cuda.device_count()) if torch.cuda.is_available() else 0.0
+    except Exception:  # no usable CUDA runtime: no GPUs
+        return 0.0
+
+
+def cluster_capacity() -> tuple[dict[str, float], str]:
+    """The most the connected Ray cluster can offer, and where that number comes from: the
+    autoscaler's maximum (every node group at its max count) when Ray publishes one, else what
+    the nodes up now have. Ray Train runs the same check against the same source."""
+    import ray
+
+    try:
+        from ray._private.state import state
+
+        most = state.get_max_resources_from_cluster_config()
+    except Exception:  # a private API: a Ray without it has no published maximum
+        most = None
+    if most:
+        return {k: float(v) for k, v in most.items()}, "the Ray cluster at its autoscaling maximum"
+    return {k: float(v) for k, v in ray.cluster_resources().items()}, "the Ray cluster at RAY_ADDRESS"
+
+
+def resolve_concurrency(sweep: Sweep, cpus: float, gpus: float = 0.0, *, where: str = "the cluster") -> int:
+    """Trials at once that `cpus` and `gpus` hold; SweepError naming the fix when not even one."""
+    need = sweep.trial_resources()
+    fit = int(cpus // need["CPU"])
     if fit < 1:
         raise SweepError(
-            f"a trial needs {per_trial:g} CPUs ({sweep.workers} workers x {sweep.cpus_per_worker:g}) but the "
-            f"cluster has {cpus:g}: lower workers or cpus_per_worker in the sweep"
+            f"a trial needs {need['CPU']:g} CPUs ({sweep.workers} workers x {sweep.cpus_per_worker:g}) but {where} "
+            f"has {cpus:g}: lower workers or cpus_per_worker in the sweep"
         )
+    if "GPU" in need:
+        gpu_fit = int(gpus // need["GPU"])
+        if gpu_fit < 1:
+            raise SweepError(
+                f"a trial needs {need['GPU']:g} GPUs ({sweep.workers} workers x {sweep.gpus_per_worker:g}) but {where} "
+                f"has {gpus:g}: run it on a cluster with GPU nodes (docs/cluster.md), or set gpus_per_worker=0"
+            )
+        fit = min(fit, gpu_fit)
     return min(fit, sweep.max_concurrent or fit)
+
+
+def launch_problems(sweep: Sweep) -> list[str]:
+    """Why the sweep could not launch from here, as messages (empty when it could): the data the
+    trials read and the resources one trial needs, against this machine or RAY_ADDRESS's cluster."""
+    from orchestrator.launch import local_cpus
+
+    problems = []
+    try:
+        sweep.preflight()
+    except SweepError as exc:
+        problems.append(str(exc))
+    if not os.environ.get("RAY_ADDRESS"):
+        try:
+            resolve_concurrency(sweep, local_cpus(), local_gpus(), where="this machine (local Ray)")
+        except SweepError as exc:
+            problems.append(str(exc))
+    return problems
 
 
 def _state_file(sweep: Sweep) -> Path:
@@ -194,6 +292,8 @@ def run_sweep(sweep: Sweep, *, resume: bool = False, progress: bool = True) -> S
     from orchestrator.launch import local_cpus
 
     base = sweep.check()
+    check_job_environment()
+    sweep.preflight()
     state_file = _state_file(sweep)
     if resume and not state_file.is_file():
         raise SweepError(
@@ -211,7 +311,7 @@ def run_sweep(sweep: Sweep, *, resume: bool = False, progress: bool = True) -> S
         folder = state_file.parent
         folder.rename(folder.with_name(f"{folder.name}.{previous['sweep_id'][len(sweep.name) + 1:]}"))
     if not os.environ.get("RAY_ADDRESS"):
-        concurrency = resolve_concurrency(sweep, local_cpus())
+        concurrency = resolve_concurrency(sweep, local_cpus(), local_gpus(), where="this machine (local Ray)")
     else:
         concurrency = None
     workload = sweep.load_workload()
@@ -260,13 +360,19 @@ def run_sweep(sweep: Sweep, *, resume: bool = False, progress: bool = True) -> S
         "base": to_dict(base),
         "workers": sweep.workers,
         "cpus_per_worker": sweep.cpus_per_worker,
+        "gpus_per_worker": sweep.gpus_per_worker,
+        # A one-worker CPU trial trains in the trial itself; GPU trials train in a Ray Train worker
+        # group, which places the GPU and sets the device, and so do trials that ask for ZeRO
+        # (one DeepSpeed engine per worker, even of one).
+        "in_trial": sweep.workers == 1 and not sweep.gpus_per_worker and not any(
+            zero.spec_of(apply_overrides(base, p)).enabled for p in sweep.trial_params()),
         "parent_run_id": record["parent_run_id"],
         "tracking_uri": uri,
         "experiment": sweep.name,
         "sweep": sweep.name,
         "sweep_id": record["sweep_id"],
         "storage": str(sweep_storage(sweep) / sweep.name / "train"),
-        "outbox_dir": str(outbox.default_dir()),
+        "outbox_dir": str(runs_root() / "outbox" if os.environ.get(RUNS_DIR_ENV) else outbox.default_dir()),
     }
     return _fit(sweep, meta, record, reference, concurrency, resume, progress)
 
@@ -302,7 +408,8 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
     metric, mode = sweep.objective
     init_ray()
     if concurrency is None:
-        concurrency = resolve_concurrency(sweep, ray.cluster_resources().get("CPU", 0.0))
+        capacity, where = cluster_capacity()
+        concurrency = resolve_concurrency(sweep, capacity.get("CPU", 0.0), capacity.get("GPU", 0.0), where=where)
     scheduler_state = sweep_storage(sweep) / sweep.name / "scheduler.json"
     diagnostics = None
     if sweep.scheduler == "collapse":
@@ -311,10 +418,10 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
         diagnostics = CollapseDiagnostics(experiment=sweep.name, sweep_id=record["sweep_id"], uri=meta["tracking_uri"])
     scheduler = schedulers.build(sweep.scheduler, sweep.scheduler_options, metric=metric, mode=mode,
                                  state_path=scheduler_state, reference=reference, diagnostics=diagnostics)
-    # A single-worker trial trains in the trial itself; a multi-worker trial only drives Ray Train,
+    # A single-worker trial trains in the trial itself; any other trial only drives Ray Train,
     # whose workers hold the CPUs (a CPU held by the driver too would starve them on small nodes).
     # Ray refuses an empty bundle, so the driver asks for a little memory instead of a CPU.
-    resources = {"cpu": sweep.cpus_per_worker} if sweep.workers == 1 else {"cpu": 0, "memory": 64 * 2**20}
+    resources = {"cpu": sweep.cpus_per_worker} if meta["in_trial"] else {"cpu": 0, "memory": 64 * 2**20}
     trainable = tune.with_resources(tune.with_parameters(trial_main, meta=meta), resources)
     storage = str(sweep_storage(sweep) / sweep.name)
     started = time.monotonic()
@@ -329,15 +436,22 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
             # objective in every report (a workload may compute it only at the end).
             tune_config=tune.TuneConfig(metric=None if sweep.scheduler == "fifo" else metric,
                                         mode=None if sweep.scheduler == "fifo" else mode, scheduler=scheduler,
-                                        max_concurrent_trials=concurrency, reuse_actors=False),
+                                        max_concurrent_trials=concurrency, reuse_actors=bool(meta["in_trial"])),
             run_config=tune.RunConfig(name="tune", storage_path=storage, verbose=0,
                                       callbacks=[_console_callback(metric)] if progress else [],
                                       failure_config=tune.FailureConfig(max_failures=sweep.max_failures)),
         )
     results = tuner.fit()
+    if diagnostics is not None:
+        diagnostics.flush()
     decisions = getattr(scheduler, "decisions", {})
-    if scheduler_state.is_file():  # on a resume, Tune ran its own unpickled copy of the scheduler
-        decisions = json.loads(scheduler_state.read_text()).get("decisions", {})
+    if hasattr(scheduler, "checkpoint"):
+        scheduler.checkpoint()
+    if scheduler_state.is_file() or scheduler_state.with_suffix(".journal.jsonl").is_file():
+        # On a resume, Tune ran its own unpickled copy of the scheduler: read what it recorded.
+        from orchestrator.schedulers.collapse import read_state
+
+        decisions = read_state(scheduler_state).get("decisions", {})
     trials = []
     for r in results:
         metrics = r.metrics or {}

@@ -25,7 +25,10 @@ def ladder_cache(tmp_path_factory) -> Path:
     """One model cache for the whole run (`$LADDER_CACHE` when set): tiny-local is built once, by
     whichever test needs it first, and reused by every later test and the Ray workers they start."""
     if not os.environ.get("LADDER_CACHE"):
-        os.environ["LADDER_CACHE"] = str(tmp_path_factory.getbasetemp() / "ladder-cache")
+        base = tmp_path_factory.getbasetemp()
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            base = base.parent  # one cache for every xdist worker: the build's file lock makes one of them build it
+        os.environ["LADDER_CACHE"] = str(base / "ladder-cache")
     return Path(os.environ["LADDER_CACHE"])
 
 

@@ -297,17 +297,46 @@ class CollapseStopper:
 
     # -- persistence --------------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, Any]:
+    def replay(self, trial_id: str, progress: float, loss: float, *, tau: float | None = None,
+               tpp: float | None = None) -> None:
+        """Put back a point recorded before a restart, without deciding on it again (its rung
+        decisions, if any, come from the saved state)."""
+        trial = self._trials.setdefault(str(trial_id), _Trial())
+        if trial.controls is None and tau is not None and tpp is not None and math.isfinite(tau) and math.isfinite(tpp):
+            trial.controls = {"tau": float(tau), "tpp": float(tpp)}
+        if math.isfinite(progress) and math.isfinite(loss) and (not trial.progress or progress > trial.progress[-1]):
+            trial.progress.append(float(progress))
+            trial.loss.append(float(loss))
+
+    def trial_state(self, trial_id: str) -> dict[str, Any]:
+        """One trial's decision state (everything but its curve), as plain JSON types."""
+        t = self._trials.setdefault(str(trial_id), _Trial())
+        return {"controls": dict(t.controls) if t.controls else None, "status": t.status, "stopped_at": t.stopped_at,
+                "next_rung": t.next_rung, "rungs": {i: dict(d) for i, d in t.rungs.items()}}
+
+    def set_trial_state(self, trial_id: str, state: Mapping[str, Any]) -> None:
+        """Put back what `trial_state` returned (its curve is left as it is)."""
+        t = self._trials.setdefault(str(trial_id), _Trial())
+        t.controls = dict(state["controls"]) if state.get("controls") else None
+        t.status, t.stopped_at, t.next_rung = state["status"], state["stopped_at"], int(state["next_rung"])
+        t.rungs = {str(i): dict(d) for i, d in state["rungs"].items()}
+        for i, record in t.rungs.items():  # the rung's recorded predictions are the trials' own
+            if record.get("predicted") is not None:
+                self._recorded[int(i)][str(trial_id)] = float(record["predicted"])
+
+    def state_dict(self, *, curves: bool = True) -> dict[str, Any]:
         """Everything needed to continue with identical decisions, as plain JSON types (the
-        reference is configuration and is passed again on restore)."""
+        reference is configuration and is passed again on restore). With `curves=False` the
+        reported points are left out (a caller that journals them puts them back with
+        `replay`), so the state's size does not grow with the reports."""
         return {
             "version": STATE_VERSION,
             "config": dict(self.config, rungs=list(self.config["rungs"])),
             "recorded": [dict(r) for r in self._recorded],
             "trials": {
                 tid: {
-                    "progress": list(t.progress),
-                    "loss": list(t.loss),
+                    "progress": list(t.progress) if curves else [],
+                    "loss": list(t.loss) if curves else [],
                     "controls": dict(t.controls) if t.controls else None,
                     "status": t.status,
                     "stopped_at": t.stopped_at,

@@ -2,7 +2,8 @@
 trained at rho0 points per axis and evaluated at 1x, 2x and 4x, as a baseline and with FRL.
 
 The smoke size is 1-D Burgers (nu = 0.02) at rho0 = 32 with both backbones: four trials, each a
-few hundred steps on CPU. The full size adds 2-D Navier-Stokes (Kolmogorov flow, Re ~ 1000,
+few hundred steps on CPU, forecasting 0.5 time units ahead (the Config default: past the time in
+which the fine scales decorrelate, see `workloads/frl/claims.py`). The full size adds 2-D Navier-Stokes (Kolmogorov flow, Re ~ 1000,
 DNS at 512^2, trained at 64^2, evaluated at 64/128/256) and runs three seeds of every point.
 """
 

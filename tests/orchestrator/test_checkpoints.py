@@ -63,3 +63,34 @@ def test_checkpoints_load_without_unpickling_arbitrary_objects(tmp_path):
     assert not marker.exists()
     state = checkpoints.load_latest(folder)  # falls back to the good one, still without running the payload
     assert state["step"] == 1 and not marker.exists()
+
+
+def test_checkpoint_of_another_workload_or_config_is_refused_by_name(tmp_path):
+    from orchestrator.checkpoints import CheckpointMismatch, identity, load_latest, write_checkpoint
+
+    mine = identity("celerity_lm", {"width": 64, "depth": 2})
+    write_checkpoint(tmp_path, {"step": 3}, identity=mine)
+    assert load_latest(tmp_path, mine)["step"] == 3
+    assert load_latest(tmp_path)["step"] == 3  # a caller without an identity reads it as before
+    with pytest.raises(CheckpointMismatch, match="belongs to a run of 'celerity_lm', not 'frl'"):
+        load_latest(tmp_path, identity("frl", {"width": 64, "depth": 2}))
+    with pytest.raises(CheckpointMismatch, match="width: 64 in the checkpoint, 128 now"):
+        load_latest(tmp_path, identity("celerity_lm", {"width": 128, "depth": 2}))
+
+
+def test_resume_with_a_changed_config_is_refused_before_anything_starts(workdir):
+    import json
+
+    from conftest import run_cli
+
+    out = run_cli(["run", "tubal_fgd", "--smoke", "--local", "--no-track", "--set", "steps=200", "log_every=50"], workdir)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (run_dir,) = (workdir / "ladder-runs" / "tubal_fgd").iterdir()
+    assert list((run_dir / "checkpoints").glob("step-*.pt"))
+    record = json.loads((run_dir / "run.json").read_text())
+    record["config"]["factor_rank"] = 4  # someone edits the record: the checkpoints no longer fit it
+    (run_dir / "run.json").write_text(json.dumps(record))
+    out = run_cli(["run", "--resume", str(run_dir), "--local", "--no-track"], workdir)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "was written with another tubal_fgd config (factor_rank: 16 in the checkpoint, 4 now)" in out.stderr
+    assert "Traceback" not in out.stderr

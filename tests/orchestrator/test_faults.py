@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -16,7 +17,9 @@ import pytest
 from conftest import LADDER, free_port, run_cli, start_mlflow_server, stop_process_group
 from orchestrator import registry, tracking
 
-OUTAGE_SET = ["--set", "tpp=24", "checkpoint_every_frac=0.5"]
+# The synthetic curves workload paced by sleeping: the run lasts as long on a loaded machine as
+# on an idle one, and its reported steps are known in advance.
+SHORT_RUN = ["--set", "steps=402", "report_every=3", "checkpoint_every=201", "step_time_s=0.03"]  # 12 s
 
 
 def _expected_steps(cfg, total: int) -> list[int]:
@@ -36,7 +39,7 @@ def _wait(predicate, what: str, proc: subprocess.Popen | None = None, timeout: f
 
 def _run_ids(url: str) -> list[str]:
     c = tracking.client(url)
-    exp = c.get_experiment_by_name("celerity_lm")
+    exp = c.get_experiment_by_name("curves")
     return [r.info.run_id for r in c.search_runs([exp.experiment_id])] if exp else []
 
 
@@ -46,16 +49,15 @@ def _recorded(url: str, run_id: str) -> list[int]:
 
 def _start_run(workdir: Path, url: str, args: list[str], log: Path) -> subprocess.Popen:
     env = {**os.environ, "MLFLOW_TRACKING_URI": url, "LADDER_TRACKING_RETRY_MAX_S": "1"}
-    return subprocess.Popen(LADDER + ["run", "celerity_lm", "--smoke", "--local", *args], cwd=workdir, env=env,
+    return subprocess.Popen(LADDER + ["run", "curves", "--smoke", "--local", *args], cwd=workdir, env=env,
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
 
 
 def _check_complete(url: str, run_id: str, what: str) -> None:
     c = tracking.client(url)
     run = c.get_run(run_id)
-    cfg = registry.load("celerity_lm").smoke()
-    total = int(run.data.metrics["tokens"] // (cfg.batch_size * cfg.seq_len))
-    expected = _expected_steps(cfg, total)
+    steps_total, every = int(run.data.params["steps"]), int(run.data.params["report_every"])
+    expected = list(range(every, steps_total + 1, every))
     steps = _recorded(url, run_id)
     print(f"{what}: points reported {len(expected)}, recorded {len(steps)}, distinct {len(set(steps))}")
     assert sorted(steps) == expected, f"missing {sorted(set(expected) - set(steps))}, extra {len(steps) - len(set(steps))}"
@@ -67,13 +69,18 @@ def test_tracking_server_outage_mid_run_loses_nothing(workdir):
     """The server stops mid-run and comes back: training goes on and every point reaches it."""
     port, data = free_port(), workdir / "srv"
     url = f"http://127.0.0.1:{port}"
+    began = time.monotonic()
     server = start_mlflow_server(data, port)
+    # The run must outlast the server's restart: pace it by how long this machine took to start one.
+    startup = time.monotonic() - began
+    steps = 3 * round((20 + 3 * startup) / 0.05 / 3)
     log = workdir / "run.log"
-    proc = _start_run(workdir, url, OUTAGE_SET, log)
+    proc = _start_run(workdir, url, ["--set", f"steps={steps}", "report_every=3", "checkpoint_every=300",
+                                     "step_time_s=0.05"], log)
     try:
         _wait(lambda: (ids := _run_ids(url)) and len(_recorded(url, ids[0])) >= 2, "the first points", proc)
         (run_id,) = _run_ids(url)
-        stop_process_group(server)
+        stop_process_group(server, signal.SIGKILL)
         _wait(lambda: "unreachable" in log.read_text(), "the console to report the outage", proc)
         server = start_mlflow_server(data, port)
         assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
@@ -93,11 +100,11 @@ def test_tracking_server_down_until_the_end_is_synced_later(workdir):
     url = f"http://127.0.0.1:{port}"
     server = start_mlflow_server(data, port)
     log = workdir / "run.log"
-    proc = _start_run(workdir, url, [], log)
+    proc = _start_run(workdir, url, SHORT_RUN, log)
     try:
-        _wait(lambda: "[celerity_lm] step" in log.read_text(), "training to start", proc)
+        _wait(lambda: "[curves] step" in log.read_text(), "training to start", proc)
         (run_id,) = _run_ids(url)
-        stop_process_group(server)
+        stop_process_group(server, signal.SIGKILL)  # gone at once, as a crashed server is
         assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
         console = log.read_text()
         assert "unreachable" in console and "ladder sync" in console, console[-2000:]
@@ -116,3 +123,66 @@ def test_tracking_server_down_until_the_end_is_synced_later(workdir):
     finally:
         stop_process_group(proc)
         stop_process_group(server)
+
+
+def test_unreachable_tracking_server_at_start_is_refused_quickly(workdir):
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    started = time.monotonic()
+    out = run_cli(["run", "curves", "--smoke", "--local"], workdir, env={"MLFLOW_TRACKING_URI": url})
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert f"the MLflow tracking server {url} does not answer" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert time.monotonic() - started < 60, "MLflow's own retries ran before giving up"
+    assert not (workdir / "ladder-runs" / "curves").exists() or not any((workdir / "ladder-runs" / "curves").iterdir())
+
+
+def _train_workers(root_pid: int) -> list:
+    """Ray Train worker processes started under `root_pid` (this test's own driver), and no others."""
+    import psutil
+
+    found = []
+    for p in psutil.Process(root_pid).children(recursive=True):
+        try:
+            if "RayTrainWorker" in " ".join(p.cmdline()) or "RayTrainWorker" in p.name():
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_killed_ray_train_worker_restarts_from_its_checkpoint(workdir):
+    """SIGKILL one of two DDP workers mid-run: the group restarts from its last checkpoint and
+    the MLflow run ends with every step recorded exactly once."""
+    import signal
+
+    log = workdir / "run.log"
+    proc = subprocess.Popen(
+        LADDER + ["run", "celerity_lm", "--smoke", "--workers", "2", "--max-failures", "1",
+                  "--set", "tpp=16", "checkpoint_every_frac=0.2"],
+        cwd=workdir, start_new_session=True, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+    try:
+        ckpts = lambda: list(workdir.glob("ladder-runs/ray/*/checkpoint_*"))  # noqa: E731
+        _wait(lambda: len(ckpts()) >= 1, "the first checkpoint", proc, timeout=400)
+        workers = _train_workers(proc.pid)
+        assert len(workers) == 2, [w.pid for w in workers]
+        killed_at = len(ckpts())
+        os.kill(workers[1].pid, signal.SIGKILL)
+        assert proc.wait(timeout=600) == 0, log.read_text()[-4000:]
+    finally:
+        stop_process_group(proc)
+    (run_dir,) = list((workdir / "ladder-runs" / "celerity_lm").iterdir())
+    record = json.loads((run_dir / "run.json").read_text())
+    c = tracking.client(record["tracking_uri"])
+    run = c.get_run(record["mlflow_run_id"])
+    cfg = registry.load("celerity_lm").smoke()
+    total = int(run.data.metrics["tokens"] // (cfg.batch_size * cfg.seq_len))
+    expected = _expected_steps(cfg, total)
+    steps = [m.step for m in c.get_metric_history(run.info.run_id, "train/loss")]
+    print(f"Ray Train worker SIGKILL after checkpoint {killed_at}: points reported {len(expected)}, "
+          f"recorded {len(steps)}, distinct {len(set(steps))}")
+    assert sorted(steps) == expected, f"missing {sorted(set(expected) - set(steps))}, duplicates {len(steps) - len(set(steps))}"
+    assert run.info.status == "FINISHED"
+    restored = [int(line.rsplit(" ", 1)[1]) for line in log.read_text().splitlines()
+                if "ladder: restored from the checkpoint of step" in line]
+    assert restored and min(restored) > 0, log.read_text()[-3000:]  # continued, not restarted from 0

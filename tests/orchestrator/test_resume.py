@@ -13,6 +13,7 @@ import pytest
 
 from conftest import LADDER, run_cli
 from orchestrator import registry, tracking
+from orchestrator.schedulers.collapse import read_state
 
 
 def _start(args: list[str], cwd: Path) -> subprocess.Popen:
@@ -89,22 +90,20 @@ def test_killed_sweep_driver_resumes_with_its_decisions(workdir):
         return [r for r in c.search_runs([exp.experiment_id]) if "ladder.trial_id" in r.data.tags] if exp else []
 
     def decided():
-        if not state.is_file():
-            return {}
-        d = json.loads(state.read_text())["decisions"]
+        d = read_state(state)["decisions"]
         return {k: v for k, v in d.items() if v.get("rung") is not None or v["action"] == "stop"}
 
     proc = _start(["sweep", "tune.py"], workdir)
     _wait_for(lambda: len(decided()) >= 2 and len(children()) >= 3, proc)
     _kill(proc)
-    before = {k: v for k, v in json.loads(state.read_text())["decisions"].items()}
+    before = {k: v for k, v in read_state(state)["decisions"].items()}
     stopped_before = {k for k, v in before.items() if v["action"] == "stop"}
     done_before = {r.data.tags["ladder.trial_id"]: (r.info.end_time, len(_steps(c, r.info.run_id, "train/loss")))
                    for r in children() if r.info.status == "FINISHED"}
 
     out = run_cli(["sweep", "tune.py", "--resume"], workdir, timeout=400)
     assert out.returncode == 0, out.stderr[-4000:]
-    after = json.loads(state.read_text())["decisions"]
+    after = read_state(state)["decisions"]
     for tid in stopped_before:
         assert after[tid]["action"] == "stop" and after[tid]["predicted"] == before[tid]["predicted"]
     runs = children()

@@ -27,13 +27,21 @@ def _write(tmp_path: Path, body: str) -> Path:
         ("sweep = Sweep(name='x', workload='celerity_lm', scheduler='ashaa')", "did you mean 'asha'"),
         ("sweep = Sweep(name='x', workload='celerty_lm')", "Closest match: 'celerity_lm'"),
         ("sweep = Sweep(name='x', workload='celerity_lm', space={'lr': loguniform(0, 1)})", "positive bounds"),
-        ("sweep = Sweep(name='x', workload='celerity_lm', space={'data': '/no/such/dir'})", "does not exist"),
         ("sweep = Sweep(name='x', workload='celerity_lm', objective=('eval/loss', 'lowest'))", "'min' or 'max'"),
     ],
 )
 def test_bad_sweeps_are_refused_with_the_fix(tmp_path, body, expected):
     with pytest.raises(SweepError, match=expected.replace("(", r"\(").replace(")", r"\)")):
         load_sweep_file(_write(tmp_path, body)).check()
+
+
+def test_absent_data_is_refused_at_launch_not_by_check(tmp_path):
+    # Data lives where the sweep runs (a cluster's shared storage): the file is valid anywhere,
+    # and the machine that would run it refuses it before anything starts.
+    s = load_sweep_file(_write(tmp_path, "sweep = Sweep(name='x', workload='celerity_lm', space={'data': '/no/such/dir'})"))
+    s.check()
+    with pytest.raises(SweepError, match="data folder '/no/such/dir' does not exist"):
+        s.preflight()
 
 
 def test_syntax_error_names_file_and_line(tmp_path):

@@ -6,8 +6,9 @@ depth (CompleteP), trained with AdamW, linear warmup then linear decay to zero, 
 budget of `tpp` tokens per non-embedding parameter. It reports `train/loss`, `eval/loss` on a
 fixed held-out set, `progress` (tokens seen over the budget), the AdamW timescale `tau` =
 B/(eta * lambda * D) and `tpp`: the controls under which loss curves of a family collapse.
+Under Ray Train its workers train with DDP, or with a DeepSpeed ZeRO engine (`zero_stage`).
 """
 
-from workloads.celerity_lm.workload import Budget, Config, budget, build, smoke, train, validate
+from workloads.celerity_lm.workload import Budget, Config, budget, build, preflight, smoke, train, validate
 
-__all__ = ["Budget", "Config", "budget", "build", "smoke", "train", "validate"]
+__all__ = ["Budget", "Config", "budget", "build", "preflight", "smoke", "train", "validate"]

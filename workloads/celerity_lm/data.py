@@ -4,7 +4,9 @@ The default corpus is the Python standard library's own source files (`.py`, sit
 excluded), read as bytes (vocabulary 256). Files are assigned to the train or held-out part by a
 hash of their path relative to the corpus root, so the split is deterministic, does not depend
 on file order or on which files another Python version adds, and never shares a file between
-the two parts. A `data` folder of text files is split the same way.
+the two parts. A `data` folder of text files is split the same way. A folder holding a
+`tokens.json` header is a pre-tokenized dataset instead (`workloads.celerity_lm.tokens`): its
+shards are read memory-mapped and its vocabulary replaces the 256 bytes.
 """
 
 from __future__ import annotations
@@ -79,6 +81,74 @@ def load_corpus(data: str, *, heldout_frac: float, max_bytes: int) -> tuple[np.n
     return train, held
 
 
+class TokenStream:
+    """A stream of token ids made of one or more arrays (e.g. memory-mapped shards). Windows are
+    addressed by a start in [0, starts(width)) and never cross from one array into the next;
+    only the windows asked for are read and widened to int64."""
+
+    def __init__(self, parts: np.ndarray | list[np.ndarray]) -> None:
+        self.parts = [parts] if isinstance(parts, np.ndarray) else list(parts)
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.parts)
+
+    def starts(self, width: int) -> int:
+        """How many windows of `width` ids there are."""
+        return sum(max(0, len(p) - width + 1) for p in self.parts)
+
+    def windows(self, starts: np.ndarray, width: int) -> torch.Tensor:
+        """[len(starts), width] int64 windows at the given window starts."""
+        counts = np.array([max(0, len(p) - width + 1) for p in self.parts])
+        ends = np.cumsum(counts)
+        which = np.searchsorted(ends, starts, side="right")
+        offsets = starts - (ends - counts)[which]
+        out = np.empty((len(starts), width), dtype=np.int64)
+        span = np.arange(width)
+        for part in np.unique(which):
+            rows = np.nonzero(which == part)[0]
+            out[rows] = self.parts[part][offsets[rows, None] + span[None, :]]
+        return torch.from_numpy(out)
+
+
+def as_stream(data: np.ndarray | TokenStream) -> TokenStream:
+    return data if isinstance(data, TokenStream) else TokenStream(data)
+
+
+def data_vocab(data: str) -> int:
+    """The vocabulary the model needs for `data`: 256 bytes, or a token dataset's vocab_size."""
+    from workloads.celerity_lm import tokens
+
+    if data != "stdlib" and tokens.is_token_dataset(data):
+        return int(tokens.read_header(data)["vocab_size"])
+    return 256
+
+
+def check_data(data: str) -> None:
+    """Raise DataError (a ValueError) naming the problem when `data` cannot be read here."""
+    from workloads.celerity_lm import tokens
+
+    if data == "stdlib":
+        return
+    if tokens.is_token_dataset(data):
+        try:
+            tokens.read_header(data)
+        except tokens.TokenDataError as exc:
+            raise DataError(str(exc)) from None
+        return
+    corpus_files(data)
+
+
+def load_data(data: str, *, heldout_frac: float, max_bytes: int) -> tuple[TokenStream, TokenStream]:
+    """(train, held-out) streams of `data`: a text corpus (bytes) or a token dataset (ids)."""
+    from workloads.celerity_lm import tokens
+
+    if data != "stdlib" and tokens.is_token_dataset(data):
+        train, held = tokens.open_split(data, "train", max_tokens=max_bytes), tokens.open_split(data, "heldout")
+        return TokenStream(train), TokenStream(held)
+    train_bytes, held_bytes = load_corpus(data, heldout_frac=heldout_frac, max_bytes=max_bytes)
+    return TokenStream(train_bytes), TokenStream(held_bytes)
+
+
 class BatchSampler:
     """Random windows of `seq_len + 1` bytes from one rank's share of the training stream.
 
@@ -87,16 +157,16 @@ class BatchSampler:
     windows it would have seen without the restart.
     """
 
-    def __init__(self, data: np.ndarray, seq_len: int, batch: int, *, seed: int, rank: int) -> None:
-        self.data = torch.from_numpy(data.astype(np.int64))
+    def __init__(self, data: np.ndarray | TokenStream, seq_len: int, batch: int, *, seed: int, rank: int) -> None:
+        self.data = as_stream(data)
         self.seq_len = seq_len
         self.batch = batch
         self.gen = torch.Generator().manual_seed(seed * 1_000_003 + rank)
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        starts = torch.randint(0, len(self.data) - self.seq_len - 1, (self.batch,), generator=self.gen)
-        idx = starts[:, None] + torch.arange(self.seq_len + 1)[None, :]
-        window = self.data[idx]  # [B, T+1]
+        # The same draws as indexing one flat array, so runs on a text corpus are unchanged.
+        starts = torch.randint(0, self.data.starts(self.seq_len + 1) - 1, (self.batch,), generator=self.gen)
+        window = self.data.windows(starts.numpy(), self.seq_len + 1)  # [B, T+1]
         return window[:, :-1], window[:, 1:]
 
     def state(self) -> torch.Tensor:
@@ -106,12 +176,14 @@ class BatchSampler:
         self.gen.set_state(state)
 
 
-def heldout_batches(data: np.ndarray, seq_len: int, tokens: int, batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """A fixed held-out set: evenly spaced windows covering about `tokens` target bytes."""
+def heldout_batches(data: np.ndarray | TokenStream, seq_len: int, tokens: int, batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A fixed held-out set: evenly spaced windows covering about `tokens` target tokens."""
+    stream = as_stream(data)
     n = max(1, tokens // seq_len)
-    stride = max(1, (len(data) - seq_len - 1) // n)
-    starts = torch.arange(n) * stride
-    flat = torch.from_numpy(data.astype(np.int64))
-    idx = starts[:, None] + torch.arange(seq_len + 1)[None, :]
-    window = flat[idx]
+    last = stream.starts(seq_len + 1) - 1
+    if last < 1:
+        raise DataError(f"the held-out data ({len(stream)} tokens) is shorter than one window of {seq_len + 1}")
+    stride = max(1, last // n)
+    starts = np.minimum(np.arange(n) * stride, last)
+    window = stream.windows(starts, seq_len + 1)
     return [(window[i : i + batch, :-1], window[i : i + batch, 1:]) for i in range(0, n, batch)]

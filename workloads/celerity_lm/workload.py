@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from workloads.celerity_lm.data import BatchSampler, corpus_files, heldout_batches, load_corpus
+from workloads.celerity_lm.data import BatchSampler, check_data, data_vocab, heldout_batches, load_data
 from workloads.celerity_lm.model import GPT
 
 
@@ -52,11 +52,11 @@ class Config:
     activation: str = "gelu"
     """MLP activation: 'gelu' or 'relu2' (squared ReLU, as in Celerity)."""
     data: str = "stdlib"
-    """'stdlib' (the Python standard library's source) or a folder of text files."""
+    """'stdlib' (the Python standard library's source), a folder of text files, or a tokenized dataset folder (tokens.json)."""
     heldout_frac: float = 0.1
-    """Fraction of files held out for evaluation (assigned by a hash of their path)."""
+    """Fraction of text files held out for evaluation (by a hash of their path); a tokenized dataset has its own split."""
     max_bytes: int = 0
-    """Cap on training bytes read from the corpus (0: all of it)."""
+    """Cap on training bytes read from a text corpus, or on training tokens of a tokenized dataset (0: all of it)."""
     eval_every_frac: float = 0.1
     """Evaluate on the fixed held-out set at every multiple of this training fraction."""
     eval_tokens: int = 32768
@@ -67,6 +67,14 @@ class Config:
     """Report train/loss (averaged since the last report) every this many steps."""
     seed: int = 0
     """Seed of the initialization and of the data order."""
+    zero_stage: int = 0
+    """0: plain DDP; 1, 2, 3: a DeepSpeed ZeRO engine under Ray Train, sharding optimizer state, then grads, then weights."""
+    offload_optimizer: bool = False
+    """With ZeRO: keep the optimizer state and its update on the CPU (DeepSpeed offload_optimizer)."""
+    offload_params: bool = False
+    """With ZeRO-3: keep the parameters on the CPU between uses (DeepSpeed offload_param)."""
+    precision: str = "fp32"
+    """'fp32', or 'bf16' with ZeRO on GPU workers (bf16 weights and compute, fp32 master weights)."""
 
 
 def smoke() -> Config:
@@ -125,10 +133,14 @@ def _checkpoints_at(steps: int, frac: float) -> set[int]:
     return {min(steps, max(1, round(k * frac * steps))) for k in range(1, math.ceil(1 / frac) + 1)}
 
 
+def preflight(cfg: Config) -> None:
+    """Checks of the machine that runs it: the data folder is there and readable. Kept out of
+    `validate` so that a sweep for a cluster's shared storage checks as valid anywhere."""
+    check_data(cfg.data)  # raises DataError (a ValueError) naming the folder
+
+
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Checks that need no training: raised before anything is launched."""
-    if cfg.data != "stdlib":
-        corpus_files(cfg.data)  # raises DataError (a ValueError) naming the folder
     for name in ("width", "depth", "head_dim", "seq_len", "batch_size", "log_every", "eval_tokens"):
         if getattr(cfg, name) <= 0:
             raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
@@ -160,7 +172,7 @@ def evaluate(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Ten
 def build(cfg: Config) -> tuple[GPT, torch.optim.AdamW, Budget]:
     """The model, its AdamW with muP learning rates per parameter group, and the budget."""
     model = GPT(
-        vocab=256,
+        vocab=data_vocab(cfg.data),
         width=cfg.width,
         depth=cfg.depth,
         head_dim=cfg.head_dim,
@@ -185,10 +197,15 @@ def build(cfg: Config) -> tuple[GPT, torch.optim.AdamW, Budget]:
 def train(cfg: Config, run) -> dict[str, float]:
     validate(cfg, run.world_size)
     torch.manual_seed(cfg.seed)
-    train_bytes, held_bytes = load_corpus(cfg.data, heldout_frac=cfg.heldout_frac, max_bytes=cfg.max_bytes)
+    preflight(cfg)
+    train_bytes, held_bytes = load_data(cfg.data, heldout_frac=cfg.heldout_frac, max_bytes=cfg.max_bytes)
     model, optimizer, plan = build(cfg)
     peak_lrs = [g["lr"] for g in optimizer.param_groups]
     model, optimizer = run.prepare(model, optimizer)
+    # With zero_stage > 0, `model` is a DeepSpeed engine and `optimizer` stands for it: its
+    # step() clips at grad_clip and updates the shards, and run.save / run.restore carry the
+    # sharded model and optimizer state themselves (see orchestrator/zero.py).
+    sharded = cfg.zero_stage > 0
     raw = getattr(model, "module", model)
     sampler = BatchSampler(
         train_bytes, cfg.seq_len, cfg.batch_size // run.world_size, seed=cfg.seed, rank=run.rank
@@ -198,8 +215,9 @@ def train(cfg: Config, run) -> dict[str, float]:
     start = 0
     state = run.restore()
     if state is not None:
-        raw.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        if not sharded:
+            raw.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
         sampler.load_state(state["sampler"])
         start = int(state["step"])
 
@@ -222,7 +240,7 @@ def train(cfg: Config, run) -> dict[str, float]:
         loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        if cfg.grad_clip > 0:
+        if cfg.grad_clip > 0 and not sharded:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
         window_loss += loss.item()
@@ -234,7 +252,9 @@ def train(cfg: Config, run) -> dict[str, float]:
             train_loss = window_loss / window_n
             now = time.perf_counter()
             tokens_per_s = window_tokens / max(now - window_start - eval_time, 1e-9)
-            metrics.update({"train/loss": train_loss, "perf/tokens_per_s": tokens_per_s, "train/lr": peak_lrs[1] * factor})
+            # train/lr is read back from the optimizer (under ZeRO, the engine's): the rate applied.
+            lr_now = optimizer.param_groups[1]["lr"]
+            metrics.update({"train/loss": train_loss, "perf/tokens_per_s": tokens_per_s, "train/lr": lr_now})
             window_loss, window_n, window_tokens = 0.0, 0, 0
             window_start, eval_time = now, 0.0
         if step in eval_at:
@@ -246,14 +266,10 @@ def train(cfg: Config, run) -> dict[str, float]:
             metrics.update(fixed, progress=step * plan.batch_tokens / plan.tokens, tokens=step * plan.batch_tokens)
             run.report(metrics, step=step)
         if step in save_at:
-            run.save(
-                {
-                    "step": step,
-                    "model": raw.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "sampler": sampler.state(),
-                }
-            )
+            state = {"step": step, "sampler": sampler.state()}
+            if not sharded:
+                state.update(model=raw.state_dict(), optimizer=optimizer.state_dict())
+            run.save(state)
     if math.isnan(eval_loss) or start >= plan.steps:
         eval_loss = evaluate(model, heldout, run.device)
     return {

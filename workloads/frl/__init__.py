@@ -17,8 +17,10 @@ FRL-recon, a reconstruction of Frequency Representation Learning (the paper has 
    (`spectral_weight`, `cross_scale_weight`).
 
 Errors are reported against the DNS reference (`eval/rel_l2/x{f}`, the claims' metric) and
-against the truncated DNS on each grid (`eval/rel_l2_grid/x{f}`), with the error in the blind band
-[rho0/2, rho/2) and, as a calibration control, the solver's own error at each resolution.
+against the truncated DNS on each grid (`eval/rel_l2_grid/x{f}`), with the blind band [rho0/2, rho/2)
+measured on its own (the model's error there, how much of the input's band it passes on, and how
+well copying the input's band would do) and, as a calibration control, the solver's own error at
+each resolution. `claims.py` says when the baseline is anchored and when it is not.
 """
 
 from workloads.frl.claims import CLAIMS, plot

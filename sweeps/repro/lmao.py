@@ -1,0 +1,43 @@
+"""Reproduce lmao's claims: LMAO (a LoRA step then a MeZO step per update) against each half alone,
+LoRA of the same rank and MeZO on every base parameter, at equal steps, on a random bijection over
+a set of words (a task that needs a high-rank update). Every trial counts its forward and
+backward passes with hooks and checks for base-parameter gradients.
+
+Each method runs at its own zeroth-order rate: MeZO alone at the rate that trained it best on
+tiny-local (1e-4; 3e-4 and above oscillate or diverge), LMAO at the rate its base update
+tolerates while LoRA moves the model (3e-6, see lmao's smoke()).
+
+Smoke: tiny-local (built once, reused), the 63 topic words, full batch, LoRA r = 1 on q and v,
+600 steps, one trial seed (`--seed`). Full: a real checkpoint through the same code (the paper's
+setting: LoRA on q and v, Adam 1e-4, zeroth-order SGD 1e-6, eps 1e-3), the 128 key words, five
+seeds; point `FULL_BASE` (or $LADDER_LMAO_BASE) at a hub id or a local save_pretrained folder.
+"""
+
+import os
+
+from orchestrator.sweep import Sweep, seeds
+
+FULL_BASE = os.environ.get("LADDER_LMAO_BASE", "meta-llama/Llama-3.1-8B")
+"""The full-size base model."""
+FULL_SEEDS = 5
+MEZO_LR = 1e-4
+"""MeZO-alone's zeroth-order rate on tiny-local."""
+SMOKE = {"steps": 600, "eval_every": 100, "log_every": 50}
+"""The smoke reproduction on top of lmao's smoke()."""
+
+
+def build(*, smoke: bool = False, seed: int = 0) -> Sweep:
+    if smoke:
+        methods = ({"method": "lmao"}, {"method": "lora"}, {"method": "mezo", "zo_lr": MEZO_LR})
+        return Sweep(name="lmao_repro_smoke", workload="lmao", base="smoke", overrides={**SMOKE, "seed": seed},
+                     points=methods, objective=("eval/loss", "min"))
+    methods = ({"method": "lmao"}, {"method": "lora"}, {"method": "mezo"})
+    return Sweep(
+        name="lmao_repro", workload="lmao", base="default",
+        overrides={"base": FULL_BASE, "pool": "keys", "n_pairs": 128, "lora_rank": 1, "lora_alpha": 2.0,
+                   "steps": 2000, "dtype": "bfloat16", "threads": 0},
+        points=methods, space={"seed": seeds(FULL_SEEDS, start=seed)}, objective=("eval/loss", "min"),
+    )
+
+
+sweep = build()

@@ -1,0 +1,37 @@
+"""Reproduce plop's claims: NFN scores on the pretrained base vs a random init of the same
+architecture, their stability over two disjoint samples, and PLoP's placement against
+attention-only and MLP-only LoRA at exactly equal trainable parameters.
+
+Smoke: tiny-local, task mul_mod (a new arithmetic operation, the analogue of the paper's math
+fine-tuning), the three placements at one seed. Full: a real checkpoint (`PLOP_BASE`, a local
+save_pretrained folder or a hub id already in the local cache; default Qwen/Qwen3-0.6B, one of
+the paper's models) through the same code, every task, PLoP^-1 as well, five seeds.
+"""
+
+import os
+
+from orchestrator.sweep import Sweep, grid, seeds
+
+SMOKE_PLACEMENTS = ("plop", "attention", "mlp")
+FULL_PLACEMENTS = ("plop", "plop_inverse", "attention", "mlp")
+FULL_TASKS = ("mul_mod", "attr_query", "fact_query", "sub_mod")
+FULL_SEEDS = 5
+
+
+def build(*, smoke: bool = False, seed: int = 0) -> Sweep:
+    if smoke:
+        return Sweep(
+            name="plop_repro_smoke", workload="plop", base="smoke",
+            overrides={"seed": seed, "matched": SMOKE_PLACEMENTS},
+            space={"placement": grid(*SMOKE_PLACEMENTS)}, objective=("eval/heldout_acc", "max"),
+        )
+    return Sweep(
+        name="plop_repro", workload="plop", base="default",
+        overrides={"base": os.environ.get("PLOP_BASE", "Qwen/Qwen3-0.6B"), "dtype": "bfloat16", "rank": 16,
+                   "lr": 2e-4, "batch": 16, "steps": 1000, "matched": FULL_PLACEMENTS},
+        space={"task": grid(*FULL_TASKS), "placement": grid(*FULL_PLACEMENTS), "seed": seeds(FULL_SEEDS, start=seed)},
+        objective=("eval/heldout_acc", "max"),
+    )
+
+
+sweep = build()

@@ -1,0 +1,191 @@
+"""`ray job submit` end to end on a real two-node Ray cluster started on this machine.
+
+The head (`ray start --head`) and a second node (`ray start --address`) run with token
+authentication on, bound to 127.0.0.1. An unauthenticated submission is refused; the smoke sweep
+submitted with the token runs as a job, its two one-CPU trials land one on each node (each node
+has one CPU), and their MLflow child runs, in a SQLite store the job was pointed at, carry the
+ids of both nodes. The test starts each node as its own process group and stops exactly those
+groups: `ray stop` would stop every Ray on the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+BIN = Path(sys.executable).parent
+
+
+def _env(tmp: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RAY_", "MLFLOW_", "LADDER_RUNS")) and k != "PYTHONPATH"}
+    # A home of its own: Ray neither reads nor writes the machine's ~/.ray/auth_token.
+    env.update(HOME=str(tmp / "home"), PATH=f"{BIN}{os.pathsep}{env['PATH']}", RAY_USAGE_STATS_ENABLED="0")
+    env.update(extra)
+    return env
+
+
+def _get(url: str, token: str | None) -> tuple[int, dict | None]:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, None
+    except (urllib.error.URLError, OSError):  # not listening yet
+        return 0, None
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop one node: SIGTERM its process group (`ray start --block` then stops what it started),
+    then SIGKILL whatever of the group is left."""
+    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 15)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # children that outlived the leader
+    except ProcessLookupError:
+        pass
+
+
+class Cluster:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        (tmp / "home").mkdir()
+        self.token = secrets.token_hex(32)
+        self.token_file = tmp / "ray-token"
+        self.token_file.write_text(self.token)
+        self.token_file.chmod(0o600)
+        self.gcs, self.dash = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.dash}"
+        self.nodes: list[subprocess.Popen] = []
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return _env(self.tmp, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(self.token_file), **extra)
+
+    def start_node(self, *args: str, name: str) -> None:
+        common = ["--block", "--num-cpus=1", "--num-gpus=0", "--node-ip-address=127.0.0.1",
+                  "--object-store-memory=100000000", f"--dashboard-agent-listen-port={free_port()}",
+                  "--disable-usage-stats"]
+        log = open(self.tmp / f"{name}.log", "w")
+        self.nodes.append(subprocess.Popen([str(BIN / "ray"), "start", *args, *common], env=self.env(), cwd=self.tmp,
+                                           stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+
+    def alive_nodes(self) -> list[str]:
+        code, body = _get(f"{self.url}/api/v0/nodes?limit=100", self.token)
+        if code != 200 or not body:
+            return []
+        rows = body.get("data", {}).get("result", {}).get("result", [])
+        return [r["node_id"] for r in rows if r.get("state") == "ALIVE"]
+
+    def wait_for_nodes(self, n: int, timeout: float) -> list[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            nodes = self.alive_nodes()
+            if len(nodes) >= n:
+                return nodes
+            if any(p.poll() is not None for p in self.nodes):
+                break
+            time.sleep(1)
+        logs = "\n".join((self.tmp / f).read_text()[-1500:] for f in ("head.log", "worker.log") if (self.tmp / f).exists())
+        raise AssertionError(f"the cluster did not reach {n} nodes:\n{logs}")
+
+    def cpu_seconds(self) -> float:
+        """CPU time the nodes' processes used so far, reaped children included (a diagnostic)."""
+        import psutil
+
+        total = 0.0
+        groups = {p.pid for p in self.nodes}
+        for proc in psutil.process_iter():
+            try:
+                if os.getpgid(proc.pid) in groups:
+                    t = proc.cpu_times()
+                    total += t.user + t.system + t.children_user + t.children_system
+            except (psutil.Error, ProcessLookupError):
+                continue
+        return total
+
+    def stop(self) -> None:
+        for proc in reversed(self.nodes):
+            _stop(proc)
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path)
+    # Ray's socket paths live under its temp dir and must stay under 108 bytes: short ones. Each
+    # node has its own, as on separate machines: a node unpacks job working directories there,
+    # and two nodes sharing one would replace the driver's working directory under it.
+    ray_tmp, worker_tmp = tempfile.mkdtemp(prefix="ladder-ray-"), tempfile.mkdtemp(prefix="ladder-ray-")
+    try:
+        c.start_node("--head", f"--port={c.gcs}", "--dashboard-host=127.0.0.1", f"--dashboard-port={c.dash}",
+                     f"--ray-client-server-port={free_port()}", f"--temp-dir={ray_tmp}", name="head")
+        c.wait_for_nodes(1, timeout=120)
+        c.start_node(f"--address=127.0.0.1:{c.gcs}", f"--temp-dir={worker_tmp}", name="worker")
+        c.nodes_ids = c.wait_for_nodes(2, timeout=120)
+        yield c
+    finally:
+        c.stop()
+        for folder in (ray_tmp, worker_tmp):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _ray(args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "ray"), *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def test_submitted_sweep_runs_on_both_nodes_and_lands_in_mlflow(cluster, tmp_path):
+    started = time.monotonic()
+    # Token authentication is on: no token, or a wrong one, is refused.
+    assert _get(f"{cluster.url}/api/jobs/", None)[0] == 401
+    assert _get(f"{cluster.url}/api/jobs/", "not-the-token")[0] == 403
+    refused = _ray(["job", "submit", "--address", cluster.url, "--", "echo", "never"],
+                   _env(tmp_path, RAY_AUTH_MODE="disabled"), timeout=120)
+    assert refused.returncode != 0 and "Missing authentication token" in refused.stderr + refused.stdout
+
+    db = tmp_path / "mlflow.db"
+    runtime_env = {"env_vars": {"MLFLOW_TRACKING_URI": f"sqlite:///{db}", "LADDER_RUNS_DIR": str(tmp_path / "runs")}}
+    submit = _ray(["job", "submit", "--address", cluster.url, "--submission-id", "ladder-smoke", "--working-dir", ".",
+                   "--runtime-env-json", json.dumps(runtime_env), "--", "ladder", "sweep", "sweeps/cluster_smoke.py"],
+                  cluster.env(), timeout=400)
+    assert submit.returncode == 0, (submit.stdout + submit.stderr)[-4000:]
+    code, job = _get(f"{cluster.url}/api/jobs/ladder-smoke", cluster.token)
+    assert code == 200 and job["status"] == "SUCCEEDED", job
+    assert "sweep 'cluster_smoke' finished" in submit.stdout + submit.stderr
+
+    with sqlite3.connect(db) as con:
+        runs = con.execute(
+            "select r.run_uuid, r.status from runs r join experiments e on r.experiment_id = e.experiment_id "
+            "join tags t on t.run_uuid = r.run_uuid where e.name = 'cluster_smoke' and t.key = 'mlflow.parentRunId'"
+        ).fetchall()
+        nodes = {row[0] for row in con.execute("select value from tags where key = 'ladder.node_id'")}
+        losses = con.execute("select count(*) from latest_metrics where key = 'eval/loss'").fetchone()[0]
+    assert len(runs) == 2 and all(status == "FINISHED" for _, status in runs), runs
+    assert nodes == set(cluster.nodes_ids), f"trials ran on {nodes}, the cluster's nodes are {cluster.nodes_ids}"
+    assert losses == 2
+    assert (tmp_path / "runs" / "sweeps" / "cluster_smoke" / "sweep.json").is_file()
+    print(f"two-node job test: {time.monotonic() - started:.0f} s after the cluster was up; "
+          f"the cluster's processes used {cluster.cpu_seconds():.0f} s of CPU")

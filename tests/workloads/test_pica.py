@@ -1,0 +1,276 @@
+"""pica: the adapter's algebra on tiny-local (projector, merge, span, shared gradient, counts), the
+loop's resumption, bad configs, the claims on synthetic trials, and the smoke reproduction."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from orchestrator.run import LocalRun
+from workloads.pica import CLAIMS, Config, plot, smoke, train, validate
+from workloads.pica import data
+from workloads.pica.adapter import (
+    PiCa, column_projector, count_at_depths, decoder_linears, merge, random_projector, shared_gradient_error,
+    span_residual, trainable_count,
+)
+from workloads.pica.claims import (
+    column_beats_random, merged_equals_w0_plus_mp, shared_gradient_aggregates_layers,
+    trainable_count_independent_of_depth, update_in_span_of_p,
+)
+from workloads.pica.workload import DEPTH_PREFIX, UNSHARED_PREFIX, check_model
+
+TARGETS = ("q_proj", "k_proj", "v_proj", "up_proj", "down_proj")
+D_OUT = {"q_proj": 64, "k_proj": 32, "v_proj": 32, "up_proj": 176, "down_proj": 64}  # tiny-local's shapes
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_base):
+    from orchestrator.basemodel import base_world, load_base
+
+    model, tok = load_base("tiny-local")
+    return model, tok, base_world("tiny-local")
+
+
+@pytest.fixture
+def model(tiny):
+    return copy.deepcopy(tiny[0])
+
+
+@pytest.fixture(scope="module")
+def batch(tiny):
+    _, tok, world = tiny
+    return data.encode(data.task_examples(world, "qa", 11)[:24], tok)
+
+
+def set_ms(pica: PiCa, seed: int = 0, scale: float = 0.05) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in pica.ms.values():
+            m.copy_(scale * torch.randn(m.shape, generator=g))
+
+
+# --- the adapter ------------------------------------------------------------------------------
+
+
+def test_column_projector_spans_the_top_singular_directions():
+    w = torch.randn(32, 64, generator=torch.Generator().manual_seed(0))
+    p = column_projector(w, 4)
+    torch.testing.assert_close(p @ p.T, torch.eye(4), atol=1e-6, rtol=0)
+    s = torch.linalg.svdvals(w.double())
+    # ||W P^T||_F^2 is the energy of the top-4 singular values, the most any 4-dim subspace holds.
+    assert float((w.double() @ p.double().T).square().sum()) == pytest.approx(float(s[:4].square().sum()), rel=1e-5)
+    q = random_projector(64, 4, torch.Generator().manual_seed(1), dtype=torch.float32)
+    torch.testing.assert_close(q @ q.T, torch.eye(4), atol=1e-6, rtol=0)
+    assert float((w @ q.T).square().sum()) < float((w @ p.T).square().sum())
+
+
+def test_zero_m_leaves_the_model_unchanged_and_forward_equals_the_merged_model(model, batch):
+    with torch.no_grad():
+        before = model(input_ids=batch.ids, attention_mask=batch.mask).logits
+    pica = PiCa(model, TARGETS, 3)
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=batch.ids, attention_mask=batch.mask).logits, before, rtol=0, atol=0)
+    set_ms(pica)
+    merged = merge(model)
+    assert not any(type(m).__name__ == "PiCaLinear" for m in merged.modules())
+    with torch.no_grad():
+        a = model(input_ids=batch.ids, attention_mask=batch.mask).logits
+        b = merged(input_ids=batch.ids, attention_mask=batch.mask).logits
+    assert not torch.allclose(a, before, atol=1e-3)  # M moved the model...
+    assert float((a - b).abs().max() / a.abs().max()) < 1e-5  # ...and the merge moved it the same way
+
+
+def test_one_m_per_type_is_the_same_tensor_in_every_layer(model):
+    pica = PiCa(model, TARGETS, 2)
+    groups = pica.by_type()
+    assert set(groups) == set(TARGETS) and all(len(v) == 4 for v in groups.values())
+    for layers in groups.values():
+        assert all(layer.m is layers[0].m for layer in layers)
+        assert not torch.equal(layers[0].projector, layers[1].projector)  # P is per layer
+    assert all(not p.requires_grad for n, p in model.named_parameters() if not n.endswith(".m"))
+    assert trainable_count(model) == pica.trainable() == 2 * sum(D_OUT.values())
+
+
+def test_unshared_variant_has_one_m_per_layer(model):
+    pica = PiCa(model, TARGETS, 2, share=False)
+    assert len(pica.ms) == 4 * len(TARGETS)
+    assert trainable_count(model) == 4 * 2 * sum(D_OUT.values())
+
+
+def test_span_residual_tells_a_projected_update_from_a_free_one():
+    g = torch.Generator().manual_seed(2)
+    p = random_projector(64, 4, g, dtype=torch.float64)
+    m = torch.randn(32, 4, generator=g, dtype=torch.float64)
+    assert span_residual(m @ p, p) < 1e-12
+    free = torch.randn(32, 64, generator=g, dtype=torch.float64)
+    assert span_residual(free, p) > 0.9  # a random update is mostly outside a 4-dim subspace of R^64
+    assert span_residual(torch.zeros(32, 64), p) == 0.0
+
+
+def test_shared_gradient_is_the_sum_over_layers_not_one_layer(model, batch):
+    pica = PiCa(model, TARGETS, 2)
+    set_ms(pica, seed=3)
+    loss_fn = lambda m: data.answer_loss(m, batch)  # noqa: E731
+    assert shared_gradient_error(model, pica, loss_fn) < 1e-4
+    # The contrast the check rests on: any single layer's term is far from the shared gradient.
+    loss_fn(model).backward()
+    layer = pica.by_type()["q_proj"][0]
+    full = layer.m.grad.clone()
+    merged = merge(model)
+    w = dict(merged.named_modules())[next(n for n, lay in pica.layers.items() if lay is layer)].weight
+    w.requires_grad_(True)
+    loss_fn(merged).backward()
+    one = w.grad @ layer.projector.T
+    assert float((full - one).norm() / full.norm()) > 0.1
+
+
+def test_count_does_not_grow_with_depth(tiny):
+    config = tiny[0].config
+    shared = count_at_depths(config, (1, 2, 8), TARGETS, 4, share=True)
+    unshared = count_at_depths(config, (1, 2, 8), TARGETS, 4, share=False)
+    assert set(shared.values()) == {4 * sum(D_OUT.values())}
+    assert unshared == {d: d * 4 * sum(D_OUT.values()) for d in (1, 2, 8)}
+
+
+def test_rank_above_a_targets_smallest_side_is_refused(model):
+    check_model(dataclasses.replace(smoke(), rank=32), model)  # k_proj is 32 x 64: r = 32 still fits
+    with pytest.raises(ValueError, match="rank=33 exceeds"):
+        check_model(dataclasses.replace(smoke(), rank=33), model)
+    with pytest.raises(ValueError, match="not linear module types"):
+        check_model(dataclasses.replace(smoke(), targets=("qproj",)), model)
+
+
+# --- data ---------------------------------------------------------------------------------------
+
+
+def test_qa_task_holds_out_whole_entities_and_labels_only_the_answer(tiny):
+    _, tok, world = tiny
+    examples = data.task_examples(world, "qa", 11)
+    assert len(examples) == len(world.entities) * len(data.QA_RELATIONS)
+    train_ex, held = data.split(examples, 0.2, 0, by_entity=True)
+    who = lambda e: e.prompt.split(" ? ")[0].rsplit(" ", 1)[-1]  # noqa: E731
+    assert {who(e) for e in train_ex}.isdisjoint({who(e) for e in held})
+    assert len(held) == round(0.2 * len(world.entities)) * len(data.QA_RELATIONS)
+    b = data.encode(held[:3], tok)
+    for i, e in enumerate(held[:3]):
+        labelled = b.labels[i][b.labels[i] != -100].tolist()
+        assert tok.convert_ids_to_tokens(labelled) == [e.answer]
+
+
+# --- the loop -----------------------------------------------------------------------------------
+
+
+def test_smoke_run_measures_every_exact_property(tmp_path, tiny_base):
+    run = LocalRun(tmp_path)
+    out = train(smoke(), run)
+    assert out["diag/trainable"] == out["diag/expected_trainable"] == 2 * sum(D_OUT.values())
+    assert out["diag/base_changed"] == 0.0
+    assert out["diag/merge_weight_err"] < 1e-5 and out["diag/merge_logit_err"] < 1e-5
+    assert out["diag/span_residual"] < 1e-5 and out["diag/shared_grad_err"] < 1e-4
+    assert out["diag/grad_energy_in_span"] > 1.5 * out["diag/grad_energy_chance"]  # top singular directions hold more of dL/dW0
+    assert {out[f"{DEPTH_PREFIX}{d}"] for d in smoke().count_depths} == {out["diag/trainable"]}
+    assert out[f"{UNSHARED_PREFIX}4"] == 4 * out[f"{UNSHARED_PREFIX}1"]
+    losses = [m["train/loss"] for _, m in run.history if "train/loss" in m]
+    assert losses[-1] < losses[0]
+
+
+def test_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path, tiny_base):
+    cfg = dataclasses.replace(smoke(), steps=12, eval_every=6, log_every=3, checkpoint_every_frac=0.5,
+                              exact_checks=False, count_depths=(1,))
+    whole = train(cfg, LocalRun(tmp_path / "whole"))
+
+    class Dies(LocalRun):
+        def save(self, state):
+            super().save(state)
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, Dies(tmp_path / "cut"))
+    resumed = LocalRun(tmp_path / "cut")
+    again = train(cfg, resumed)
+    assert resumed.restored_step == 6
+    assert again["eval/loss"] == pytest.approx(whole["eval/loss"], rel=1e-6)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"task": "div"}, "task must be one of"),
+    ({"subspace": "row"}, "subspace must be"),
+    ({"targets": ()}, "targets must be distinct"),
+    ({"rank": 0}, "rank must be positive"),
+    ({"count_depths": (0, 2)}, "count_depths"),
+    ({"heldout_frac": 1.0}, "heldout_frac"),
+    ({"lr": 0.0}, "lr must be positive"),
+    ({"warmup_frac": 1.0}, "warmup_frac"),
+    ({"dtype": "int8"}, "dtype must be"),
+    ({"base": "./no/such/folder"}, "does not exist"),
+    ({"base": "tiny-local:layerz=2"}, "not a tiny-local override"),
+])
+def test_bad_configs_name_the_problem(change, message):
+    with pytest.raises(ValueError, match=message):
+        validate(dataclasses.replace(Config(), **change))
+    with pytest.raises(ValueError, match="workers=1"):
+        validate(Config(), world_size=2)
+
+
+# --- claims -------------------------------------------------------------------------------------
+
+
+def trials_for(column_losses, random_losses, **diag):
+    base = {"diag/merge_weight_err": 1e-7, "diag/merge_logit_err": 1e-7, "diag/base_changed": 0.0,
+            "diag/span_residual": 1e-7, "diag/shared_grad_err": 1e-6, "diag/trainable": 736.0,
+            "diag/expected_trainable": 736.0, f"{DEPTH_PREFIX}1": 736.0, f"{DEPTH_PREFIX}4": 736.0,
+            f"{UNSHARED_PREFIX}1": 736.0, f"{UNSHARED_PREFIX}4": 2944.0, **diag}
+    out = []
+    for sub, losses in (("column", column_losses), ("random", random_losses)):
+        for seed, loss in enumerate(losses):
+            out.append({**base, "subspace": sub, "seed": seed, "share": True, "eval/loss": loss, "eval/acc": 0.5,
+                        "eval/train_loss": loss / 2, "diag/grad_energy_in_span": 0.3 if sub == "column" else 0.1})
+    return out
+
+
+def test_claims_hold_on_the_papers_pattern():
+    results = {c.__name__: c(trials_for([1.0, 1.2, 0.9], [1.3, 1.1, 1.2])) for c in CLAIMS}
+    assert all(h for h, _ in results.values()), results
+    assert results["column_beats_random"][1]["seeds_column_wins"] == 2
+    assert results["column_beats_random"][1]["column_loss"] == pytest.approx(31 / 30)
+    assert results["column_beats_random"][1]["column_grad_energy"] == pytest.approx(0.3)
+
+
+def test_claims_fail_when_the_pattern_is_absent():
+    assert not column_beats_random(trials_for([1.2, 1.2, 1.2], [1.0, 1.3, 1.2]))[0]
+    assert not merged_equals_w0_plus_mp(trials_for([1], [1], **{"diag/merge_logit_err": 1e-3}))[0]
+    assert not merged_equals_w0_plus_mp(trials_for([1], [1], **{"diag/base_changed": 1e-8}))[0]
+    assert not update_in_span_of_p(trials_for([1], [1], **{"diag/span_residual": 0.3}))[0]
+    assert not shared_gradient_aggregates_layers(trials_for([1], [1], **{"diag/shared_grad_err": 0.7}))[0]
+    assert not trainable_count_independent_of_depth(trials_for([1], [1], **{f"{DEPTH_PREFIX}4": 2944.0}))[0]
+    with pytest.raises(ValueError, match="needs column and random"):
+        column_beats_random([t for t in trials_for([1.0], [1.0]) if t["subspace"] == "column"])
+
+
+def test_plot_writes_a_png(tmp_path):
+    path = tmp_path / "claims.png"
+    plot(trials_for([1.0, 1.2, 0.9], [1.3, 1.1, 1.2]), path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- the reproduction ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_smoke_reproduction_holds(workdir, tiny_base):
+    from orchestrator.reproduce import reproduce
+
+    rep = reproduce("pica", smoke=True, local=True)
+    assert not rep.failed_trials
+    assert len(rep.trials) == 6
+    results = {c.name: c for c in rep.claims}
+    for claim in rep.claims:
+        assert claim.judged and all(math.isfinite(v) for v in claim.measured.values()), claim
+    exact = ["merged_equals_w0_plus_mp", "update_in_span_of_p", "shared_gradient_aggregates_layers",
+             "trainable_count_independent_of_depth"]
+    assert all(results[n].holds for n in exact), [(n, results[n].measured) for n in exact]
+    assert results["column_beats_random"].holds, results["column_beats_random"].measured

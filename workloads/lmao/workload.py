@@ -1,0 +1,226 @@
+"""lmao: Config and the alternating LoRA / MeZO loop, with its passes counted (see the package docstring)."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from orchestrator.basemodel import check_base, linear_types, load_base, lora
+from workloads.lmao import data, zo
+
+
+@dataclass(frozen=True)
+class Config:
+    base: str = "tiny-local"
+    """Base model: tiny-local[:k=v,...], a local save_pretrained folder or a hub id."""
+    base_seed: int = 0
+    """Seed of the tiny-local build (ignored for other bases); keep it fixed across a sweep."""
+    method: Literal["lmao", "lora", "mezo"] = "lmao"
+    """'lmao': per step a first-order LoRA step then a MeZO step on every base parameter, same batch;
+    'lora': the LoRA step alone (base frozen); 'mezo': the MeZO step alone on every parameter, no LoRA."""
+    pool: Literal["topics", "names", "keys"] = "topics"
+    """Word set the random bijection pi is drawn over (63, 48, 128 words of the base world's vocabulary)."""
+    n_pairs: int = 63
+    """Words in the bijection: the task is the n pairs `a -> pi(a)`, trained and evaluated on all of them."""
+    lora_targets: tuple[str, ...] = ("q_proj", "v_proj")
+    """LoRA module types (the paper's: q and v)."""
+    lora_rank: int = 8
+    """LoRA rank (the paper's 8; the reproduction uses 1, too small for the bijection, which is the comparison's point)."""
+    lora_alpha: float = 16.0
+    """LoRA alpha (the paper's 16 for r = 8: scale alpha / r = 2)."""
+    lora_lr: float = 1e-4
+    """Peak Adam learning rate of the LoRA factors (the paper's 1e-4)."""
+    lora_schedule: Literal["linear", "constant"] = "linear"
+    """LoRA learning-rate schedule: 'linear' decay to 0 over the steps (the Hugging Face Trainer default the
+    paper's OPT runs inherit) or 'constant' (its RoBERTa runs). The zeroth-order rate is always constant."""
+    grad_clip: float = 1.0
+    """Clip the LoRA gradient norm to this before the Adam step (0: no clipping)."""
+    zo_lr: float = 1e-6
+    """Learning rate of the zeroth-order SGD step on the base parameters (constant, no momentum; the paper's 1e-6)."""
+    zo_eps: float = 1e-3
+    """Perturbation scale eps of theta +- eps z."""
+    zo_weight_decay: float = 0.0
+    """Weight decay of the zeroth-order step, skipped for biases and norm weights."""
+    steps: int = 1000
+    """Optimizer steps (for lmao each is one LoRA step and one MeZO step)."""
+    batch: int = 16
+    """Pairs per step, drawn with replacement (0: all pairs every step, full batch); the LoRA and MeZO
+    phases of a step use the same batch."""
+    eval_every: int = 100
+    """Evaluate the loss over all n pairs every this many steps (and at the end)."""
+    log_every: int = 50
+    """Report train/loss every this many steps."""
+    checkpoint_every_frac: float = 0.25
+    """Save a checkpoint at every multiple of this training fraction (and at the end)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weights' dtype."""
+    threads: int = 1
+    """Intra-op CPU threads during the run (0 leaves torch's setting)."""
+    seed: int = 0
+    """Trial seed: the bijection, the batch order, the LoRA init and the MeZO perturbations (every
+    method at one seed sees the same pairs and batches)."""
+
+
+def smoke() -> Config:
+    """tiny-local, a bijection over the 63 topic words, full batch, LoRA r = 1 on q and v, 30 LMAO steps.
+
+    The learning rates are tiny-local's: Adam 3e-3 on LoRA (1e-2 trains as fast but its trajectories
+    diverge more between runs), and 3e-6 on the base, the largest zeroth-order rate that still lowered
+    the loss from a LoRA-trained point over 200 MeZO steps (1e-5 raised it by 0.7-1.2, 3e-6 lowered it
+    by 0.07). The full batch (all 63 pairs) removes batch sampling from the comparison."""
+    return Config(lora_rank=1, lora_alpha=2.0, lora_lr=3e-3, zo_lr=3e-6, batch=0, steps=30, eval_every=10, log_every=3)
+
+
+def validate(cfg: Config, world_size: int = 1) -> None:
+    """Checks that need no model: raised before anything is launched."""
+    if world_size != 1:
+        raise ValueError(f"lmao runs on one worker (got world_size={world_size}): use workers=1")
+    check_base(cfg.base)
+    if cfg.lora_schedule not in ("linear", "constant"):
+        raise ValueError(f"lora_schedule must be 'linear' or 'constant', got {cfg.lora_schedule!r}")
+    if cfg.method not in ("lmao", "lora", "mezo"):
+        raise ValueError(f"method must be 'lmao', 'lora' or 'mezo', got {cfg.method!r}")
+    if cfg.pool not in data.POOLS:
+        raise ValueError(f"pool must be one of {sorted(data.POOLS)}, got {cfg.pool!r}")
+    if not 2 <= cfg.n_pairs <= len(data.POOLS[cfg.pool]):
+        raise ValueError(f"n_pairs must lie in [2, {len(data.POOLS[cfg.pool])}] for pool {cfg.pool!r}, got {cfg.n_pairs}")
+    if cfg.batch < 0:
+        raise ValueError(f"batch must be >= 0 (0: full batch), got {cfg.batch}")
+    for name in ("steps", "eval_every", "log_every", "lora_rank"):
+        if getattr(cfg, name) <= 0:
+            raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
+    if not cfg.lora_targets:
+        raise ValueError("lora_targets must name at least one module type, e.g. ('q_proj', 'v_proj')")
+    if not cfg.lora_lr > 0 or not cfg.zo_lr > 0 or not cfg.zo_eps > 0 or not cfg.lora_alpha > 0:
+        raise ValueError(f"lora_lr, zo_lr, zo_eps and lora_alpha must be positive, got "
+                         f"{cfg.lora_lr}, {cfg.zo_lr}, {cfg.zo_eps}, {cfg.lora_alpha}")
+    if cfg.zo_weight_decay < 0 or cfg.grad_clip < 0:
+        raise ValueError(f"zo_weight_decay and grad_clip must be >= 0, got {cfg.zo_weight_decay}, {cfg.grad_clip}")
+    if not 0 < cfg.checkpoint_every_frac <= 1:
+        raise ValueError(f"checkpoint_every_frac must lie in (0, 1], got {cfg.checkpoint_every_frac}")
+    if cfg.dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', got {cfg.dtype!r}")
+    if cfg.threads < 0:
+        raise ValueError(f"threads must be >= 0 (0: torch's own setting), got {cfg.threads}")
+
+
+def fractions(steps: int, frac: float) -> set[int]:
+    return {min(steps, max(1, round(j * frac * steps))) for j in range(1, math.ceil(1 / frac) + 1)}
+
+
+def train(cfg: Config, run: Any) -> dict[str, float]:
+    validate(cfg, run.world_size)
+    previous = torch.get_num_threads()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    try:
+        return _train(cfg, run)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _train(cfg: Config, run: Any) -> dict[str, float]:
+    model, tokenizer = load_base(cfg.base, seed=cfg.base_seed, dtype=cfg.dtype, device=run.device)
+    pairs = data.encode(data.bijection(cfg.pool, cfg.n_pairs, cfg.seed), tokenizer).to(run.device)
+    first_order = cfg.method in ("lmao", "lora")
+    zeroth_order = cfg.method in ("lmao", "mezo")
+
+    causal_lm = model
+    # The base stays requires_grad=False throughout: the LoRA backward cannot reach it, and the MeZO
+    # phase runs under no_grad (the paper's code unfreezes it for that phase; nothing would be stored).
+    for p in model.parameters():
+        p.requires_grad_(False)
+    if first_order:
+        missing = [t for t in cfg.lora_targets if t not in linear_types(model)]
+        if missing:
+            raise ValueError(f"lora_targets {missing} are not linear module types of {cfg.base!r}; choose among {linear_types(model)}")
+        torch.manual_seed(cfg.seed)  # peft draws lora_A from torch's global generator
+        model = lora(model, list(cfg.lora_targets), r=cfg.lora_rank, alpha=cfg.lora_alpha)
+    named = list(model.named_parameters())
+    lora_params = [p for n, p in named if "lora_" in n]
+    base_named = [(n, p) for n, p in named if "lora_" not in n]
+    base_params = [p for _, p in base_named]
+    decay = zo.decay_mask(base_named)
+    optimizer = torch.optim.Adam(lora_params, lr=cfg.lora_lr) if first_order else None
+    if optimizer is not None:
+        model, optimizer = run.prepare(model, optimizer)
+    counter = zo.PassCounter(causal_lm)
+    gen = torch.Generator().manual_seed(cfg.seed)
+
+    stats = {"fwd_min": math.inf, "fwd_max": -math.inf, "bwd_min": math.inf, "bwd_max": -math.inf, "base_grads": 0.0}
+    start = 0
+    state = run.restore()
+    if state is not None:
+        with torch.no_grad():
+            current = dict(model.named_parameters())
+            for name, value in state["params"].items():
+                current[name].copy_(value)
+        if optimizer is not None:
+            optimizer.load_state_dict(state["optimizer"])
+        gen.set_state(state["gen"])
+        stats.update(state["stats"])
+        start = int(state["step"])
+    save_at = fractions(cfg.steps, cfg.checkpoint_every_frac)
+    changed = [n for n, _ in named] if zeroth_order else [n for n, _ in named if "lora_" in n]  # what a checkpoint must keep
+
+    result = {"loss": math.nan, "acc": math.nan}
+    loss_sum, loss_n, window_start, window_steps = 0.0, 0, time.perf_counter(), 0
+    for step in range(start + 1, cfg.steps + 1):
+        batch = pairs.rows(torch.randint(len(pairs), (cfg.batch,), generator=gen)) if cfg.batch else pairs
+        before = counter.snapshot()
+        if first_order:  # the LoRA phase: one forward, one backward, an Adam step on A and B
+            for group in optimizer.param_groups:
+                group["lr"] = cfg.lora_lr * ((1 - (step - 1) / cfg.steps) if cfg.lora_schedule == "linear" else 1.0)
+            model.train()
+            loss = data.answer_loss(model, batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip:
+                torch.nn.utils.clip_grad_norm_(lora_params, cfg.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step_loss = loss.item()
+        if zeroth_order:  # the MeZO phase, with the updated adapter: two forwards, no backward
+            model.eval()
+            plus, minus, _ = zo.zo_step(base_params, lambda: data.answer_loss(model, batch), zo.zo_seed(cfg.seed, step),
+                                        eps=cfg.zo_eps, lr=cfg.zo_lr, weight_decay=cfg.zo_weight_decay, decay=decay)
+            if not first_order:
+                step_loss = (plus + minus) / 2
+        after = counter.snapshot()
+        fwd, bwd = after[0] - before[0], after[1] - before[1]
+        stats["fwd_min"], stats["fwd_max"] = min(stats["fwd_min"], fwd), max(stats["fwd_max"], fwd)
+        stats["bwd_min"], stats["bwd_max"] = min(stats["bwd_min"], bwd), max(stats["bwd_max"], bwd)
+        stats["base_grads"] = max(stats["base_grads"], float(zo.params_holding_grad(base_params)))
+
+        loss_sum, loss_n, window_steps = loss_sum + step_loss, loss_n + 1, window_steps + 1
+        metrics: dict[str, float] = {}
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            counter.active = False  # evaluation passes are not the method's
+            model.eval()
+            result = data.evaluate(model, pairs)
+            counter.active = True
+            metrics.update({"eval/loss": result["loss"], "eval/acc": result["acc"]})
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            now = time.perf_counter()
+            metrics.update({"train/loss": loss_sum / loss_n, "perf/steps_per_s": window_steps / max(now - window_start, 1e-9)})
+            loss_sum, loss_n, window_start, window_steps = 0.0, 0, now, 0
+        if metrics:
+            run.report({**metrics, "progress": step / cfg.steps}, step=step)
+        if step in save_at:
+            params = dict(model.named_parameters())
+            run.save({"step": step, "params": {n: params[n].detach().cpu().clone() for n in changed},
+                      "optimizer": optimizer.state_dict() if optimizer is not None else None,
+                      "gen": gen.get_state(), "stats": dict(stats)})
+    counter.remove()
+    return {
+        "eval/loss": result["loss"], "eval/acc": result["acc"],
+        "diag/forwards_per_step_min": float(stats["fwd_min"]), "diag/forwards_per_step_max": float(stats["fwd_max"]),
+        "diag/backwards_per_step_min": float(stats["bwd_min"]), "diag/backwards_per_step_max": float(stats["bwd_max"]),
+        "diag/base_params_with_grad": float(stats["base_grads"]),
+        "diag/trainable_first_order": float(sum(p.numel() for p in lora_params)),
+        "diag/zo_params": float(sum(p.numel() for p in base_params)) if zeroth_order else 0.0,
+    }

@@ -1,0 +1,24 @@
+"""PiCa: Parameter-Efficient Fine-Tuning with Column Space Projection (ICLR 2026) — https://arxiv.org/abs/2505.20211
+
+pica: fine-tune a pre-trained causal LM by updating each frozen weight only inside the span of its
+top-r singular vectors, W = W0 + M P with P = the top-r right singular vectors of W0 (PyTorch's
+(out, in) layout; the paper writes W0 + U_r B with W0 in R^{d_in x d_out}), and one trainable
+M in R^{out x r} shared by every layer of a module type (q, k, v, up, down). M starts at zero;
+P is frozen and recomputed from W0 by SVD. The trainable count r * sum(d_out) does not grow with
+depth.
+
+One trial fine-tunes one adapter on a task built from the base model's world (tiny-local
+learnt only `+ mod 11`: `a - b mod 11` is new). It reports `train/loss`, the held-out answer
+loss and accuracy `eval/loss`, `eval/acc`, and measures the method's exact properties on the
+trained model: the merged weight against W0 + M P, the update's residual outside span(P), the
+shared gradient against the sum of per-layer gradients, and the trainable count on untrained
+models of several depths.
+
+The claims: those four exact properties, and that the column space beats a random subspace of
+the same rank (equal parameters) in held-out loss, averaged over seeds.
+"""
+
+from workloads.pica.claims import CLAIMS, plot
+from workloads.pica.workload import Config, smoke, train, validate
+
+__all__ = ["CLAIMS", "Config", "plot", "smoke", "train", "validate"]

@@ -1,0 +1,111 @@
+"""plop's downstream tasks, built from the base world's vocabulary, and their encoding.
+
+Every task asks for something in a form pre-training never showed, so the base model cannot
+already do it (its held-out accuracy is reported as `eval/base_acc`):
+
+- `attr_query`: `question : pet of ada ? answer` -> `cat`. The facts are the world's entity
+  attributes (home, color, pet, job, topic), which the base model knows from its sentences; the
+  question form is new. The held-out set is whole entities: a held-out entity's questions were
+  never asked in fine-tuning, so answering them means routing the new form to knowledge the base
+  already holds.
+- `fact_query`: `question : code of bax ? answer` -> `meloru`, over the key-value facts the base
+  saw in pre-training, held out by key.
+- `sub_mod`, `mul_mod`: `a - b mod p =` / `a * b mod p =` -> `c` (pre-training only showed `+`),
+  held out by (a, b) pair.
+
+Encoding works with any tokenizer: the input is `prompt answer` (with the tokenizer's own
+`<bos>` when it adds one), the targets are the tokens after the prompt's tokens. A task's answer
+may take several tokens under a subword tokenizer; accuracy is the exact match of all of them.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+
+from orchestrator.basemodel.corpus import Example, World, arithmetic_example
+
+TASKS = ("attr_query", "fact_query", "sub_mod", "mul_mod")
+"""The downstream tasks (see the module docstring)."""
+
+QUERY_WORDS = {"city": "home", "color": "color", "pet": "pet", "job": "job", "topic": "topic"}
+"""Relation -> the vocabulary word a question names it by (`trait` has no such word)."""
+
+
+def task_groups(world: World, task: str, modulus: int) -> list[list[Example]]:
+    """The task's examples in groups that are split together (an entity's questions, a key, a pair)."""
+    if task == "attr_query":
+        return [[Example(f"question : {word} of {e} ? answer", world.attributes[e][rel], task)
+                 for rel, word in QUERY_WORDS.items()] for e in world.entities]
+    if task == "fact_query":
+        return [[Example(f"question : code of {k} ? answer", v, task)] for k, v in world.facts.items()
+                if k not in world.heldout_keys]
+    if task in ("sub_mod", "mul_mod"):
+        op = "-" if task == "sub_mod" else "*"
+        return [[arithmetic_example(op, a, b, modulus)] for a in range(modulus) for b in range(modulus)]
+    raise ValueError(f"unknown task {task!r}; choose among {', '.join(TASKS)}")
+
+
+def split(world: World, task: str, *, heldout_frac: float, seed: int, modulus: int = 11) -> tuple[list[Example], list[Example]]:
+    """(train, heldout) of `task`: groups shuffled by `seed`, `heldout_frac` of them held out."""
+    groups = task_groups(world, task, modulus)
+    random.Random(f"plop-split-{task}-{seed}").shuffle(groups)
+    n_held = max(1, round(heldout_frac * len(groups)))
+    if n_held >= len(groups):
+        raise ValueError(f"heldout_frac={heldout_frac} leaves no training examples for {task!r}")
+    held, train = groups[:n_held], groups[n_held:]
+    return [e for g in train for e in g], [e for g in held for e in g]
+
+
+def encode(examples: list[Example], tokenizer: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ids [N, T] of `prompt answer`, their attention mask [N, T], and the target
+    mask [N, T]: 1 where the token is part of the answer (predicted from the position before)."""
+    rows, starts = [], []
+    for e in examples:
+        prompt = tokenizer(e.prompt).input_ids
+        full = tokenizer(f"{e.prompt} {e.answer}").input_ids
+        if full[: len(prompt)] != prompt or len(full) == len(prompt):
+            raise ValueError(f"the tokenizer does not split {e.prompt!r} + {e.answer!r} at the answer: "
+                             f"the prompt's tokens must be a prefix of the whole text's")
+        rows.append(full)
+        starts.append(len(prompt))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    target = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, (r, s) in enumerate(zip(rows, starts)):
+        ids[i, : len(r)] = torch.tensor(r)
+        mask[i, : len(r)] = 1
+        target[i, s: len(r)] = True
+    return ids, mask, target
+
+
+def answer_loss(logits: torch.Tensor, ids: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean cross-entropy over answer tokens, per-row exact match [N] of the greedy answer)."""
+    logits, labels, tmask = logits[:, :-1].float(), ids[:, 1:], target[:, 1:]  # position t predicts t + 1
+    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, reduction="none")  # [N, T-1]
+    loss = (nll * tmask).sum() / tmask.sum().clamp_min(1)
+    wrong = (logits.argmax(-1) != labels) & tmask
+    return loss, ~wrong.any(dim=1)
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, data: tuple[torch.Tensor, torch.Tensor, torch.Tensor], batch: int = 256) -> dict[str, float]:
+    """Answer loss (token mean) and exact-match accuracy over an encoded set."""
+    was_training = model.training
+    model.eval()
+    ids, mask, target = data
+    dev = next(model.parameters()).device
+    nll_sum, tokens, correct = 0.0, 0, 0
+    for s in range(0, len(ids), batch):
+        i, m, t = ids[s: s + batch].to(dev), mask[s: s + batch].to(dev), target[s: s + batch].to(dev)
+        loss, exact = answer_loss(model(input_ids=i, attention_mask=m).logits, i, t)
+        n = int(t[:, 1:].sum())
+        nll_sum += float(loss) * n
+        tokens += n
+        correct += int(exact.sum())
+    model.train(was_training)
+    return {"loss": nll_sum / max(tokens, 1), "acc": correct / max(len(ids), 1)}

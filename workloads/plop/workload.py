@@ -1,0 +1,246 @@
+"""plop: Config, the NFN scoring pass, the placement and the parameter-matched LoRA loop (see the package docstring)."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, Literal
+
+import torch
+
+from orchestrator.basemodel import base_world, check_base, load_base, lora
+from workloads.plop.data import TASKS, answer_loss, encode, evaluate, split
+from workloads.plop.nfn import by_type, kendall_tau, score_modules, select
+from workloads.plop.placement import PLACEMENTS, match_ranks, placement_types, type_costs
+
+
+@dataclass(frozen=True)
+class Config:
+    base: str = "tiny-local"
+    """Base model: 'tiny-local[:k=v,...]', a local save_pretrained folder or a Hugging Face id."""
+    base_seed: int = 0
+    """Seed of the tiny-local build and of its world (the task's facts); never a trial seed."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weights' dtype when loading the base (scores are computed in float32 either way)."""
+    task: Literal["attr_query", "fact_query", "sub_mod", "mul_mod"] = "mul_mod"
+    """Downstream task (workloads.plop.data): none of them is in the base's pre-training."""
+    modulus: int = 11
+    """p of the arithmetic tasks (sub_mod, mul_mod)."""
+    heldout_frac: float = 0.25
+    """Fraction of the task's groups (entities, keys, pairs) held out of fine-tuning."""
+    placement: Literal["plop", "plop_inverse", "attention", "mlp"] = "plop"
+    """Where LoRA goes: PLoP's lowest-NFN types, the highest (PLoP^-1), attention-only or MLP-only."""
+    matched: tuple[str, ...] = ("plop", "attention", "mlp")
+    """Placements whose trainable-parameter counts are made equal (a sweep comparing them keeps
+    this fixed; `placement` must be one of them)."""
+    n_types: int = 3
+    """Module types PLoP chooses (the paper's default: 3)."""
+    nfn_samples: int = 32
+    """Task examples per NFN sample; two disjoint samples of the training split are scored (the
+    first decides the placement, the second checks its stability). The paper finds >= 64 stable;
+    the smallest task here (fact_query) has 72 training examples, so two samples of 32."""
+    nfn_inputs: Literal["text", "prompt"] = "text"
+    """What the scoring pass reads: the whole fine-tuning text ('text', prompt and answer) or the
+    prompts only. The notes leave this open (the reference scores its dataset's inputs)."""
+    nfn_batch: int = 64
+    """Examples per forward pass of the scoring (NFN is averaged over batches, as in the paper)."""
+    nfn_control: bool = True
+    """Also score a freshly initialised model of the same architecture (the control: NFN ~ 1)."""
+    rank: int = 4
+    """Nominal LoRA rank: the budget is PLoP's placement at this uniform rank; every matched
+    placement gets per-type ranks that reach one common count (see placement.match_ranks)."""
+    rank_window: int = 3
+    """How far a type's rank may stray from its placement's uniform rank to make counts equal."""
+    alpha_over_rank: float = 2.0
+    """LoRA scale alpha / r, the same for every module whatever its rank."""
+    lr: float = 3e-3
+    """AdamW learning rate of the adapters (constant)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    batch: int = 32
+    """Training examples per step (sampled with replacement)."""
+    steps: int = 600
+    """Training steps."""
+    eval_every: int = 100
+    """Evaluate the held-out set every this many steps."""
+    log_every: int = 25
+    """Report training metrics every this many steps."""
+    checkpoint_every_frac: float = 0.25
+    """Save a checkpoint at every multiple of this training fraction (and at the end)."""
+    threads: int = 1
+    """Intra-op CPU threads during the run (0 leaves torch's setting)."""
+    seed: int = 0
+    """Trial seed: the task split, the NFN samples and reference directions, the control's init,
+    the LoRA init and the batch order."""
+
+
+def smoke() -> Config:
+    """A CPU-sized run on tiny-local: 200 steps at rank 4, a few seconds."""
+    return Config(steps=200, eval_every=100, log_every=20)
+
+
+def validate(cfg: Config, world_size: int = 1) -> None:
+    """Checks that need no model: raised before anything is launched."""
+    if world_size != 1:
+        raise ValueError(f"plop fine-tunes on one worker; got world_size={world_size}: use workers=1")
+    check_base(cfg.base)
+    if cfg.task not in TASKS:
+        raise ValueError(f"task must be one of {', '.join(TASKS)}, got {cfg.task!r}")
+    if cfg.placement not in PLACEMENTS:
+        raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {cfg.placement!r}")
+    unknown = [p for p in cfg.matched if p not in PLACEMENTS]
+    if unknown or not cfg.matched:
+        raise ValueError(f"matched must list placements among {', '.join(PLACEMENTS)}, got {cfg.matched!r}")
+    if cfg.placement not in cfg.matched:
+        raise ValueError(f"placement {cfg.placement!r} is not in matched={cfg.matched!r}: add it, so its "
+                         f"parameter count is matched with the others")
+    for name in ("n_types", "nfn_samples", "nfn_batch", "rank", "batch", "steps", "eval_every", "log_every"):
+        if getattr(cfg, name) <= 0:
+            raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
+    if cfg.n_types > 7:
+        raise ValueError(f"n_types={cfg.n_types} exceeds the 7 linear module types of a Llama layer")
+    if cfg.rank_window < 0 or cfg.threads < 0:
+        raise ValueError(f"rank_window and threads must be >= 0, got {cfg.rank_window} and {cfg.threads}")
+    if not 0 < cfg.heldout_frac < 1:
+        raise ValueError(f"heldout_frac must lie in (0, 1), got {cfg.heldout_frac}")
+    if not 2 <= cfg.modulus <= 100:
+        raise ValueError(f"modulus must lie in [2, 100] (numbers 0-99 are words of the vocabulary), got {cfg.modulus}")
+    if not cfg.lr > 0 or cfg.weight_decay < 0 or not cfg.alpha_over_rank > 0:
+        raise ValueError(f"lr and alpha_over_rank must be positive and weight_decay >= 0, got "
+                         f"lr={cfg.lr}, alpha_over_rank={cfg.alpha_over_rank}, weight_decay={cfg.weight_decay}")
+    if not 0 < cfg.checkpoint_every_frac <= 1:
+        raise ValueError(f"checkpoint_every_frac must lie in (0, 1], got {cfg.checkpoint_every_frac}")
+    if cfg.dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', got {cfg.dtype!r}")
+    train_n = len(split(base_world(cfg.base, seed=cfg.base_seed), cfg.task, heldout_frac=cfg.heldout_frac,
+                        seed=cfg.seed, modulus=cfg.modulus)[0])
+    if 2 * cfg.nfn_samples > train_n:
+        raise ValueError(f"nfn_samples={cfg.nfn_samples} needs two disjoint samples of {cfg.nfn_samples} "
+                         f"training examples, and task {cfg.task!r} has {train_n}: use nfn_samples <= {train_n // 2}")
+
+
+def nfn_batches(examples: list, tokenizer: Any, cfg: Config) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(input_ids, attention_mask) batches of what the scoring pass reads (see `nfn_inputs`)."""
+    texts = [e.prompt if cfg.nfn_inputs == "prompt" else f"{e.prompt} {e.answer}" for e in examples]
+    for s in range(0, len(texts), cfg.nfn_batch):
+        enc = tokenizer(texts[s: s + cfg.nfn_batch], padding=True, return_tensors="pt")
+        yield enc["input_ids"], enc["attention_mask"]
+
+
+def score_task(cfg: Config, model: torch.nn.Module, tokenizer: Any, train_set: list) -> dict[str, dict[str, float]]:
+    """NFN by module type on two disjoint samples of the training split ('a' decides the
+    placement, 'b' checks it), and on a freshly initialised copy of the architecture ('control')."""
+    order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
+    sample_a = [train_set[i] for i in order[: cfg.nfn_samples]]
+    sample_b = [train_set[i] for i in order[cfg.nfn_samples: 2 * cfg.nfn_samples]]
+    out = {"a": by_type(score_modules(model, nfn_batches(sample_a, tokenizer, cfg), seed=cfg.seed)),
+           "b": by_type(score_modules(model, nfn_batches(sample_b, tokenizer, cfg), seed=cfg.seed + 1))}
+    if cfg.nfn_control:
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(cfg.seed)
+        weight = next(model.parameters())
+        control = AutoModelForCausalLM.from_config(model.config, dtype=weight.dtype).to(weight.device)
+        out["control"] = by_type(score_modules(control, nfn_batches(sample_a, tokenizer, cfg), seed=cfg.seed))
+        del control
+    return out
+
+
+def train(cfg: Config, run) -> dict[str, float]:
+    validate(cfg, run.world_size)
+    previous = torch.get_num_threads()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    try:
+        return _train(cfg, run)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _train(cfg: Config, run) -> dict[str, float]:
+    model, tok = load_base(cfg.base, seed=cfg.base_seed, dtype=cfg.dtype, device=run.device)
+    world = base_world(cfg.base, seed=cfg.base_seed)
+    train_set, held_set = split(world, cfg.task, heldout_frac=cfg.heldout_frac, seed=cfg.seed, modulus=cfg.modulus)
+    train_data, held_data = encode(train_set, tok), encode(held_set, tok)
+
+    scores = score_task(cfg, model, tok, train_set)  # deterministic: a resumed run recomputes it
+    chosen_a = select(scores["a"], cfg.n_types)
+    chosen_b = select(scores["b"], cfg.n_types)
+    placements = {p: placement_types(p, model, scores["a"], cfg.n_types) for p in cfg.matched}
+    costs = type_costs(model)
+    target = cfg.rank * sum(costs[t] for t in chosen_a)
+    match = match_ranks(costs, placements, target, cfg.rank_window)
+    ranks = match.ranks[cfg.placement]
+    base_held = evaluate(model, held_data)
+
+    torch.manual_seed(cfg.seed)  # the adapters' init
+    model = lora(model, list(ranks), r=max(ranks.values()), alpha=cfg.alpha_over_rank * max(ranks.values()),
+                 rank_pattern=dict(ranks), alpha_pattern={t: cfg.alpha_over_rank * r for t, r in ranks.items()})
+    params = [p for p in model.parameters() if p.requires_grad]
+    trainable = sum(p.numel() for p in params)
+    if trainable != match.counts[cfg.placement]:  # the rank arithmetic and peft must agree
+        raise RuntimeError(f"peft made {trainable} trainable parameters, the rank match expected {match.counts[cfg.placement]}")
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    save_at = {min(cfg.steps, max(1, round(j * cfg.checkpoint_every_frac * cfg.steps)))
+               for j in range(1, math.ceil(1 / cfg.checkpoint_every_frac) + 1)}
+
+    start = 0
+    state = run.restore()
+    if state is not None:
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if p.requires_grad:
+                    p.copy_(state["adapter"][n])
+        opt.load_state_dict(state["optimizer"])
+        gen.set_state(state["generator"])
+        start = int(state["step"])
+
+    model.train()
+    held = {"loss": math.nan, "acc": math.nan}
+    loss_sum, loss_n, window_start, window_steps = 0.0, 0, time.perf_counter(), 0
+    for step in range(start + 1, cfg.steps + 1):
+        idx = torch.randint(len(train_data[0]), (cfg.batch,), generator=gen)
+        ids, mask, target_mask = (x[idx].to(run.device) for x in train_data)
+        loss, _ = answer_loss(model(input_ids=ids, attention_mask=mask).logits, ids, target_mask)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        loss_sum, loss_n, window_steps = loss_sum + loss.item(), loss_n + 1, window_steps + 1
+        metrics: dict[str, float] = {}
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            held = evaluate(model, held_data)
+            metrics.update({"eval/heldout_loss": held["loss"], "eval/heldout_acc": held["acc"]})
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            now = time.perf_counter()
+            metrics.update({"train/loss": loss_sum / loss_n, "perf/steps_per_s": window_steps / max(now - window_start, 1e-9),
+                            "progress": step / cfg.steps})
+            loss_sum, loss_n, window_start, window_steps = 0.0, 0, now, 0
+        if metrics:
+            run.report(metrics, step=step)
+        if step in save_at:
+            adapter = {n: p.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}
+            run.save({"step": step, "adapter": adapter, "optimizer": opt.state_dict(), "generator": gen.get_state()})
+
+    final_train = evaluate(model, train_data)
+    final_held = evaluate(model, held_data)
+    out = {
+        "train/loss": final_train["loss"],
+        "eval/train_acc": final_train["acc"],
+        "eval/heldout_loss": final_held["loss"],
+        "eval/heldout_acc": final_held["acc"],
+        "eval/base_heldout_acc": base_held["acc"],
+        "eval/base_heldout_loss": base_held["loss"],
+        "diag/trainable_params": float(trainable),
+        "diag/target_params": float(match.target),
+        "diag/params_max_rel_diff": match.max_rel_diff,
+        "diag/kendall_tau_ab": kendall_tau(scores["a"], scores["b"]),
+        "diag/same_choice_ab": float(set(chosen_a) == set(chosen_b)),
+    }
+    out.update({f"diag/params/{p}": float(n) for p, n in match.counts.items()})
+    out.update({f"diag/rank/{t}": float(ranks.get(t, 0)) for t in scores["a"]})
+    for key, values in scores.items():
+        out.update({f"diag/nfn_{key}/{t}": v for t, v in values.items()})
+    out.update({f"diag/chosen/{t}": float(t in chosen_a) for t in scores["a"]})
+    return out

@@ -1,0 +1,25 @@
+"""Efficient Resource-Constrained Training of Transformers via Subspace Optimization (WASI, ICLR 2026) — https://arxiv.org/abs/2510.09160
+
+wasi: Weight-Activation Subspace Iteration. A small ViT is pretrained (vanilla) on some digit
+classes of scikit-learn's 8x8 digits and fine-tuned on the others, either vanilla or with WASI
+in every transformer-block linear layer (qkv, proj, fc1, fc2):
+
+- the weight is used in the forward as L R (L [out, k] orthonormal, R [k, in]), k chosen once at
+  the start of fine-tuning as the smallest rank holding `threshold` of ||W||_F^2, and refreshed
+  after every optimizer step by one warm-started subspace-iteration step on the updated W;
+- the layer's input [B, N, C] is kept for the backward only as a Tucker core and three factors,
+  found by one warm-started power step per mode;
+- grad_x = (g L) R and grad_W is contracted from g and the Tucker factors, never rebuilding x.
+
+Each trial reports the fine-tuned test accuracy and, measured on one training step, the bytes of
+every tensor autograd saves for the backward (saved-tensor hooks; by storage, deduplicated;
+split into the linear layers' activations and weights and the rest) and the flops of forward,
+backward and the subspace refresh (FlopCounterMode, QR by formula). The claims: the linear
+layers' saved activation+weight bytes at least 10x below vanilla, test accuracy within 1 point
+of vanilla (mean over the seeds of a reproduction), step flops not above vanilla's.
+"""
+
+from workloads.wasi.claims import CLAIMS, plot
+from workloads.wasi.workload import Config, smoke, train, validate
+
+__all__ = ["CLAIMS", "Config", "plot", "smoke", "train", "validate"]

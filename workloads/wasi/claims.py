@@ -1,0 +1,176 @@
+"""The paper's claims over a reproduction sweep (vanilla and WASI fine-tuning, paired by seed),
+and the memory-vs-rank plot.
+
+A WASI arm is one (threshold, act_ranks, r_from). The claims judge every arm that ran at every
+seed the vanilla baseline ran at, each seed against the vanilla trial of the same seed (same
+split, pretrained model, head and batch order). An arm run at fewer seeds is plotted, not judged.
+
+Memory is the paper's accounting, measured: bytes of the tensors autograd saves inside the
+linear layers during one training step, activations plus weights (for vanilla the layer inputs
+and weights, for WASI the Tucker cores and factors and L, R). The whole-step ratio, which also
+counts attention, layer norms and GELU (identical in both), is reported beside it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+MEMORY_FACTOR = 10.0
+"""Vanilla's saved linear activation+weight bytes over WASI's must reach this at every seed."""
+ACCURACY_POINTS = 1.0
+"""WASI's test accuracy may trail vanilla's by at most this many points, mean over seeds."""
+FLOPS_RATIO = 1.0
+"""WASI's step flops (forward, backward and refresh) over vanilla's must not exceed this."""
+PROBE_PREFIX = "perf/probe/"
+
+
+def arm_key(t: dict[str, Any]) -> tuple:
+    return (float(t["threshold"]), tuple(int(r) for r in t["act_ranks"]), str(t["r_from"]))
+
+
+def arm_name(key: tuple) -> str:
+    eps, ranks, r_from = key
+    return f"eps{eps:g}_r{'x'.join(map(str, ranks))}" + ("" if r_from == "new" else f"_{r_from}")
+
+
+def paired(trials: list[dict[str, Any]]) -> tuple[dict[int, dict], dict[tuple, dict[int, dict]]]:
+    """(vanilla trial by seed, judged WASI arms: arm -> seed -> trial)."""
+    vanilla = {int(t["seed"]): t for t in trials if t["method"] == "vanilla"}
+    if not vanilla:
+        raise ValueError("no vanilla trials: every claim compares WASI with vanilla fine-tuning")
+    arms: dict[tuple, dict[int, dict]] = defaultdict(dict)
+    for t in trials:
+        if t["method"] == "wasi":
+            arms[arm_key(t)][int(t["seed"])] = t
+    judged = {k: v for k, v in arms.items() if set(vanilla) <= set(v)}
+    if not judged:
+        raise ValueError(f"no WASI configuration ran at every vanilla seed {sorted(vanilla)}")
+    return vanilla, judged
+
+
+def memory_ten_times_lower(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
+    """WASI keeps at least 10x fewer bytes for the linear layers' backward (activations + weights) than vanilla."""
+    vanilla, arms = paired(trials)
+    measured: dict[str, float] = {}
+    worst = math.inf
+    for key, by_seed in sorted(arms.items()):
+        name = arm_name(key)
+        ratio = {s: vanilla[s]["perf/saved_linear_bytes"] / by_seed[s]["perf/saved_linear_bytes"] for s in vanilla}
+        worst = min(worst, min(ratio.values()))
+        measured[f"{name}/min_ratio"] = min(ratio.values())
+        for part, metric in (("act", "perf/saved_linear_act_bytes"), ("weight", "perf/saved_linear_weight_bytes"),
+                             ("whole_step", "perf/saved_total_bytes")):
+            measured[f"{name}/{part}_ratio"] = min(vanilla[s][metric] / by_seed[s][metric] for s in vanilla)
+        measured[f"{name}/wasi_MB"] = sum(t["perf/saved_linear_bytes"] for t in by_seed.values()) / len(by_seed) / 1e6
+    measured["vanilla_MB"] = sum(t["perf/saved_linear_bytes"] for t in vanilla.values()) / len(vanilla) / 1e6
+    return worst >= MEMORY_FACTOR, measured
+
+
+def accuracy_within_one_point(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
+    """WASI's fine-tuned test accuracy is within 1 point of vanilla's (mean of the paired per-seed gaps)."""
+    vanilla, arms = paired(trials)
+    measured: dict[str, float] = {}
+    worst = -math.inf
+    seeds = sorted(vanilla)
+    for key, by_seed in sorted(arms.items()):
+        name = arm_name(key)
+        gaps = [100 * (vanilla[s]["eval/acc"] - by_seed[s]["eval/acc"]) for s in seeds]
+        mean = sum(gaps) / len(gaps)
+        worst = max(worst, mean)
+        measured[f"{name}/gap_pts"] = mean
+        if len(gaps) > 1:
+            measured[f"{name}/gap_sd_pts"] = math.sqrt(sum((g - mean) ** 2 for g in gaps) / (len(gaps) - 1))
+        for s, g in zip(seeds, gaps):
+            measured[f"{name}/gap_pts_seed{s}"] = g
+        measured[f"{name}/acc"] = sum(by_seed[s]["eval/acc"] for s in seeds) / len(seeds)
+    measured["vanilla_acc"] = sum(vanilla[s]["eval/acc"] for s in seeds) / len(seeds)
+    measured["test_size"] = min(float(vanilla[s]["eval/test_size"]) for s in seeds)
+    return worst <= ACCURACY_POINTS, measured
+
+
+def flops_not_higher(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
+    """A WASI training step (forward with compression, backward, subspace refresh) costs no more flops than vanilla's."""
+    vanilla, arms = paired(trials)
+    measured: dict[str, float] = {}
+    worst = 0.0
+    for key, by_seed in sorted(arms.items()):
+        name = arm_name(key)
+        ratio = max(by_seed[s]["perf/flops_step"] / vanilla[s]["perf/flops_step"] for s in vanilla)
+        worst = max(worst, ratio)
+        measured[f"{name}/max_ratio"] = ratio
+        for part in ("forward", "backward"):
+            measured[f"{name}/{part}_ratio"] = max(
+                by_seed[s][f"perf/flops_{part}"] / vanilla[s][f"perf/flops_{part}"] for s in vanilla)
+    measured["vanilla_GFLOP"] = sum(t["perf/flops_step"] for t in vanilla.values()) / len(vanilla) / 1e9
+    return worst <= FLOPS_RATIO, measured
+
+
+CLAIMS = [memory_ten_times_lower, accuracy_within_one_point, flops_not_higher]
+
+
+def probes(trial: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
+    """A WASI trial's measurement-only probes: kind ('eps' or 'act') -> label -> metric -> value."""
+    out: dict[str, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
+    for key, value in trial.items():
+        if key.startswith(PROBE_PREFIX):
+            kind_label, metric = key[len(PROBE_PREFIX):].rsplit("/", 1)
+            kind, label = kind_label.split("=", 1)
+            out[kind][label][metric] = float(value)
+    return out
+
+
+def plot(trials: list[dict[str, Any]], path: str | Path) -> None:
+    """Saved linear bytes against the weight rank and the activation rank (probes of each WASI trial;
+    dashed: vanilla; dotted: the weights alone), and every WASI trial's accuracy gap to vanilla."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    vanilla = [t for t in trials if t["method"] == "vanilla"]
+    wasi = [t for t in trials if t["method"] == "wasi"]
+    for ax in axes[:2]:
+        for t in vanilla:
+            ax.axhline(t["perf/saved_linear_bytes"] / 1e6, color="k", ls="--", lw=1)
+        if vanilla:
+            top = max(t["perf/saved_linear_bytes"] for t in vanilla) / 1e6
+            ax.axhline(top / MEMORY_FACTOR, color="tab:red", ls=":", lw=1)
+            ax.text(0.02, top / MEMORY_FACTOR, "vanilla / 10", color="tab:red", fontsize=8, va="bottom",
+                    transform=ax.get_yaxis_transform())
+    colors = plt.cm.viridis
+    for i, t in enumerate(wasi):
+        c = colors(i / max(1, len(wasi) - 1))
+        p = probes(t)
+        for kind, ax, xkey in (("eps", axes[0], "rank_mean"), ("act", axes[1], "act_rank_sum")):
+            pts = sorted((v[xkey], v["saved_linear_bytes"] / 1e6, v["saved_linear_weight_bytes"] / 1e6)
+                         for v in p.get(kind, {}).values())
+            if pts:
+                ax.plot([q[0] for q in pts], [q[1] for q in pts], "o-", color=c, ms=3,
+                        label=f"{arm_name(arm_key(t))} s{int(t['seed'])}")
+                ax.plot([q[0] for q in pts], [q[2] for q in pts], "x:", color=c, ms=3)
+        axes[0].plot(t["diag/rank_mean"], t["perf/saved_linear_bytes"] / 1e6, "*", color=c, ms=10)
+    axes[0].set(xlabel="mean weight rank k (probes over the threshold)", ylabel="saved linear bytes (MB)",
+                yscale="log", title="memory vs weight rank (x: weights only)")
+    axes[1].set(xlabel="activation ranks r1 + r2 + r3 (probes)", yscale="log", title="memory vs activation rank")
+    for ax in axes[:2]:
+        ax.grid(True, which="both", alpha=0.3)
+    if wasi:
+        axes[0].legend(fontsize=6)
+    acc = {int(t["seed"]): t["eval/acc"] for t in vanilla}
+    for t in wasi:
+        if int(t["seed"]) in acc:  # the paired gap of every WASI trial against its seed's vanilla
+            gap = 100 * (acc[int(t["seed"])] - t["eval/acc"])
+            axes[2].plot(t["diag/rank_mean"], gap, "o", color="tab:blue")
+            axes[2].annotate(f"s{int(t['seed'])} eps{t['threshold']:g}", (t["diag/rank_mean"], gap), fontsize=6)
+    axes[2].axhline(ACCURACY_POINTS, color="tab:red", ls=":", lw=1)
+    axes[2].axhline(0, color="k", lw=0.8)
+    axes[2].set(xlabel="mean weight rank k (trained)", ylabel="vanilla - WASI test accuracy (points)",
+                title="accuracy gap per seed (red: the 1-point claim)")
+    axes[2].grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
