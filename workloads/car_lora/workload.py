@@ -250,6 +250,7 @@ def _train(cfg: Config, run) -> dict[str, float]:
         set_peft_model_state_dict(model, state["adapter"])
         opt.load_state_dict(state["optimizer"])
         gen.set_state(state["gen"])
+        torch.set_rng_state(state["torch_rng"])  # adapter dropout draws from torch's global generator
         start, drawn = state["step"], state["drawn"]
 
     model.train()
@@ -277,7 +278,7 @@ def _train(cfg: Config, run) -> dict[str, float]:
             run.report({"train/loss": loss_value, "perf/steps_per_s": steps_per_s, "progress": step / total}, step=step)
         if step in save_at:
             run.save({"step": step, "adapter": adapter_state(model), "optimizer": opt.state_dict(),
-                      "gen": gen.get_state(), "drawn": drawn})
+                      "gen": gen.get_state(), "torch_rng": torch.get_rng_state(), "drawn": drawn})
     model.eval()
     comp.use("none")
 
