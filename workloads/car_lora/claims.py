@@ -15,7 +15,7 @@ from typing import Any
 PER_SCHEME_TOLERANCE = 0.05
 """CAR may trail the per-scheme adapter by at most 5 points on any in-set scheme."""
 MIN_GAIN = 0.10
-"""CAR's lead over plain LoRA on the most damaging in-set scheme."""
+"""CAR's margin over plain LoRA on the most damaging in-set scheme."""
 
 
 def _setting(trials: list[dict[str, Any]]) -> tuple[tuple[str, ...], str]:

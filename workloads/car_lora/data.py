@@ -3,6 +3,9 @@ the shifted corpus the drifted base is continued on.
 
 Tasks (`Config.task`), each split by the trial seed into adapter-training and held-out queries:
 
+- `ask` (the default): `<entity> <relation word> ?` (home, color, pet, job, topic, seems) and
+  `<key> code ?` for a seen key's code, answered with what the base learnt from sentences but was
+  never asked this way. Held-out queries are (entity, relation) pairs and keys the adapter never trains on.
 - `recall`: a new query format for what the base knows. `<entity> <extra_r>` asks for relation r
   of the entity (city, color, pet, job, topic, trait) and `<key> <extra_7>` for a seen key's code;
   the base never saw the marker tokens, so it cannot answer, while the facts themselves live in
