@@ -314,8 +314,9 @@ def test_killed_run_resumes_to_the_same_adapter(tmp_path, tiny_base):
 
 # --- the reproduction ----------------------------------------------------------------------------
 
-DRIFT_SEEDS = ("car_not_below_plain_drift, smoke size, CAR minus plain on the uncompressed drifted base: "
-               "seed 0 +0.0, 1 +1.7, 2 -2.6 (0.809 vs 0.835, 3 of 115 queries), 3 +1.7, 4 +1.7, 5 +4.3 points")
+DRIFT_SEEDS = ("car_not_below_plain_drift at the smoke size, CAR minus plain LoRA on the uncompressed drifted base, "
+               "seeds 0-8: +0.0, +1.7, -2.6, +1.7, +1.7, +4.3, +7.8, -6.1, -5.2 points (115 held-out queries; "
+               "fails at seeds 2, 7, 8, mean +0.4)")
 
 
 @pytest.mark.slow
@@ -329,7 +330,8 @@ def test_smoke_reproduction_holds_and_builds_the_drifted_base_once(workdir, tiny
     by = {c.name: c for c in rep.claims}
     for claim in rep.claims:
         assert claim.judged and all(math.isfinite(v) for v in claim.measured.values()), claim
-    # These three hold at seeds 0-5 (worst margins: gap -4.3 points, gain +12.2, held-out +5.2).
+    # These three hold at seeds 0-5 (worst margins: gap -4.3 points, gain +12.2, held-out +5.2; held-out
+    # also at seeds 6-8, +5.2 to +7.8).
     for name in ("car_near_per_scheme", "car_beats_plain_on_most_damaging", "car_not_below_plain_heldout"):
         assert by[name].holds, (name, by[name].measured)
     assert by["car_beats_plain_on_most_damaging"].measured["plain_drop"] >= 0.15  # the scheme really hurts plain LoRA
@@ -343,7 +345,9 @@ def test_smoke_reproduction_holds_and_builds_the_drifted_base_once(workdir, tiny
     plain = next(t for t in rep.trials if t["adapter"] == "plain")
     assert plain["eval/drift_base_acc"] != plain["eval/base_acc"]  # the drifted base is another model
     drift = by["car_not_below_plain_drift"].measured
-    assert drift["plain_drop"] > 0.03  # drift costs plain LoRA accuracy (7 to 16 points at seeds 0-5)
-    assert drift["gain"] >= -0.05, drift  # what holds at every seed measured
+    assert drift["plain_drop"] > 0.03  # drift costs plain LoRA accuracy (7 to 18 points at seeds 0-8)
+    # What does hold at every seed measured (0-8, +1.6 to +9.6 points): on the drifted base compressed
+    # by the in-set schemes, CAR's adapter is ahead of plain LoRA's on average.
+    assert drift["car_compressed_mean"] > drift["plain_compressed_mean"], drift
     if not by["car_not_below_plain_drift"].holds:
         pytest.xfail(f"measured gain {drift['gain']:+.3f}; {DRIFT_SEEDS}")
