@@ -201,8 +201,13 @@ def test_triton_matches_reference_outputs_and_gradients(t, causal, dtype):
             assert rel(g, w) < 1e-5
         return
     # Same rounding sites, so bf16 outputs agree but for rare last-bit flips (exp2 against exp).
+    # A flip in one probability moves the output by an ulp of that term p_j |v_j|, which is not an
+    # ulp of the output where the terms cancel (seed 200: one output of -7e-4 differs by 7%), so
+    # each output's allowance is an ulp of its own magnitude plus an ulp of sum_j p_j |v_j|.
     diff = (out.double() - want.double()).abs()
-    assert (diff <= BF16_EPS * want.double().abs() + 1e-30).all()
+    terms = ref.attention_fp64(q.detach().double(), k.detach().double(), v.detach().double().abs(), causal=causal)
+    assert (diff <= BF16_EPS * (want.double().abs() + terms)).all()
+    assert (diff > BF16_EPS * want.double().abs()).double().mean() < 1e-3
     assert (diff > 0).double().mean() < 0.01
     # Gradients round dS (and P for dV) where the emulation does and differ only by accumulation
     # order: measured <= 0.2% of entries differ, by <= 1.2e-3 of the largest; with dS left

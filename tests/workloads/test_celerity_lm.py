@@ -115,11 +115,34 @@ def test_validate_rejects_bad_configs(tmp_path):
         clm.validate(clm.Config(width=50, head_dim=16))
     with pytest.raises(ValueError, match="split over 3 workers"):
         clm.validate(clm.Config(batch_size=16), world_size=3)
+    # The data folder is the launching machine's concern (a cluster's shared storage need not
+    # exist where the sweep is checked): `validate` accepts it, `preflight` names it.
+    missing = clm.Config(data=str(tmp_path / "missing"))
+    clm.validate(missing)
     with pytest.raises(ValueError, match="does not exist"):
-        clm.validate(clm.Config(data=str(tmp_path / "missing")))
+        clm.preflight(missing)
 
 
 def LocalRun_tmp():
     import tempfile
 
     return LocalRun(tempfile.mkdtemp())
+
+
+def test_every_rank_resumes_its_own_windows_from_rank_zeros_checkpoint():
+    """Under data parallelism only rank 0 writes the checkpoint and every rank restores it: rank 1
+    must continue with its own windows (not rank 0's), exactly as if it had never stopped."""
+    from workloads.celerity_lm.data import BatchSampler
+
+    data = torch.arange(5000, dtype=torch.int64).numpy() % 251
+    ranks = [BatchSampler(data, 16, 4, seed=7, rank=r) for r in (0, 1)]
+    for _ in range(9):
+        for s in ranks:
+            s.next()
+    written = ranks[0].state()  # what rank 0 saved
+    uninterrupted = [s.next()[0] for s in ranks]
+    assert not torch.equal(uninterrupted[0], uninterrupted[1])  # the ranks draw different windows
+    for rank, want in zip((0, 1), uninterrupted):
+        restarted = BatchSampler(data, 16, 4, seed=7, rank=rank)
+        restarted.load_state(written)
+        assert torch.equal(restarted.next()[0], want), f"rank {rank} resumed on other windows"

@@ -142,7 +142,7 @@ def test_reproduce_mx_anomaly_on_ray(workdir):
     parents = [r for r in c.search_runs([exp.experiment_id]) if r.data.tags.get("ladder.kind") == "sweep"]
     assert len(parents) == 1
     parent = parents[0]
-    assert parent.data.tags["ladder.claims"] == "4/4 hold"
+    assert parent.data.tags["ladder.claims"] == "4/4 claims hold"
     assert parent.data.metrics["claim/ue4m3_anomaly"] == 1.0
     assert parent.data.metrics["claim/ue4m3_anomaly/narrow_rise"] > 2.0
     artifacts = {a.path for a in c.list_artifacts(parent.info.run_id)}

@@ -153,27 +153,40 @@ class BatchSampler:
     """Random windows of `seq_len + 1` bytes from one rank's share of the training stream.
 
     Each rank draws from its own generator (seed, rank) so data-parallel workers see different
-    windows; the generator state is part of the checkpoint, so a resumed run sees the same
-    windows it would have seen without the restart.
+    windows. The checkpointed position is the number of batches drawn, the same on every rank:
+    under data parallelism only rank 0 writes the checkpoint and every rank restores it, so each
+    rank re-seeds its own generator and replays that many draws, and a resumed run sees the same
+    windows on every rank as it would have without the restart.
     """
 
     def __init__(self, data: np.ndarray | TokenStream, seq_len: int, batch: int, *, seed: int, rank: int) -> None:
         self.data = as_stream(data)
         self.seq_len = seq_len
         self.batch = batch
-        self.gen = torch.Generator().manual_seed(seed * 1_000_003 + rank)
+        self.seed = seed * 1_000_003 + rank
+        self.gen = torch.Generator().manual_seed(self.seed)
+        self.drawn = 0
+
+    def _starts(self) -> torch.Tensor:
+        self.drawn += 1
+        return torch.randint(0, self.data.starts(self.seq_len + 1) - 1, (self.batch,), generator=self.gen)
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         # The same draws as indexing one flat array, so runs on a text corpus are unchanged.
-        starts = torch.randint(0, self.data.starts(self.seq_len + 1) - 1, (self.batch,), generator=self.gen)
-        window = self.data.windows(starts.numpy(), self.seq_len + 1)  # [B, T+1]
+        window = self.data.windows(self._starts().numpy(), self.seq_len + 1)  # [B, T+1]
         return window[:, :-1], window[:, 1:]
 
-    def state(self) -> torch.Tensor:
-        return self.gen.get_state()
+    def state(self) -> dict[str, int]:
+        return {"drawn": self.drawn}
 
-    def load_state(self, state: torch.Tensor) -> None:
-        self.gen.set_state(state)
+    def load_state(self, state: dict[str, int] | torch.Tensor) -> None:
+        if isinstance(state, torch.Tensor):  # checkpoints written before positions were counted
+            self.gen.set_state(state)
+            return
+        self.gen.manual_seed(self.seed)
+        self.drawn = 0
+        for _ in range(int(state["drawn"])):  # microseconds a draw: far below a training step
+            self._starts()
 
 
 def heldout_batches(data: np.ndarray | TokenStream, seq_len: int, tokens: int, batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
