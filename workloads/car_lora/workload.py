@@ -251,7 +251,8 @@ def _train(cfg: Config, run) -> dict[str, float]:
         set_peft_model_state_dict(model, state["adapter"])
         opt.load_state_dict(state["optimizer"])
         gen.set_state(state["gen"])
-        torch.set_rng_state(state["torch_rng"])  # adapter dropout draws from torch's global generator
+        if "torch_rng" in state:  # adapter dropout draws from torch's global generator
+            torch.set_rng_state(state["torch_rng"])
         start, drawn = state["step"], state["drawn"]
 
     model.train()
