@@ -16,6 +16,7 @@ from typing import Any, Callable
 from orchestrator.config import ConfigError, closest
 
 WORKLOADS: dict[str, str] = {
+    "car_lora": "workloads.car_lora",
     "celerity_lm": "workloads.celerity_lm",
     "consistent_lra": "workloads.consistent_lra",
     "curves": "workloads.curves",

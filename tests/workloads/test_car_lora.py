@@ -1,0 +1,353 @@
+"""car_lora: each compression operator against hand-computed values, the straight-through
+backward, the switch on a real peft-wrapped tiny-local (mask sync, layer skip, frozen base), the
+task, bad configs, the claims, resumption, and the smoke reproduction with its drifted base."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from orchestrator.run import LocalRun
+from workloads.car_lora import CLAIMS, Config, plot, smoke, train, validate
+from workloads.car_lora import compress as C
+from workloads.car_lora.claims import (
+    car_beats_plain_on_most_damaging, car_near_per_scheme, car_not_below_plain_drift, car_not_below_plain_heldout,
+)
+from workloads.car_lora.data import RELATION_WORDS, encode, task_examples
+
+# --- operators against hand-computed values ----------------------------------------------------
+
+
+def test_int8_per_channel_rounds_each_row_on_its_own_absmax():
+    w = torch.tensor([[1.0, -0.5, 0.25, 0.1], [0.0, 0.0, 0.0, 0.0]])
+    # scale 1/127: 127, -63.5 -> -64 (ties to even), 31.75 -> 32, 12.7 -> 13; a zero row stays zero.
+    expect = torch.tensor([[127.0, -64.0, 32.0, 13.0], [0.0, 0.0, 0.0, 0.0]]) / torch.tensor([[127.0], [1.0]])
+    torch.testing.assert_close(C.int_per_channel(w, 8), expect)
+
+
+def test_int4_per_channel_clamps_to_seven_levels_a_side():
+    w = torch.tensor([[7.0, -3.5, 1.0, 0.25], [14.0, 3.0, -14.0, 5.0]])
+    # row 0: scale 1 -> 7, -4, 1, 0; row 1: scale 2 -> 7, 1.5 -> 2, -7, 2.5 -> 2 (times 2).
+    expect = torch.tensor([[7.0, -4.0, 1.0, 0.0], [14.0, 4.0, -14.0, 4.0]])
+    torch.testing.assert_close(C.int_per_channel(w, 4), expect)
+
+
+def test_nf4_rounds_to_the_nearest_level_of_each_flattened_block():
+    w = torch.tensor([[2.0, -2.0, 0.0, 1.0, 0.2, 2.0, 0.0, 0.0]])
+    # one block of 8, absmax 2: 1, -1, 0, 0.5 -> 0.4407 (0.0593 away; 0.5626 is 0.0626 away), 0.1 -> 0.0796
+    lv = C.NF4_CODEBOOK
+    expect = 2 * torch.tensor([[1.0, -1.0, 0.0, lv[12], lv[8], 1.0, 0.0, 0.0]])
+    torch.testing.assert_close(C.nf4_blockwise(w, block=8), expect)
+    # Blocks run over the flattened weight, across rows (bitsandbytes): [4, 0, 1, 1] | [0, 0].
+    w2 = torch.tensor([[4.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
+    out = C.nf4_blockwise(w2, block=4)
+    torch.testing.assert_close(out, torch.tensor([[4.0, 0.0, 4 * lv[10]], [4 * lv[10], 0.0, 0.0]]))
+    assert len(lv) == 16 and lv[7] == 0.0 and lv[0] == -1.0 and lv[15] == 1.0
+
+
+def test_mxfp4_is_kernels_mx_fake_quant_with_e8m0_scales(monkeypatch):
+    import kernels.mx
+
+    row = torch.zeros(32)
+    row[:6] = torch.tensor([6.0, 5.0, 2.5, 0.3, -1.25, 0.2])
+    w = torch.stack([row, 2 * row])  # amax 6: scale 2^(2-2) = 1; amax 12: scale 2
+    # E2M1 grid 0, .5, 1, 1.5, 2, 3, 4, 6; ties to even: 5 -> 4, 2.5 -> 2, -1.25 -> -1; 0.3 -> 0.5, 0.2 -> 0
+    first = torch.tensor([6.0, 4.0, 2.0, 0.5, -1.0, 0.0])
+    calls = []
+    real = kernels.mx.fake_quant
+    monkeypatch.setattr(kernels.mx, "fake_quant", lambda *a, **k: calls.append(k) or real(*a, **k))
+    out = C.mxfp4(w, block=32, impl="reference")
+    assert calls and calls[0]["elem_format"] == "e2m1" and calls[0]["scale_format"] == "e8m0" and calls[0]["block_size"] == 32
+    torch.testing.assert_close(out[0, :6], first)
+    torch.testing.assert_close(out[1, :6], 2 * first)
+    assert not out[:, 6:].any()
+
+
+def test_two_four_keeps_the_two_largest_of_every_four():
+    w = torch.tensor([[1.0, -3.0, 2.0, 0.5, 0.0, 0.0, 0.0, 1.0]])
+    torch.testing.assert_close(C.prune_2_4(w), torch.tensor([[0.0, -3.0, 2.0, 0.0, 0.0, 0.0, 0.0, 1.0]]))
+    with pytest.raises(ValueError, match="divisible by 4"):
+        C.prune_2_4(torch.ones(2, 6))
+
+
+def test_unstructured_row_and_column_pruning():
+    w = torch.tensor([[3.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 2.0, 0.0, 0.0], [0.5, 0.0, 0.0, 0.1]])
+    assert C.row_prune_mask(w, 0.5).tolist() == [True, False, True, False]  # norms 3, 1, 2, 0.51
+    assert C.col_prune_mask(w, 0.5).tolist() == [True, True, False, False]  # norms 3.2, 2, 0, 0.1
+    assert C.row_prune_mask(w, 0.3).tolist() == [True, True, True, False]  # floor(1.2) = 1 row
+    torch.testing.assert_close(C.prune_unstructured(torch.tensor([[1.0, -4.0, 2.0, 3.0]]), 0.5),
+                               torch.tensor([[0.0, -4.0, 0.0, 3.0]]))
+
+
+# --- the straight-through linear ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["full", "compressed"])
+def test_compressed_linear_forward_uses_c_w0_and_backward_by_mode(mode):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 5).requires_grad_(False)
+    cl = C.CompressedLinear(lin, backward=mode)
+    assert cl.weight is lin.weight and cl.bias is lin.bias
+    cl.compressed = C.int_per_channel(lin.weight, 3)
+    x = torch.randn(4, 8, requires_grad=True)
+    y = cl(x)
+    torch.testing.assert_close(y, x @ cl.compressed.T + lin.bias)
+    g = torch.randn(4, 5)
+    y.backward(g)
+    expect = g @ (lin.weight if mode == "full" else cl.compressed)
+    torch.testing.assert_close(x.grad, expect)
+    assert not torch.allclose(lin.weight, cl.compressed)
+
+
+# --- the switch on a real model ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def adapted(tiny_base):
+    from workloads.car_lora.workload import adapted as make
+
+    torch.manual_seed(0)
+    model, tok, comp = make(Config(lora_r=2), "tiny-local", torch.device("cpu"))
+    for name, p in model.named_parameters():
+        if "lora_B" in name:  # a non-zero adapter, so that masking it is visible
+            torch.nn.init.normal_(p, std=0.5)
+    model.eval()  # peft leaves the model in train mode: adapter dropout would make outputs random
+    return model, tok, comp
+
+
+def test_switch_applies_each_operator_to_w0_and_caches_it(adapted):
+    model, tok, comp = adapted
+    key, lin = next(iter(comp.linears.items()))
+    comp.use("nf4")
+    torch.testing.assert_close(lin.compressed, C.nf4_blockwise(lin.weight.detach(), 64))
+    cached = lin.compressed
+    comp.use("int8")
+    comp.use("nf4")
+    assert lin.compressed is cached
+    comp.use("none")
+    assert lin.compressed is None and len(comp.linears) == 4 * 7
+    with pytest.raises(ValueError, match="unknown compression scheme"):
+        comp.use("int5")
+
+
+def test_row_and_column_masks_reach_the_adapter(adapted):
+    model, tok, comp = adapted
+    key = "0.self_attn.q_proj.base_layer"
+    layer = model.base_model.model.model.layers[0].self_attn.q_proj  # peft's LoRA layer
+    x = torch.randn(3, 64)
+    comp.use("rowprune")
+    mask = comp.row_masks[key]
+    assert (~mask).sum() == int(0.3 * 64)
+    out = layer(x)
+    assert torch.all(out[:, ~mask] == 0)  # base and adapter rows both removed
+    comp.use("none")
+    assert out[:, mask].abs().sum() > 0 and layer(x)[:, ~mask].abs().sum() > 0
+    comp.use("colprune")
+    cols = comp.col_masks[key]
+    x2 = x.clone()
+    x2[:, ~cols] = 100.0  # pruned input channels must not reach base or adapter
+    torch.testing.assert_close(layer(x), layer(x2))
+    comp.use("none")
+
+
+def test_skip_returns_the_layers_input_and_its_adapter_gets_no_gradient(adapted, tiny_base):
+    model, tok, comp = adapted
+    ids = torch.tensor([tok("ada pet ?").input_ids])
+    seen = {}
+    layers = model.base_model.model.model.layers
+    k = comp.skip_index
+    assert k == Config().skip_layer % len(layers) and k > 0
+    # Appended after the compressor's own hook, so it sees the layer's output as the model does.
+    hook = layers[k].register_forward_hook(lambda m, a, o: seen.__setitem__(k, (a[0], o)))
+    comp.use("skip")
+    model.train()
+    model(input_ids=ids).logits.sum().backward()
+    hook.remove()
+    inp, out = seen[k]
+    torch.testing.assert_close(out if torch.is_tensor(out) else out[0], inp)
+    grads = {n: p.grad for n, p in model.named_parameters() if "lora_A" in n}
+    assert all(g is None or not g.any() for n, g in grads.items() if f".layers.{k}." in n)
+    assert all(g is not None and g.any() for n, g in grads.items() if f".layers.{k - 1}." in n)
+    model.zero_grad(set_to_none=True)
+    model.eval()
+    comp.use("none")
+
+
+def test_uncompressed_switch_changes_nothing(adapted, tiny_base):
+    from orchestrator.basemodel import load_base
+
+    model, tok, comp = adapted
+    plain, _ = load_base("tiny-local")
+    ids = torch.tensor([tok("ada lives in").input_ids])
+    comp.use("none")
+    with model.disable_adapter():
+        torch.testing.assert_close(model(input_ids=ids).logits, plain(input_ids=ids).logits)
+
+
+# --- task ----------------------------------------------------------------------------------------
+
+
+def test_task_split_is_disjoint_seeded_and_labels_only_the_answer(tiny_base):
+    from orchestrator.basemodel import base_world, load_base
+
+    world = base_world("tiny-local")
+    tr, he = task_examples(world, "ask", heldout_frac=0.3, seed=0)
+    assert len(tr) + len(he) == 48 * 6 + 96 and len(he) == round(0.3 * 384)
+    assert not {e.prompt for e in tr} & {e.prompt for e in he}
+    assert task_examples(world, "ask", heldout_frac=0.3, seed=0)[1] == he
+    assert task_examples(world, "ask", heldout_frac=0.3, seed=1)[1] != he
+    e = he[0]
+    assert e.prompt.endswith("?") and e.prompt.split()[1] in (*RELATION_WORDS.values(), "code")
+    _, tok = load_base("tiny-local")
+    ids, mask, labels = encode(he[:3], tok)
+    for i, ex in enumerate(he[:3]):
+        answer = labels[i][labels[i] != -100].tolist()
+        assert tok.convert_ids_to_tokens(answer) == [ex.answer]
+    sub = task_examples(world, "arith", heldout_frac=0.25, seed=0, modulus=7)
+    assert len(sub[0]) + len(sub[1]) == 49 and sub[0][0].prompt.split()[1] == "-"
+    with pytest.raises(ValueError, match="task must be"):
+        task_examples(world, "poems", heldout_frac=0.3, seed=0)
+
+
+# --- configs -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"adapter": "qlora"}, "adapter must be"),
+    ({"schemes": ("int8", "int5")}, "unknown compression scheme"),
+    ({"heldout_scheme": "nf4"}, "also in schemes"),
+    ({"schemes": ()}, "at least one"),
+    ({"task": "poems"}, "task must be"),
+    ({"backward": "none"}, "backward must be"),
+    ({"mx_block": 48}, "mx_block must be"),
+    ({"heldout_frac": 1.0}, "heldout_frac"),
+    ({"steps": 0}, "steps must be positive"),
+    ({"base": "./no/such/folder"}, "does not exist"),
+    ({"base": "tiny-local:depth=3"}, "not a tiny-local override"),
+])
+def test_bad_configs_name_the_problem(change, message):
+    with pytest.raises(ValueError, match=message):
+        validate(dataclasses.replace(Config(), **change))
+    with pytest.raises(ValueError, match="workers=1"):
+        validate(Config(), world_size=2)
+
+
+# --- claims --------------------------------------------------------------------------------------
+
+SCHEMES = ("int8", "sparse24", "skip")
+
+
+def fake_trials(car: dict, plain: dict, own: dict, *, drift=(0.8, 0.7)) -> list[dict]:
+    def t(adapter, accs, d):
+        return {"adapter": adapter, "schemes": SCHEMES, "heldout_scheme": "colprune", "seed": 0,
+                **{f"eval/acc/{k}": v for k, v in accs.items()}, "eval/drift_acc/none": d}
+    out = [t("car", car, drift[0]), t("plain", plain, drift[1])]
+    out += [t(s, {s: own[s]}, 0.0) for s in SCHEMES]
+    return out
+
+
+GOOD = dict(car={"none": 0.9, "int8": 0.9, "sparse24": 0.85, "skip": 0.8, "colprune": 0.7},
+            plain={"none": 0.92, "int8": 0.92, "sparse24": 0.7, "skip": 0.45, "colprune": 0.6},
+            own={"int8": 0.93, "sparse24": 0.88, "skip": 0.8})
+
+
+def test_claims_hold_on_the_papers_pattern():
+    trials = fake_trials(**GOOD)
+    results = {c.__name__: c(trials) for c in CLAIMS}
+    assert all(h for h, _ in results.values()), results
+    assert results["car_near_per_scheme"][1]["worst_gap"] == pytest.approx(-0.03)
+    worst = results["car_beats_plain_on_most_damaging"][1]
+    assert worst["most_damaging_is_skip"] == 1.0 and worst["gain"] == pytest.approx(0.35)
+    assert worst["plain_drop"] == pytest.approx(0.47)
+
+
+def test_claims_fail_when_the_pattern_is_absent():
+    bad_car = {**GOOD["car"], "sparse24": 0.82}  # 6 points under its per-scheme adapter
+    assert not car_near_per_scheme(fake_trials(bad_car, GOOD["plain"], GOOD["own"]))[0]
+    weak = {**GOOD["car"], "skip": 0.54}  # only 9 points over plain on the most damaging scheme
+    assert not car_beats_plain_on_most_damaging(fake_trials(weak, GOOD["plain"], {**GOOD["own"], "skip": 0.55}))[0]
+    assert not car_not_below_plain_heldout(fake_trials({**GOOD["car"], "colprune": 0.59}, GOOD["plain"], GOOD["own"]))[0]
+    assert not car_not_below_plain_drift(fake_trials(GOOD["car"], GOOD["plain"], GOOD["own"], drift=(0.69, 0.7)))[0]
+    with pytest.raises(ValueError, match="adapter='plain'"):
+        car_not_below_plain_drift([t for t in fake_trials(**GOOD) if t["adapter"] != "plain"])
+
+
+def test_the_most_damaging_scheme_is_measured_not_declared():
+    plain = {**GOOD["plain"], "sparse24": 0.3}  # now 2:4 costs plain LoRA most (62 points)
+    holds, m = car_beats_plain_on_most_damaging(fake_trials(GOOD["car"], plain, GOOD["own"]))
+    assert m["most_damaging_is_sparse24"] == 1.0 and m["gain"] == pytest.approx(0.55) and holds
+
+
+def test_plot_writes_a_png(tmp_path):
+    path = tmp_path / "claims.png"
+    plot(fake_trials(**GOOD), path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- the loop ------------------------------------------------------------------------------------
+
+
+def test_killed_run_resumes_to_the_same_adapter(tmp_path, tiny_base):
+    cfg = dataclasses.replace(smoke(), steps=6, car_steps_factor=2.0, drift=False, checkpoint_every_frac=0.5)
+    whole = train(cfg, LocalRun(tmp_path / "whole"))
+
+    class Dies(LocalRun):
+        def save(self, state):
+            super().save(state)
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, Dies(tmp_path / "cut"))
+    resumed = LocalRun(tmp_path / "cut")
+    again = train(cfg, resumed)
+    assert resumed.restored_step == 6
+    assert again["train/loss"] == pytest.approx(whole["train/loss"], rel=1e-6)
+    for key in whole:
+        if key.startswith(("eval/", "diag/drawn")):
+            assert again[key] == pytest.approx(whole[key]), key
+    assert sum(v for k, v in whole.items() if k.startswith("diag/drawn/")) == 12
+    assert set(k for k in whole if k.startswith("diag/drawn/")) <= {f"diag/drawn/{s}" for s in cfg.schemes}
+
+
+# --- the reproduction ----------------------------------------------------------------------------
+
+DRIFT_SEEDS = ("car_not_below_plain_drift at the smoke size, CAR minus plain LoRA on the uncompressed drifted base, "
+               "seeds 0-8: +0.0, +1.7, -2.6, +1.7, +1.7, +4.3, +7.8, -6.1, -5.2 points (115 held-out queries; "
+               "fails at seeds 2, 7, 8, mean +0.4)")
+
+
+@pytest.mark.slow
+def test_smoke_reproduction_holds_and_builds_the_drifted_base_once(workdir, tiny_base):
+    from orchestrator.reproduce import reproduce
+    from workloads.car_lora.drift import META_FILE, drift_dir, ensure_drifted
+
+    rep = reproduce("car_lora", smoke=True, local=True)
+    assert not rep.failed_trials
+    assert sorted(t["adapter"] for t in rep.trials) == sorted(["plain", "car", *smoke().schemes])
+    by = {c.name: c for c in rep.claims}
+    for claim in rep.claims:
+        assert claim.judged and all(math.isfinite(v) for v in claim.measured.values()), claim
+    # These three hold at seeds 0-8 (worst margins: gap to per-scheme -4.3 points, gain on the most
+    # damaging scheme +12.2, held-out scheme +5.2).
+    for name in ("car_near_per_scheme", "car_beats_plain_on_most_damaging", "car_not_below_plain_heldout"):
+        assert by[name].holds, (name, by[name].measured)
+    assert by["car_beats_plain_on_most_damaging"].measured["plain_drop"] >= 0.15  # the scheme really hurts plain LoRA
+    for t in rep.trials:
+        assert t["eval/base_acc"] < 0.3  # the base alone cannot do the task
+        assert t["eval/acc/none"] > 0.6 or t["adapter"] in smoke().schemes
+    folder = drift_dir(smoke())
+    assert (folder / META_FILE).exists()
+    built = (folder / META_FILE).stat().st_mtime
+    assert ensure_drifted(smoke()) == folder and (folder / META_FILE).stat().st_mtime == built
+    plain = next(t for t in rep.trials if t["adapter"] == "plain")
+    assert plain["eval/drift_base_acc"] != plain["eval/base_acc"]  # the drifted base is another model
+    drift = by["car_not_below_plain_drift"].measured
+    assert drift["plain_drop"] > 0.03  # drift costs plain LoRA accuracy (7 to 18 points at seeds 0-8)
+    # What does hold at every seed measured (0-8, +1.6 to +9.6 points): on the drifted base compressed
+    # by the in-set schemes, CAR's adapter is ahead of plain LoRA's on average.
+    assert drift["car_compressed_mean"] > drift["plain_compressed_mean"], drift
+    if not by["car_not_below_plain_drift"].holds:
+        pytest.xfail(f"measured gain {drift['gain']:+.3f}; {DRIFT_SEEDS}")

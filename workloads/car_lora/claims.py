@@ -1,0 +1,130 @@
+"""The paper's claims over a reproduction sweep (plain LoRA, CAR-LoRA and one adapter per in-set
+scheme, each a trial; seeds optional), and its plot.
+
+Every accuracy is the held-out task accuracy, averaged over the trials (seeds) of one adapter;
+within a seed every adapter sees the same task split, so the comparisons are paired. Accuracies
+are fractions; "points" are hundredths.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+PER_SCHEME_TOLERANCE = 0.05
+"""CAR may trail the per-scheme adapter by at most 5 points on any in-set scheme."""
+MIN_GAIN = 0.10
+"""CAR's margin over plain LoRA on the most damaging in-set scheme."""
+
+
+def _setting(trials: list[dict[str, Any]]) -> tuple[tuple[str, ...], str]:
+    schemes = {tuple(t["schemes"]) if not isinstance(t["schemes"], str) else tuple(t["schemes"].split(",")) for t in trials}
+    held = {t["heldout_scheme"] for t in trials}
+    if len(schemes) != 1 or len(held) != 1:
+        raise ValueError(f"the trials mix scheme sets {sorted(schemes)} / held-out schemes {sorted(held)}; a claim compares one setting")
+    return schemes.pop(), held.pop()
+
+
+def mean_acc(trials: list[dict[str, Any]], adapter: str, key: str) -> float:
+    """Mean of metric `key` over the trials of `adapter`; raises when there are none."""
+    values = [float(t[key]) for t in trials if t["adapter"] == adapter and key in t]
+    if not values:
+        raise ValueError(f"no {adapter!r} trial reports {key!r}: the sweep must include adapter={adapter!r}")
+    return sum(values) / len(values)
+
+
+def plain_drops(trials: list[dict[str, Any]]) -> dict[str, float]:
+    """In-set scheme -> plain LoRA's accuracy on the uncompressed base minus under the scheme."""
+    schemes, _ = _setting(trials)
+    full = mean_acc(trials, "plain", "eval/acc/none")
+    return {s: full - mean_acc(trials, "plain", f"eval/acc/{s}") for s in schemes}
+
+
+def car_near_per_scheme(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
+    """Under every in-set scheme CAR-LoRA is within 5 points of the adapter trained on that scheme alone."""
+    schemes, _ = _setting(trials)
+    measured = {}
+    for s in schemes:
+        car, own = mean_acc(trials, "car", f"eval/acc/{s}"), mean_acc(trials, s, f"eval/acc/{s}")
+        measured[f"car_{s}"], measured[f"per_scheme_{s}"] = car, own
+        measured[f"gap_{s}"] = car - own
+    measured["worst_gap"] = min(measured[f"gap_{s}"] for s in schemes)
+    return measured["worst_gap"] >= -PER_SCHEME_TOLERANCE - 1e-9, measured
+
+
+def car_beats_plain_on_most_damaging(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
+    """On the in-set scheme that costs plain LoRA the most accuracy (measured), CAR-LoRA is at least 10 points above plain LoRA."""
+    drops = plain_drops(trials)
+    worst = max(drops, key=drops.get)
+    car, plain = mean_acc(trials, "car", f"eval/acc/{worst}"), mean_acc(trials, "plain", f"eval/acc/{worst}")
+    measured = {f"plain_drop_{s}": d for s, d in drops.items()}
+    measured.update({f"most_damaging_is_{worst}": 1.0, "plain_drop": drops[worst], "car": car, "plain": plain,
+                     "gain": car - plain})
+    return car - plain >= MIN_GAIN - 1e-9, measured
+
+
+def car_not_below_plain_heldout(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
+    """Under the held-out scheme (never trained on) CAR-LoRA is not below plain LoRA."""
+    _, held = _setting(trials)
+    car, plain = mean_acc(trials, "car", f"eval/acc/{held}"), mean_acc(trials, "plain", f"eval/acc/{held}")
+    full = mean_acc(trials, "plain", "eval/acc/none")
+    return car >= plain, {f"heldout_is_{held}": 1.0, "car": car, "plain": plain, "gain": car - plain,
+                          "plain_drop": full - plain}
+
+
+def car_not_below_plain_drift(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
+    """On the drifted base (uncompressed), CAR-LoRA's adapter is not below plain LoRA's."""
+    car, plain = mean_acc(trials, "car", "eval/drift_acc/none"), mean_acc(trials, "plain", "eval/drift_acc/none")
+    measured = {"car": car, "plain": plain, "gain": car - plain,
+                "plain_drop": mean_acc(trials, "plain", "eval/acc/none") - plain}
+    schemes, _ = _setting(trials)
+    keys = [f"eval/drift_acc/{s}" for s in schemes]
+    if all(any(k in t for t in trials if t["adapter"] == a) for k in keys for a in ("car", "plain")):
+        # The drifted base compressed too: the mean over in-set schemes, reported, not judged.
+        measured["car_compressed_mean"] = sum(mean_acc(trials, "car", k) for k in keys) / len(keys)
+        measured["plain_compressed_mean"] = sum(mean_acc(trials, "plain", k) for k in keys) / len(keys)
+    return car >= plain, measured
+
+
+CLAIMS = [car_near_per_scheme, car_beats_plain_on_most_damaging, car_not_below_plain_heldout, car_not_below_plain_drift]
+
+
+def plot(trials: list[dict[str, Any]], path: str | Path) -> None:
+    """Held-out accuracy per evaluation scheme: plain LoRA, CAR-LoRA and each per-scheme adapter
+    on its own scheme, on the base and (hatched) on the drifted base."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    schemes, held = _setting(trials)
+    names = ["none", *schemes, held]
+    series: dict[str, list[float]] = defaultdict(list)
+    for prefix in ("acc", "drift_acc"):
+        for adapter in ("plain", "car"):
+            series[f"{adapter} {prefix}"] = [_maybe(trials, adapter, f"eval/{prefix}/{s}") for s in names]
+    per_scheme = [_maybe(trials, s, f"eval/acc/{s}") if s in schemes else float("nan") for s in names]
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.1 * len(names)), 4.2))
+    width = 0.16
+    xs = range(len(names))
+    bars = [("plain acc", "tab:gray", None), ("car acc", "tab:blue", None), ("plain drift_acc", "tab:gray", "//"),
+            ("car drift_acc", "tab:blue", "//")]
+    for i, (key, color, hatch) in enumerate(bars):
+        ax.bar([x + (i - 2) * width for x in xs], series[key], width, color=color, hatch=hatch, alpha=0.9,
+               label=key.replace("acc", "base").replace("drift_base", "drifted base"))
+    ax.bar([x + 2 * width for x in xs], per_scheme, width, color="tab:orange", label="per-scheme adapter, own scheme")
+    ax.set_xticks(list(xs), [n + (" (held out)" if n == held else "") for n in names], rotation=20)
+    ax.set(ylabel="held-out task accuracy", ylim=(0, 1))
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _maybe(trials: list[dict[str, Any]], adapter: str, key: str) -> float:
+    try:
+        return mean_acc(trials, adapter, key)
+    except ValueError:
+        return float("nan")

@@ -1,0 +1,304 @@
+"""car_lora: Config, and the loop that trains one adapter and evaluates it under every scheme."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from orchestrator.basemodel import base_world, check_base, load_base, lora
+from workloads.car_lora import data
+from workloads.car_lora.compress import BACKWARDS, SCHEME_NAMES, Compressor, make_schemes
+from workloads.car_lora.drift import ensure_drifted
+
+ADAPTERS = ("plain", "car")
+"""Besides these, `adapter` may name a scheme: the per-scheme ("QLoRA-style") adapter trained on it alone."""
+
+
+@dataclass(frozen=True)
+class Config:
+    base: str = "tiny-local"
+    """Frozen base model: tiny-local[:k=v,...], a local save_pretrained folder or a hub id."""
+    base_seed: int = 0
+    """Seed of the tiny-local build and of its world (keep it fixed across a sweep's trials)."""
+    base_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """dtype the base is loaded in ('auto': the checkpoint's own); the adapter follows it."""
+    adapter: str = "car"
+    """'plain' (LoRA on the uncompressed base), 'car' (one scheme of `schemes` sampled per step), or a
+    scheme name: the per-scheme adapter trained on that compressed base alone."""
+    schemes: tuple[str, ...] = ("int8", "nf4", "mxfp4", "sparse24", "rowprune", "skip")
+    """The in-set schemes: CAR's operator distribution, each evaluated. Names: none, int8, int4, int3,
+    nf4, mxfp4, sparse24, sparse50, rowprune, colprune, skip."""
+    heldout_scheme: str = "colprune"
+    """A scheme CAR never trains on, evaluated as well (structured input-channel pruning by default:
+    a pruning kind the in-set row pruning does not cover)."""
+    car_identity: bool = False
+    """Also sample the uncompressed base ('none') in CAR's per-step draw; the paper's operator set
+    lists only compressors (reconstruction choice)."""
+    backward: Literal["full", "compressed"] = "full"
+    """Input gradient through a compressed linear: 'full' = straight-through, grad @ W0 (dC/dW0 ~ I);
+    'compressed' = autograd through C(W0), as QLoRA. The paper's summary does not settle which it means."""
+    task: Literal["ask", "recall", "arith"] = "ask"
+    """Downstream task (see data.py): 'ask' = `<entity> <relation word> ?` -> the attribute, 'recall'
+    = the same with reserved marker tokens for relations, 'arith' = `a - b mod p =` (any base)."""
+    heldout_frac: float = 0.3
+    """Share of the task's queries held out of adapter training and used for every evaluation."""
+    arith_modulus: int = 11
+    """p of the 'arith' task."""
+    lora_r: int = 8
+    """LoRA rank on every decoder linear (the paper's 8; rank 4 and 16 did no better on tiny-local)."""
+    lora_alpha: float = 16.0
+    """LoRA alpha (scale alpha / r; the paper's 16)."""
+    lora_dropout: float = 0.1
+    """Dropout on the adapter's input (peft's lora_dropout), for every adapter alike."""
+    lora_targets: str = "all-linear"
+    """'all-linear' or comma-separated module types (q_proj,v_proj,...)."""
+    steps: int = 80
+    """AdamW steps of the plain and per-scheme adapters (on tiny-local they fit every training query by then)."""
+    car_steps_factor: float = 4.0
+    """CAR trains this many times `steps` (the paper: 20 epochs against the baselines' 5)."""
+    batch: int = 64
+    """Queries per step."""
+    lr: float = 5e-3
+    """AdamW peak learning rate."""
+    schedule: Literal["constant", "cosine"] = "cosine"
+    """Learning-rate schedule over the adapter's steps: constant, or cosine decay to 10% of `lr`."""
+    weight_decay: float = 0.5
+    """AdamW weight decay on the adapter, for every adapter alike. Every adapter fits its training
+    queries; what differs is held-out accuracy, and CAR's suffered most without it (not in the paper)."""
+    nf4_block: int = 64
+    """NF4 block size (QLoRA: 64)."""
+    mx_block: int = 32
+    """MX FP4 block size along the input dimension (OCP MX: 32)."""
+    mx_impl: Literal["auto", "reference", "triton"] = "auto"
+    """kernels.mx implementation for MX FP4 ('auto': Triton on CUDA, the reference otherwise)."""
+    prune_frac: float = 0.3
+    """Share of output neurons (rowprune) or input channels (colprune) removed per linear."""
+    skip_layer: int = 2
+    """Decoder layer dropped by 'skip' (negative counts from the end); its adapter goes with it. The
+    paper does not say which; on tiny-local dropping layer 1 costs the base half its sentence
+    accuracy (0.98 -> 0.55) and leaves no adapter, per-scheme or CAR, near the others."""
+    cache_compressed: bool = True
+    """Keep each scheme's compressed weights after first use (off for a large base: recomputed per switch)."""
+    drift: bool = True
+    """Also evaluate on the drifted base (built once and cached, see drift.py)."""
+    drift_steps: int = 200
+    """Continued-pretraining steps of the drifted base."""
+    drift_lr: float = 2e-3
+    """Its AdamW learning rate (the paper: 1e-4 at 8B)."""
+    drift_rank: int = 32
+    """Rank of its merged LoRA (the paper: 64); 0 continues every weight instead."""
+    drift_alpha: float = 64.0
+    """Its LoRA alpha (the paper: 128)."""
+    drift_batch: int = 8
+    """Rows per drift step."""
+    drift_seq_len: int = 32
+    """Tokens per packed drift row."""
+    drift_modulus: int = 7
+    """Modulus of the new `*` arithmetic in the shifted corpus."""
+    drift_seed: int = 0
+    """Seed of the drift build (never a trial seed: one drifted base serves a sweep)."""
+    drift_schemes: bool = True
+    """Evaluate the drifted base under every scheme too, not only uncompressed."""
+    log_every: int = 25
+    """Report the training loss every this many steps."""
+    checkpoint_every_frac: float = 0.25
+    """Save a checkpoint at every multiple of this training fraction."""
+    threads: int = 1
+    """Intra-op CPU threads during the run (0 leaves torch's setting)."""
+    seed: int = 0
+    """Seed of the task split, the adapter initialisation, the batches and CAR's scheme draws."""
+
+
+def smoke() -> Config:
+    """A CPU-sized CAR trial on tiny-local, a few seconds: 20 steps x 4, evaluated on the base
+    under every scheme and on the drifted base (built once, cached, shared with the reproduction).
+    It reports every 10 steps, more often than it checkpoints (every 20)."""
+    return Config(steps=20, drift_schemes=False, log_every=10)
+
+
+def train_schemes(cfg: Config) -> tuple[str, ...]:
+    """The schemes an adapter trains on: one per step, drawn uniformly."""
+    if cfg.adapter == "plain":
+        return ("none",)
+    if cfg.adapter == "car":
+        return (("none",) if cfg.car_identity else ()) + tuple(cfg.schemes)
+    return (cfg.adapter,)
+
+
+def total_steps(cfg: Config) -> int:
+    return max(1, round(cfg.steps * cfg.car_steps_factor)) if cfg.adapter == "car" else cfg.steps
+
+
+def eval_schemes(cfg: Config) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(("none", *cfg.schemes, cfg.heldout_scheme)))
+
+
+def validate(cfg: Config, world_size: int = 1) -> None:
+    """Checks that need no training: raised before anything is launched."""
+    if world_size != 1:
+        raise ValueError(f"car_lora trains one adapter per trial on one worker; got world_size={world_size}: use workers=1")
+    check_base(cfg.base)
+    known = [s for s in SCHEME_NAMES if s != "none"]
+    bad = [s for s in (*cfg.schemes, cfg.heldout_scheme) if s not in known]
+    if bad:
+        raise ValueError(f"unknown compression scheme(s) {bad}; choose among {known}")
+    if not cfg.schemes or len(set(cfg.schemes)) != len(cfg.schemes):
+        raise ValueError(f"schemes must list distinct schemes, at least one; got {cfg.schemes}")
+    if cfg.heldout_scheme in cfg.schemes:
+        raise ValueError(f"heldout_scheme={cfg.heldout_scheme!r} is also in schemes: remove it there, or hold out another scheme")
+    if cfg.adapter not in ADAPTERS and cfg.adapter not in known:
+        raise ValueError(f"adapter must be 'plain', 'car' or a scheme name among {known}, got {cfg.adapter!r}")
+    if cfg.schedule not in ("constant", "cosine"):
+        raise ValueError(f"schedule must be 'constant' or 'cosine', got {cfg.schedule!r}")
+    if cfg.task not in data.TASKS:
+        raise ValueError(f"task must be one of {data.TASKS}, got {cfg.task!r}")
+    if cfg.backward not in BACKWARDS:
+        raise ValueError(f"backward must be one of {BACKWARDS}, got {cfg.backward!r}")
+    if cfg.base_dtype not in ("auto", "float32", "bfloat16", "float16"):
+        raise ValueError(f"base_dtype must be auto, float32, bfloat16 or float16, got {cfg.base_dtype!r}")
+    if cfg.mx_impl not in ("auto", "reference", "triton"):
+        raise ValueError(f"mx_impl must be auto, reference or triton, got {cfg.mx_impl!r}")
+    if cfg.drift_rank < 0:
+        raise ValueError(f"drift_rank must be >= 0 (0: continue every weight), got {cfg.drift_rank}")
+    for name in ("steps", "batch", "lora_r", "nf4_block", "log_every", "drift_batch", "drift_seq_len"):
+        if getattr(cfg, name) <= 0:
+            raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
+    if cfg.drift_steps < 0:
+        raise ValueError(f"drift_steps must be >= 0, got {cfg.drift_steps}")
+    for name in ("lr", "lora_alpha", "car_steps_factor", "drift_alpha"):
+        if not getattr(cfg, name) > 0:
+            raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
+    if cfg.drift_lr < 0 or cfg.weight_decay < 0:
+        raise ValueError("drift_lr and weight_decay must be >= 0")
+    if not 0 <= cfg.lora_dropout < 1:
+        raise ValueError(f"lora_dropout must lie in [0, 1), got {cfg.lora_dropout}")
+    if not 0 < cfg.heldout_frac < 1:
+        raise ValueError(f"heldout_frac must lie in (0, 1), got {cfg.heldout_frac}")
+    if not 0 <= cfg.prune_frac < 1:
+        raise ValueError(f"prune_frac must lie in [0, 1), got {cfg.prune_frac}")
+    if cfg.mx_block not in (8, 16, 32, 64, 128, 256):
+        raise ValueError(f"mx_block must be one of 8, 16, 32, 64, 128, 256 (kernels.mx block sizes), got {cfg.mx_block}")
+    if not 2 <= cfg.arith_modulus <= 100 or not 2 <= cfg.drift_modulus <= 100:
+        raise ValueError("arith_modulus and drift_modulus must lie in [2, 100] (numbers are single words of the world)")
+    if not 0 < cfg.checkpoint_every_frac <= 1:
+        raise ValueError(f"checkpoint_every_frac must lie in (0, 1], got {cfg.checkpoint_every_frac}")
+    if cfg.threads < 0:
+        raise ValueError(f"threads must be >= 0 (0: torch's own setting), got {cfg.threads}")
+
+
+def train(cfg: Config, run) -> dict[str, float]:
+    validate(cfg, run.world_size)
+    previous = torch.get_num_threads()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    try:
+        return _train(cfg, run)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def adapted(cfg: Config, path: str, device: torch.device) -> tuple[Any, Any, Compressor]:
+    """(peft model, tokenizer, compressor) of the base at `path` (a name or a folder) with a fresh adapter."""
+    dtype = None if cfg.base_dtype == "auto" else cfg.base_dtype
+    model, tok = load_base(path, seed=cfg.base_seed, dtype=dtype, device=device)
+    targets = cfg.lora_targets if cfg.lora_targets == "all-linear" else [t.strip() for t in cfg.lora_targets.split(",")]
+    peft_model = lora(model, targets, r=cfg.lora_r, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout)
+    schemes = make_schemes(nf4_block=cfg.nf4_block, mx_block=cfg.mx_block, prune_frac=cfg.prune_frac, mx_impl=cfg.mx_impl)
+    comp = Compressor(peft_model, schemes, skip_layer=cfg.skip_layer, backward=cfg.backward, cache=cfg.cache_compressed)
+    return peft_model, tok, comp
+
+
+def adapter_state(model: Any) -> dict[str, torch.Tensor]:
+    from peft import get_peft_model_state_dict
+
+    return {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
+
+
+def evaluate(model: Any, comp: Compressor, batch: Any, names: tuple[str, ...]) -> dict[str, float]:
+    out = {}
+    for name in names:
+        comp.use(name)
+        out[name] = data.accuracy(model, batch)
+    comp.use("none")
+    return out
+
+
+def _train(cfg: Config, run) -> dict[str, float]:
+    from peft import set_peft_model_state_dict
+
+    dev = run.device
+    world = base_world(cfg.base, seed=cfg.base_seed)
+    train_ex, held_ex = data.task_examples(world, cfg.task, heldout_frac=cfg.heldout_frac, seed=cfg.seed,
+                                           modulus=cfg.arith_modulus)
+    drifted = ensure_drifted(cfg, dev) if cfg.drift else None  # cached: built by the first trial only
+    torch.manual_seed(cfg.seed)  # the adapter's initialisation
+    model, tok, comp = adapted(cfg, cfg.base, dev)
+    train_b, held_b = data.encode(train_ex, tok), data.encode(held_ex, tok)
+    pool = train_schemes(cfg)
+    total = total_steps(cfg)
+    save_at = {min(total, max(1, round(j * cfg.checkpoint_every_frac * total)))
+               for j in range(1, math.ceil(1 / cfg.checkpoint_every_frac) + 1)}
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    gen = torch.Generator().manual_seed(cfg.seed)  # batches and scheme draws, checkpointed
+    start, drawn = 0, {name: 0 for name in pool}
+    state = run.restore()
+    if state is not None:
+        set_peft_model_state_dict(model, state["adapter"])
+        opt.load_state_dict(state["optimizer"])
+        gen.set_state(state["gen"])
+        if "torch_rng" in state:  # adapter dropout draws from torch's global generator
+            torch.set_rng_state(state["torch_rng"])
+        start, drawn = state["step"], state["drawn"]
+
+    model.train()
+    loss_value, window_start, window_steps, steps_per_s = math.nan, time.perf_counter(), 0, math.nan
+    for step in range(start + 1, total + 1):
+        if cfg.schedule == "cosine":
+            for group in opt.param_groups:
+                group["lr"] = cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - 1) / total)))
+        # Outer loop: draw an operator C_j and compute with C_j(W0) (cached: W0 is frozen); inner: a LoRA step.
+        name = pool[int(torch.randint(len(pool), (1,), generator=gen))]
+        comp.use(name)
+        drawn[name] += 1
+        idx = torch.randint(len(train_b[0]), (cfg.batch,), generator=gen)
+        ids, mask, labels = (t[idx].to(dev) for t in train_b)
+        loss = data.answer_loss(model(input_ids=ids, attention_mask=mask).logits, labels)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        loss_value = loss.item()
+        window_steps += 1
+        if step % cfg.log_every == 0 or step == total:
+            now = time.perf_counter()
+            steps_per_s = window_steps / max(now - window_start, 1e-9)
+            window_start, window_steps = now, 0
+            run.report({"train/loss": loss_value, "perf/steps_per_s": steps_per_s, "progress": step / total}, step=step)
+        if step in save_at:
+            run.save({"step": step, "adapter": adapter_state(model), "optimizer": opt.state_dict(),
+                      "gen": gen.get_state(), "torch_rng": torch.get_rng_state(), "drawn": drawn})
+    model.eval()
+    comp.use("none")
+
+    names = eval_schemes(cfg)
+    out = {f"eval/acc/{k}": v for k, v in evaluate(model, comp, held_b, names).items()}
+    # Training queries, under what this adapter trained on: did it fit them?
+    out.update({f"eval/train_acc/{k}": v for k, v in evaluate(model, comp, train_b, ("none", *pool)).items()})
+    with model.disable_adapter():  # the base alone cannot do the task
+        out["eval/base_acc"] = data.accuracy(model, held_b)
+    if drifted is not None:
+        d_model, _, d_comp = adapted(cfg, str(drifted), dev)
+        set_peft_model_state_dict(d_model, adapter_state(model))  # the same adapter, ported to the new base
+        d_model.eval()
+        out.update({f"eval/drift_acc/{k}": v for k, v in
+                    evaluate(d_model, d_comp, held_b, names if cfg.drift_schemes else ("none",)).items()})
+        with d_model.disable_adapter():
+            out["eval/drift_base_acc"] = data.accuracy(d_model, held_b)
+    out.update({f"diag/drawn/{k}": float(v) for k, v in drawn.items()})
+    out.update({"train/loss": loss_value, "perf/steps_per_s": steps_per_s, "diag/steps": float(total)})
+    run.report({**out, "progress": 1.0}, step=total)
+    return out
