@@ -15,6 +15,10 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 os.environ.pop("RAY_ADDRESS", None)
+# Two xdist workers share CI's two cores: one intra-op thread per process (and per process it
+# starts: runs, Ray workers) instead of each oversubscribing both cores.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 LADDER = [sys.executable, "-m", "orchestrator.cli"]

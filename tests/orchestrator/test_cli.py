@@ -11,7 +11,7 @@ from orchestrator.cli import main
 @pytest.mark.parametrize(
     "args,expected",
     [
-        (["run", "celerity"], "unknown workload 'celerity'. Closest match: 'celerity_lm'. Known workloads: celerity_lm, "),
+        (["run", "celerity"], "unknown workload 'celerity'. Closest match: 'celerity_lm'. Known workloads: car_lora, celerity_lm, "),
         (["run", "celerity_lm", "--set", "widht=64"], "unknown field 'widht'"),
         (["run", "celerity_lm", "--set", "width=abc"], "width expects an int, got 'abc'"),
         (["run", "celerity_lm", "--workers", "64"], "64 workers x 1 CPU need 64 CPUs, but this machine (local Ray) has"),

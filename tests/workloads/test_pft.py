@@ -317,8 +317,12 @@ def test_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
 
 def test_train_restores_torch_threads(tmp_path):
     before = torch.get_num_threads()
-    train(tiny(source_steps=2, translator_steps=2, target_steps=2), LocalRun(tmp_path))
-    assert torch.get_num_threads() == before
+    torch.set_num_threads(3)  # not the one thread train pins, so a missing restore shows
+    try:
+        train(tiny(source_steps=2, translator_steps=2, target_steps=2), LocalRun(tmp_path))
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
 
 
 # --- configs ----------------------------------------------------------------------------------

@@ -354,8 +354,12 @@ def test_wasi_run_reports_ranks_probes_and_orthonormal_factors(tmp_path):
 
 def test_train_restores_torch_threads(tmp_path):
     before = torch.get_num_threads()
-    train(tiny(method="vanilla", threads=1), LocalRun(tmp_path))
-    assert torch.get_num_threads() == before
+    torch.set_num_threads(3)  # not the one thread train pins, so a missing restore shows
+    try:
+        train(tiny(method="vanilla", threads=1), LocalRun(tmp_path))
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
 
 
 # --- configs ----------------------------------------------------------------------------------
