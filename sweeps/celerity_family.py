@@ -11,6 +11,10 @@ that family did not collapse; width 32 (below the proxy width, 2 heads) was the 
 64 alone differ by 0.049 / 0.008 / 0.001. Hence widths from the proxy's up. With 48/64/80 the
 width range is 0.051 / 0.009 / 0.008 at t = 0.2 / 0.3 / 0.4 against a seed range of
 0.021 / 0.033 / 0.015: within seed noise from 30% of training, not yet at 20% (width 48 lags).
+Starting above the proxy does not fix it: 64/80/96 at TPP 80 (2 seeds, about 55 minutes on 2
+cores) gave a width range of 0.045 / 0.058 / 0.047 / 0.029 at t = 0.2 / 0.25 / 0.3 / 0.4 against a
+seed range of 0.018 / 0.031 / 0.032 / 0.017, with width 64 lagging. The smallest member lags
+whichever width it is, so the gap is a size effect of this scale, not the proxy's width.
 """
 
 from orchestrator.recipe import Proxy, ScalingLaws, family
