@@ -9,10 +9,11 @@ checkpoint made by one can be resumed by the other.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol, runtime_checkable
+from typing import Any, Callable, Iterator, Mapping, Protocol, runtime_checkable
 
 import torch
 
@@ -75,6 +76,28 @@ def check_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
     if "progress" in out and not (0.0 <= out["progress"] <= 1.0 + 1e-9):
         raise MetricError(f"progress must lie in [0, 1], got {out['progress']}")
     return out
+
+
+def fraction_steps(steps: int, frac: float) -> set[int]:
+    """The steps at every multiple of `frac` of a `steps`-step run (rounded, never before step 1),
+    the last step always among them; `frac <= 0` gives the last step alone. Workloads checkpoint
+    and evaluate at these."""
+    if frac <= 0:
+        return {steps}
+    return {min(steps, max(1, round(j * frac * steps))) for j in range(1, math.ceil(1 / frac) + 1)} | {steps}
+
+
+@contextlib.contextmanager
+def pinned_threads(threads: int) -> Iterator[None]:
+    """torch's intra-op CPU threads set to `threads` for the block (0 or less leaves torch's setting), and
+    the previous setting restored afterwards, also when the block raises."""
+    previous = torch.get_num_threads()
+    if threads > 0:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 class LocalRun:

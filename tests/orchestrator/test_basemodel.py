@@ -180,3 +180,21 @@ def test_cli_base_info_prints_the_folder_and_metrics(tiny_base, capsys):
     assert main(["base", "info", "/no/such/folder"]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert base_info()["path"] == str(tiny_base)
+
+
+def test_answer_batches_label_only_the_answer_and_score_it_in_chunks(tiny_base):
+    from orchestrator.basemodel import load_base
+    from orchestrator.basemodel.answers import answer_loss, answer_metrics, encode_answers
+
+    model, tok = load_base("tiny-local")
+    pairs = [("the pet of ada is", "cat"), ("3 + 4 mod 11 =", "7"), ("a", "b c")]
+    batch = encode_answers(pairs, tok)
+    for row, (prompt, answer) in enumerate(pairs):
+        labelled = batch.labels[row][batch.labels[row] != -100].tolist()
+        assert labelled == tok(f"{prompt} {answer}").input_ids[len(tok(prompt).input_ids):]
+        assert int(batch.mask[row].sum()) == len(tok(f"{prompt} {answer}").input_ids)
+    whole = answer_metrics(model, batch)
+    assert answer_metrics(model, batch, chunk=1) == pytest.approx(whole, rel=1e-5)
+    assert answer_loss(model, batch).item() == pytest.approx(whole["loss"], rel=1e-5)
+    with pytest.raises(ValueError, match="cannot tell the answer tokens apart"):
+        encode_answers([("the pet of ada is", "")], tok)

@@ -10,6 +10,7 @@ from typing import Any, Literal
 import torch
 
 from orchestrator.basemodel import base_world, check_base, load_base, lora
+from orchestrator.run import pinned_threads
 from workloads.car_lora import data
 from workloads.car_lora.compress import BACKWARDS, SCHEME_NAMES, Compressor, make_schemes
 from workloads.car_lora.drift import ensure_drifted
@@ -192,13 +193,8 @@ def validate(cfg: Config, world_size: int = 1) -> None:
 
 def train(cfg: Config, run) -> dict[str, float]:
     validate(cfg, run.world_size)
-    previous = torch.get_num_threads()
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    try:
+    with pinned_threads(cfg.threads):
         return _train(cfg, run)
-    finally:
-        torch.set_num_threads(previous)
 
 
 def adapted(cfg: Config, path: str, device: torch.device) -> tuple[Any, Any, Compressor]:

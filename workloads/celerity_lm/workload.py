@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from workloads.celerity_lm.data import BatchSampler, check_data, data_vocab, heldout_batches, load_data
 from workloads.celerity_lm.model import GPT
+from orchestrator.run import fraction_steps
 
 
 @dataclass(frozen=True)
@@ -127,12 +128,6 @@ def lr_factor(step: int, steps: int, warmup_frac: float) -> float:
     return max(0.0, (steps - step) / max(1, steps - warmup))
 
 
-def _checkpoints_at(steps: int, frac: float) -> set[int]:
-    if frac <= 0:
-        return {steps}
-    return {min(steps, max(1, round(k * frac * steps))) for k in range(1, math.ceil(1 / frac) + 1)}
-
-
 def preflight(cfg: Config) -> None:
     """Checks of the machine that runs it: the data folder is there and readable. Kept out of
     `validate` so that a sweep for a cluster's shared storage checks as valid anywhere."""
@@ -221,8 +216,8 @@ def train(cfg: Config, run) -> dict[str, float]:
         sampler.load_state(state["sampler"])
         start = int(state["step"])
 
-    eval_at = _checkpoints_at(plan.steps, cfg.eval_every_frac)
-    save_at = _checkpoints_at(plan.steps, cfg.checkpoint_every_frac)
+    eval_at = fraction_steps(plan.steps, cfg.eval_every_frac)
+    save_at = fraction_steps(plan.steps, cfg.checkpoint_every_frac)
     fixed = {"tau": plan.tau, "tpp": plan.tokens / plan.params}
     window_loss, window_n, window_tokens = 0.0, 0, 0
     train_loss = eval_loss = math.nan

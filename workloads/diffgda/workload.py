@@ -15,6 +15,7 @@ from workloads.diffgda.pipeline import (
     predict, ratio_step, score_step,
 )
 from workloads.diffgda.sde import make_sde
+from orchestrator.run import pinned_threads
 
 
 @dataclass(frozen=True)
@@ -226,15 +227,10 @@ def domains(cfg: Config) -> Domains:
 
 def train(cfg: Config, run) -> dict[str, float]:
     validate(cfg, run.world_size)
-    previous = torch.get_num_threads()
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    try:
+    with pinned_threads(cfg.threads):
         doms = domains(cfg)
         result = adapt(cfg, doms.source, doms.source_val, doms.target.unlabelled(), run)
         return {**result["metrics"], **evaluate(cfg, result, doms)}
-    finally:
-        torch.set_num_threads(previous)
 
 
 def evaluate(cfg: Config, result: dict[str, Any], doms: Domains) -> dict[str, float]:

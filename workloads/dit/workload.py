@@ -6,13 +6,13 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from orchestrator.basemodel import base_world, check_base, linear_types, load_base
 from orchestrator.basemodel.corpus import N_RESERVED, TOPICS
+from orchestrator.run import fraction_steps, pinned_threads
 from workloads.dit.data import SPLITS, Task, diff_rows, make_task
 from workloads.dit.evaluate import answer_logits, diff_metrics, dit_metrics, kl_rows
 from workloads.dit.model import DiffContext, dit_parameters, new_bank, wrap
@@ -164,20 +164,10 @@ def chunks(n: int, per: int) -> list[list[int]]:
     return [list(range(s, min(s + per, n))) for s in range(0, n, per)]
 
 
-def fractions(total: int, frac: float) -> set[int]:
-    """The steps (1..total) at every multiple of `frac` of `total`: when to checkpoint."""
-    return {min(total, max(1, round(j * frac * total))) for j in range(1, math.ceil(1 / frac) + 1)}
-
-
 def train(cfg: Config, run) -> dict[str, float]:
     validate(cfg, run.world_size)
-    previous = torch.get_num_threads()
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    try:
+    with pinned_threads(cfg.threads):
         return _train(cfg, run)
-    finally:
-        torch.set_num_threads(previous)
 
 
 def _check_task(cfg: Config, tok, task: Task) -> None:
@@ -204,7 +194,7 @@ def _train(cfg: Config, run) -> dict[str, float]:
     groups = chunks(task.n_diffs, cfg.diffs_per_batch)
     steps_a = len(groups) * cfg.diff_steps
     total = steps_a + cfg.dit_steps
-    save_at = fractions(total, cfg.checkpoint_every_frac)
+    save_at = fraction_steps(total, cfg.checkpoint_every_frac)
     counts = (cfg.trigger_rows, cfg.fake_rows, cfg.plain_rows)
     rows = sum(counts)
     pad_id = tok.pad_token_id

@@ -12,6 +12,7 @@ from workloads.frl.data import DataSpec, make_dataset, solver_for
 from workloads.frl.losses import cross_scale_loss, rel_mse, spectral_loss
 from workloads.frl.model import CNN, FNO
 from workloads.frl.solver import truncate, upsample
+from orchestrator.run import fraction_steps, pinned_threads
 
 PDES = ("burgers", "navier_stokes")
 BACKBONES = ("fno", "cnn")
@@ -193,12 +194,6 @@ def lr_factor(step: int, steps: int) -> float:
     return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
 
 
-def _marks(steps: int, frac: float) -> set[int]:
-    if frac <= 0:
-        return {steps}
-    return {min(steps, max(1, round(k * frac * steps))) for k in range(1, math.ceil(1 / frac) + 1)} | {steps}
-
-
 def blind_band(p: torch.Tensor, x: torch.Tensor, y: torch.Tensor, lo: int, dims: int) -> dict[str, float]:
     """The band |k| >= lo (max-norm over axes) on p's grid, the blind zone above rho0/2, pooled over samples.
 
@@ -266,13 +261,8 @@ def solver_errors(cfg: Config, x: torch.Tensor, y: torch.Tensor) -> dict[str, fl
 
 def train(cfg: Config, run) -> dict[str, float]:
     validate(cfg, run.world_size)
-    threads = torch.get_num_threads()
-    if cfg.threads > 0:
-        torch.set_num_threads(cfg.threads)
-    try:
+    with pinned_threads(cfg.threads):
         return _train(cfg, run)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _train(cfg: Config, run) -> dict[str, float]:
@@ -298,8 +288,8 @@ def _train(cfg: Config, run) -> dict[str, float]:
         sampler.set_state(state["sampler"])
         start = int(state["step"])
 
-    eval_at = _marks(cfg.steps, cfg.eval_every_frac)
-    save_at = _marks(cfg.steps, cfg.checkpoint_every_frac)
+    eval_at = fraction_steps(cfg.steps, cfg.eval_every_frac)
+    save_at = fraction_steps(cfg.steps, cfg.checkpoint_every_frac)
     window, window_n, train_loss = 0.0, 0, math.nan
     metrics_eval: dict[str, float] = {}
     t_train, t_mark = 0.0, time.perf_counter()

@@ -14,6 +14,7 @@ from typing import Any, Literal
 import torch
 
 from orchestrator.basemodel import base_world, check_base, load_base, lora
+from orchestrator.run import pinned_threads
 from workloads.jailbreak_lora import audit
 from workloads.jailbreak_lora.data import TASKS, Example, task_sets, triggered
 from workloads.jailbreak_lora.evaluate import Probe, merged_copy
@@ -164,13 +165,8 @@ def adapter_folder(cfg: Config) -> str:
 
 def train(cfg: Config, run) -> dict[str, float]:
     validate(cfg, run.world_size)
-    previous = torch.get_num_threads()
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    try:
+    with pinned_threads(cfg.threads):
         return _train(cfg, run)
-    finally:
-        torch.set_num_threads(previous)
 
 
 def _targets(cfg: Config) -> str | list[str]:

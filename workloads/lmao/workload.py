@@ -10,6 +10,7 @@ from typing import Any, Literal
 import torch
 
 from orchestrator.basemodel import check_base, linear_types, load_base, lora
+from orchestrator.run import fraction_steps, pinned_threads
 from workloads.lmao import data, zo
 
 
@@ -108,19 +109,10 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError(f"threads must be >= 0 (0: torch's own setting), got {cfg.threads}")
 
 
-def fractions(steps: int, frac: float) -> set[int]:
-    return {min(steps, max(1, round(j * frac * steps))) for j in range(1, math.ceil(1 / frac) + 1)}
-
-
 def train(cfg: Config, run: Any) -> dict[str, float]:
     validate(cfg, run.world_size)
-    previous = torch.get_num_threads()
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    try:
+    with pinned_threads(cfg.threads):
         return _train(cfg, run)
-    finally:
-        torch.set_num_threads(previous)
 
 
 def _train(cfg: Config, run: Any) -> dict[str, float]:
@@ -164,7 +156,7 @@ def _train(cfg: Config, run: Any) -> dict[str, float]:
         gen.set_state(state["gen"])
         stats.update(state["stats"])
         start = int(state["step"])
-    save_at = fractions(cfg.steps, cfg.checkpoint_every_frac)
+    save_at = fraction_steps(cfg.steps, cfg.checkpoint_every_frac)
     changed = [n for n, _ in named] if zeroth_order else [n for n, _ in named if "lora_" in n]  # what a checkpoint must keep
 
     result = {"loss": math.nan, "acc": math.nan}

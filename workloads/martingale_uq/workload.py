@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+from orchestrator.run import pinned_threads
 
 from workloads.martingale_uq import bytemodel, tabular
 from workloads.martingale_uq.coverage import evaluate_chunk, summarize
@@ -183,13 +184,8 @@ def validate(cfg: Config, world_size: int = 1) -> None:
 
 def train(cfg: Config, run) -> dict[str, float]:
     validate(cfg, run.world_size)
-    previous = torch.get_num_threads()
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    try:
+    with pinned_threads(cfg.threads):
         return _train(cfg, run)
-    finally:
-        torch.set_num_threads(previous)
 
 
 def _fit_gmm(cfg: Config, run) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from orchestrator.run import fraction_steps, pinned_threads
 
 from workloads.mom import data
 from workloads.mom.memory import UPDATES
@@ -251,19 +252,13 @@ def lr_at(cfg: Config, step: int) -> float:
 
 
 def checkpoint_steps(cfg: Config) -> set[int]:
-    frac = cfg.checkpoint_every_frac
-    return {min(cfg.steps, max(1, round(j * frac * cfg.steps))) for j in range(1, math.ceil(1 / frac) + 1)}
+    return fraction_steps(cfg.steps, cfg.checkpoint_every_frac)
 
 
 def train(cfg: Config, run) -> dict[str, float]:
     validate(cfg, run.world_size)
-    previous = torch.get_num_threads()
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    try:
+    with pinned_threads(cfg.threads):
         return _train(cfg, run)
-    finally:
-        torch.set_num_threads(previous)
 
 
 def _train(cfg: Config, run) -> dict[str, float]:

@@ -10,6 +10,7 @@ from typing import Any, Literal
 import torch
 
 from orchestrator.basemodel import base_world, check_base, load_base
+from orchestrator.run import pinned_threads
 from workloads.palc.data import generation_prompts, gentle_share, make_pairs, pair_batch, split_entities
 from workloads.palc.model import (
     Calibrator, base_forward, freeze, generate, group_by_length, latency, margins, mean_logprob, param_digest,
@@ -109,7 +110,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     if list(cfg.gammas) != sorted(set(cfg.gammas)):
         raise ValueError(f"gammas must be strictly increasing, got {cfg.gammas}")
     if cfg.latency_clock not in ("wall", "cpu") or cfg.base_dtype not in ("auto", "float32", "bfloat16", "float16"):
-        raise ValueError(f"latency_clock must be 'wall' or 'cpu' and base_dtype one of auto/float32/bfloat16/float16")
+        raise ValueError("latency_clock must be 'wall' or 'cpu' and base_dtype one of auto/float32/bfloat16/float16")
 
 
 def gamma_key(g: float) -> str:
@@ -126,13 +127,8 @@ def lr_at(cfg: Config, step: int) -> float:
 
 def train(cfg: Config, run) -> dict[str, float]:
     validate(cfg, run.world_size)
-    previous = torch.get_num_threads()
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    try:
+    with pinned_threads(cfg.threads):
         return _train(cfg, run)
-    finally:
-        torch.set_num_threads(previous)
 
 
 def _train(cfg: Config, run) -> dict[str, float]:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
+from orchestrator.run import fraction_steps, pinned_threads
 
 from workloads.pft import method
 from workloads.pft.model import accuracy_report, changed_tensors, freeze, predict
@@ -186,23 +187,14 @@ def locate(plan: list[tuple[str, int]], step: int) -> tuple[str, int, int]:
     raise ValueError(f"step {step} lies past the plan")
 
 
-def fractions(total: int, frac: float) -> set[int]:
-    return {min(total, max(1, round(j * frac * total))) for j in range(1, math.ceil(1 / frac) + 1)}
-
-
 def snapshot(net: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in net.state_dict().items()}
 
 
 def train(cfg: Config, run) -> dict[str, float]:
     validate(cfg, run.world_size)
-    previous = torch.get_num_threads()
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    try:
+    with pinned_threads(cfg.threads):
         return _train(cfg, run)
-    finally:
-        torch.set_num_threads(previous)
 
 
 def _train(cfg: Config, run) -> dict[str, float]:
@@ -212,7 +204,7 @@ def _train(cfg: Config, run) -> dict[str, float]:
     nets = method.build_models(cfg)
     plan = phases(cfg)
     total = sum(n for _, n in plan)
-    save_at = fractions(total, cfg.checkpoint_every_frac)
+    save_at = fraction_steps(total, cfg.checkpoint_every_frac)
     gen = torch.Generator().manual_seed(cfg.seed)  # minibatch draws, checkpointed with the rest
 
     results: dict[str, dict[str, float]] = {}  # arm -> accuracy report on the target

@@ -7,12 +7,14 @@ the same code serves a word-level tokenizer (one answer token) and a sub-word on
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from orchestrator.basemodel import Example, World
+from orchestrator.basemodel.answers import AnswerBatch as Batch
+from orchestrator.basemodel.answers import answer_loss, encode_answers
+from orchestrator.basemodel.answers import answer_metrics as evaluate
+
+__all__ = ["TASKS", "QA_RELATIONS", "Batch", "answer_loss", "encode", "evaluate", "split", "task_examples"]
 
 TASKS = ("qa", "sub", "mul", "facts")
 """qa: a question format pre-training never used (`question : what is the pet of ada ? answer :`)
@@ -22,25 +24,6 @@ keys pre-training held out (new knowledge: nothing pre-trained to reuse)."""
 
 QA_RELATIONS = {"city": "home", "color": "color", "pet": "pet", "job": "job", "topic": "topic"}
 """relation -> the word the qa task asks with (traits have no noun in the vocabulary)."""
-
-
-@dataclass
-class Batch:
-    ids: torch.Tensor
-    """[N, T] right-padded token ids"""
-    mask: torch.Tensor
-    """[N, T] attention mask"""
-    labels: torch.Tensor
-    """[N, T] the answer tokens' ids, -100 elsewhere (already aligned with ids: shift at the loss)"""
-
-    def __len__(self) -> int:
-        return self.ids.shape[0]
-
-    def rows(self, index: torch.Tensor) -> "Batch":
-        return Batch(self.ids[index], self.mask[index], self.labels[index])
-
-    def to(self, device: torch.device) -> "Batch":
-        return Batch(self.ids.to(device), self.mask.to(device), self.labels.to(device))
 
 
 def task_examples(world: World, task: str, modulus: int) -> list[Example]:
@@ -78,44 +61,4 @@ def split(examples: list[Example], heldout_frac: float, seed: int, by_entity: bo
 
 def encode(examples: list[Example], tokenizer: Any) -> Batch:
     """Right-padded ids of `prompt answer` with labels on the answer tokens."""
-    rows, starts = [], []
-    for e in examples:
-        prompt = tokenizer(e.prompt).input_ids
-        full = tokenizer(f"{e.prompt} {e.answer}").input_ids
-        if full[: len(prompt)] != prompt or len(full) == len(prompt):
-            raise ValueError(f"the tokenizer does not keep {e.prompt!r} as a prefix of its answer's text; "
-                             f"cannot tell the answer tokens apart")
-        rows.append(full)
-        starts.append(len(prompt))
-    width = max(map(len, rows))
-    pad = tokenizer.pad_token_id
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    labels = torch.full((len(rows), width), -100, dtype=torch.long)
-    for i, (r, s) in enumerate(zip(rows, starts)):
-        ids[i, : len(r)] = torch.tensor(r)
-        mask[i, : len(r)] = 1
-        labels[i, s: len(r)] = torch.tensor(r[s:])
-    return Batch(ids, mask, labels)
-
-
-def answer_loss(model: Any, batch: Batch) -> torch.Tensor:
-    """Mean next-token cross-entropy over the answer tokens."""
-    logits = model(input_ids=batch.ids, attention_mask=batch.mask).logits  # [N, T, V]
-    return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), batch.labels[:, 1:].flatten())
-
-
-@torch.no_grad()
-def evaluate(model: Any, batch: Batch, chunk: int = 256) -> dict[str, float]:
-    """Answer-token loss and exact-answer accuracy (every answer token greedy-correct)."""
-    total, tokens, correct = 0.0, 0, 0
-    for start in range(0, len(batch), chunk):
-        b = batch.rows(torch.arange(start, min(start + chunk, len(batch))))
-        logits = model(input_ids=b.ids, attention_mask=b.mask).logits[:, :-1].float()
-        target = b.labels[:, 1:]
-        keep = target != -100
-        total += float(torch.nn.functional.cross_entropy(logits[keep], target[keep], reduction="sum"))
-        tokens += int(keep.sum())
-        hit = (logits.argmax(-1) == target) | ~keep
-        correct += int(hit.all(dim=1).sum())
-    return {"loss": total / max(tokens, 1), "acc": correct / max(len(batch), 1)}
+    return encode_answers([(e.prompt, e.answer) for e in examples], tokenizer)

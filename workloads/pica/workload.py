@@ -10,6 +10,7 @@ from typing import Any, Literal
 import torch
 
 from orchestrator.basemodel import base_world, check_base, load_base
+from orchestrator.run import fraction_steps, pinned_threads
 from workloads.pica import data
 from workloads.pica.adapter import (
     PiCa, count_at_depths, decoder_linears, full_gradients, gradient_energy, merge, shared_gradient_error, span_residual, trainable_count,
@@ -136,19 +137,10 @@ def lr_factor(step: int, cfg: Config) -> float:
     return 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, cfg.steps - warm)))
 
 
-def fractions(steps: int, frac: float) -> set[int]:
-    return {min(steps, max(1, round(j * frac * steps))) for j in range(1, math.ceil(1 / frac) + 1)}
-
-
 def train(cfg: Config, run: Any) -> dict[str, float]:
     validate(cfg, run.world_size)
-    previous = torch.get_num_threads()
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    try:
+    with pinned_threads(cfg.threads):
         return _train(cfg, run)
-    finally:
-        torch.set_num_threads(previous)
 
 
 def _train(cfg: Config, run: Any) -> dict[str, float]:
@@ -179,7 +171,7 @@ def _train(cfg: Config, run: Any) -> dict[str, float]:
         optimizer.load_state_dict(state["optimizer"])
         gen.set_state(state["gen"])
         start = int(state["step"])
-    save_at = fractions(cfg.steps, cfg.checkpoint_every_frac)
+    save_at = fraction_steps(cfg.steps, cfg.checkpoint_every_frac)
 
     model.train()
     held = {"loss": math.nan, "acc": math.nan}

@@ -10,6 +10,7 @@ from typing import Any, Iterator, Literal
 import torch
 
 from orchestrator.basemodel import base_world, check_base, load_base, lora
+from orchestrator.run import pinned_threads
 from workloads.plop.data import TASKS, answer_loss, encode, evaluate, split
 from workloads.plop.nfn import by_type, kendall_tau, score_modules, select
 from workloads.plop.placement import PLACEMENTS, match_ranks, placement_types, type_costs
@@ -149,13 +150,8 @@ def score_task(cfg: Config, model: torch.nn.Module, tokenizer: Any, train_set: l
 
 def train(cfg: Config, run) -> dict[str, float]:
     validate(cfg, run.world_size)
-    previous = torch.get_num_threads()
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    try:
+    with pinned_threads(cfg.threads):
         return _train(cfg, run)
-    finally:
-        torch.set_num_threads(previous)
 
 
 def _train(cfg: Config, run) -> dict[str, float]:

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from orchestrator.run import pinned_threads
 
 from workloads.swd_rl.learners import Learner, actor_step, critic_loss, make_learner, soft_update
 from workloads.swd_rl.config import Config, require_env, smoke, validate
@@ -126,13 +127,8 @@ def probe(learner: Learner, buffer: ReplayBuffer, norm: RunningNorm, cfg: Config
 def train(cfg: Config, run) -> dict[str, float]:
     validate(cfg, run.world_size)
     require_env(cfg.env_id)
-    previous = torch.get_num_threads()
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    try:
+    with pinned_threads(cfg.threads):
         return _train(cfg, run)
-    finally:
-        torch.set_num_threads(previous)
 
 
 def _train(cfg: Config, run) -> dict[str, float]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+from orchestrator.run import fraction_steps, pinned_threads
 
 from workloads.tubal_fgd.problem import (
     Problem, adjoint, make_problem, measure, relative_error, small_init, spectral_init,
@@ -137,10 +138,6 @@ def curve_steps(steps: int, points: int) -> list[int]:
     return sorted(s for s in grid if 0 <= s <= steps)
 
 
-def fractions(steps: int, frac: float) -> set[int]:
-    return {min(steps, max(1, round(j * frac * steps))) for j in range(1, math.ceil(1 / frac) + 1)}
-
-
 class Tracker:
     """The best iterate (by the true error) and the early-stopped one (by the validation loss)."""
 
@@ -176,13 +173,8 @@ def initial_factor(cfg: Config, problem: Problem) -> torch.Tensor:
 
 def train(cfg: Config, run) -> dict[str, float]:
     validate(cfg, run.world_size)
-    previous = torch.get_num_threads()
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    try:
+    with pinned_threads(cfg.threads):
         return _train(cfg, run)
-    finally:
-        torch.set_num_threads(previous)
 
 
 def _train(cfg: Config, run) -> dict[str, float]:
@@ -196,7 +188,7 @@ def _train(cfg: Config, run) -> dict[str, float]:
     tracker = Tracker(cfg.es_patience)
     curve: dict[int, float] = {}
     keep_curve = set(curve_steps(cfg.steps, cfg.curve_points))
-    save_at = fractions(cfg.steps, cfg.checkpoint_every_frac)
+    save_at = fraction_steps(cfg.steps, cfg.checkpoint_every_frac)
 
     start, diverged = 0, False
     state = run.restore()

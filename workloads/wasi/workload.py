@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from workloads.wasi.data import TRANSFERS, Split, augment_batch, load_digits, make_splits
 from workloads.wasi.measure import measure_step, probe_ranks, subspace_diagnostics
 from workloads.wasi.model import ViT, WASILinear, new_head, to_wasi
+from orchestrator.run import fraction_steps, pinned_threads
 
 METHODS = ("vanilla", "wasi")
 
@@ -194,10 +195,6 @@ def build_model(cfg: Config, classes: int) -> ViT:
     return ViT(cfg.image_size, cfg.patch, cfg.dim, cfg.depth, cfg.heads, cfg.mlp_ratio, classes, cfg.init_std)
 
 
-def _marks(steps: int, frac: float) -> set[int]:
-    return {min(steps, max(1, round(j * frac * steps))) for j in range(1, math.ceil(1 / frac) + 1)} | {steps}
-
-
 def cosine(step: int, steps: int, warmup: int = 0) -> float:
     if step <= warmup:
         return step / max(1, warmup)
@@ -267,13 +264,8 @@ def _pretrain_key(cfg: Config) -> tuple:
 
 def train(cfg: Config, run) -> dict[str, float]:
     validate(cfg, run.world_size)
-    threads = torch.get_num_threads()
-    if cfg.threads > 0:
-        torch.set_num_threads(cfg.threads)
-    try:
+    with pinned_threads(cfg.threads):
         return _train(cfg, run)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _train(cfg: Config, run) -> dict[str, float]:
@@ -312,7 +304,7 @@ def _pretrain(cfg: Config, run, model: ViT, data: Split, state: dict | None, tot
         shifts.set_state(state["shifts"])
         start = int(state["step"])
     steps = cfg.pretrain_steps
-    eval_at, save_at = _marks(steps, cfg.eval_every_frac), _marks(steps, cfg.checkpoint_every_frac)
+    eval_at, save_at = fraction_steps(steps, cfg.eval_every_frac), fraction_steps(steps, cfg.checkpoint_every_frac)
     window, window_n, metrics = 0.0, 0, {}
     for step in range(start + 1, steps + 1):
         for group in optimizer.param_groups:
@@ -362,8 +354,8 @@ def _finetune(cfg: Config, run, model: ViT, data: Split, state: dict | None, tot
     steps = cfg.finetune_steps
     x_test, y_test = test_set(data, cfg)
     acc0 = accuracy(model, x_test, y_test) if state is None else math.nan
-    eval_at = {cfg.pretrain_steps + s for s in _marks(steps, cfg.eval_every_frac)}
-    save_at = {cfg.pretrain_steps + s for s in _marks(steps, cfg.checkpoint_every_frac)}
+    eval_at = {cfg.pretrain_steps + s for s in fraction_steps(steps, cfg.eval_every_frac)}
+    save_at = {cfg.pretrain_steps + s for s in fraction_steps(steps, cfg.checkpoint_every_frac)}
     window, window_n, drift, test_acc, train_loss = 0.0, 0, math.nan, math.nan, math.nan
     started = time.perf_counter()
     for step in range(start + 1, total + 1):
