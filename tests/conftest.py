@@ -23,6 +23,23 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 REPO = Path(__file__).resolve().parents[1]
 LADDER = [sys.executable, "-m", "orchestrator.cli"]
 
+from orchestrator.run import LocalRun  # noqa: E402  (after the environment above: torch reads it at import)
+
+
+class DiesAtSave(LocalRun):
+    """A LocalRun killed (KeyboardInterrupt) right after its `at`-th checkpoint is written: what a
+    SIGKILL between a save and the next step leaves behind, in-process."""
+
+    def __init__(self, *args, at: int = 1, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.at, self.saves = at, 0
+
+    def save(self, state):
+        super().save(state)
+        self.saves += 1
+        if self.saves == self.at:
+            raise KeyboardInterrupt
+
 
 @pytest.fixture(scope="session", autouse=True)
 def ladder_cache(tmp_path_factory) -> Path:

@@ -17,6 +17,7 @@ from workloads.car_lora.claims import (
     car_beats_plain_on_most_damaging, car_near_per_scheme, car_not_below_plain_drift, car_not_below_plain_heldout,
 )
 from workloads.car_lora.data import RELATION_WORDS, encode, task_examples
+from conftest import DiesAtSave
 
 # --- operators against hand-computed values ----------------------------------------------------
 
@@ -294,13 +295,8 @@ def test_killed_run_resumes_to_the_same_adapter(tmp_path, tiny_base):
     cfg = dataclasses.replace(smoke(), steps=6, car_steps_factor=2.0, drift=False, checkpoint_every_frac=0.5)
     whole = train(cfg, LocalRun(tmp_path / "whole"))
 
-    class Dies(LocalRun):
-        def save(self, state):
-            super().save(state)
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        train(cfg, Dies(tmp_path / "cut"))
+        train(cfg, DiesAtSave(tmp_path / "cut"))
     resumed = LocalRun(tmp_path / "cut")
     again = train(cfg, resumed)
     assert resumed.restored_step == 6

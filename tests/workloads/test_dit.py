@@ -14,13 +14,14 @@ from orchestrator.basemodel import load_base
 from orchestrator.basemodel.adapters import LLAMA_LINEAR_TYPES
 from orchestrator.basemodel.corpus import TOPICS
 from orchestrator.run import LocalRun
-from workloads.dit import CLAIMS, Config, plot, smoke, train, validate
+from workloads.dit import CLAIMS, Config, plot, train, validate
 from workloads.dit.claims import (
     diffs_plant_their_behaviour, dit_beats_asking, dit_names_new_diffs, no_consistent_topic_without_diff,
 )
 from workloads.dit.data import diff_rows, make_task, pad
 from workloads.dit.evaluate import answer_logits, diff_metrics, hits, kl_rows
 from workloads.dit.model import DiffLinear, merged_weight, new_bank, wrap
+from conftest import DiesAtSave
 
 
 def tiny(**kw) -> Config:
@@ -223,18 +224,6 @@ def test_unknown_target_and_question_words_fail_before_training(tmp_path, ladder
 
 
 # --- resumption ---------------------------------------------------------------------------------
-
-
-class DiesAtSave(LocalRun):
-    def __init__(self, *args, at: int, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.at, self.saves = at, 0
-
-    def save(self, state):
-        super().save(state)
-        self.saves += 1
-        if self.saves == self.at:
-            raise KeyboardInterrupt
 
 
 def test_killed_run_resumes_mid_group_and_mid_adapter_where_a_whole_one_ends(tmp_path):

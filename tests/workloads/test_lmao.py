@@ -14,6 +14,7 @@ from orchestrator.run import LocalRun
 from workloads.lmao import CLAIMS, Config, plot, smoke, train, validate
 from workloads.lmao import data, zo
 from workloads.lmao.claims import lmao_beats_lora_and_mezo, no_base_grad_after_zo, three_forwards_one_backward
+from conftest import DiesAtSave
 
 
 def params(seed: int = 0) -> list[torch.Tensor]:
@@ -157,13 +158,8 @@ def test_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path, tiny_base):
     cfg = dataclasses.replace(smoke(), steps=8, eval_every=4, log_every=2, checkpoint_every_frac=0.5)
     whole = train(cfg, LocalRun(tmp_path / "whole"))
 
-    class Dies(LocalRun):
-        def save(self, state):
-            super().save(state)
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        train(cfg, Dies(tmp_path / "cut"))
+        train(cfg, DiesAtSave(tmp_path / "cut"))
     resumed = LocalRun(tmp_path / "cut")
     again = train(cfg, resumed)
     assert resumed.restored_step == 4

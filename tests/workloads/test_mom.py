@@ -19,6 +19,7 @@ from workloads.mom.claims import mom_recalls_more_than_single_memory, state_cons
 from workloads.mom.memory import chunked, load_balancing_loss, recurrent_reference, route
 from workloads.mom.model import LM, MemoryMixer, param_count, state_bytes
 from workloads.mom.workload import build_model, count_params, matched_mlp_hidden, measure_state
+from conftest import DiesAtSave
 
 f64 = torch.float64
 
@@ -253,13 +254,8 @@ def test_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
     cfg = tiny()
     whole = train(cfg, LocalRun(tmp_path / "whole"))
 
-    class Dies(LocalRun):
-        def save(self, state):
-            super().save(state)
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        train(cfg, Dies(tmp_path / "cut"))
+        train(cfg, DiesAtSave(tmp_path / "cut"))
     resumed = LocalRun(tmp_path / "cut")
     again = train(cfg, resumed)
     assert resumed.restored_step == cfg.steps // 2

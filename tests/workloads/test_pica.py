@@ -14,7 +14,7 @@ from orchestrator.run import LocalRun
 from workloads.pica import CLAIMS, Config, plot, smoke, train, validate
 from workloads.pica import data
 from workloads.pica.adapter import (
-    PiCa, column_projector, count_at_depths, decoder_linears, merge, random_projector, shared_gradient_error,
+    PiCa, column_projector, count_at_depths, merge, random_projector, shared_gradient_error,
     span_residual, trainable_count,
 )
 from workloads.pica.claims import (
@@ -22,6 +22,7 @@ from workloads.pica.claims import (
     trainable_count_independent_of_depth, update_in_span_of_p,
 )
 from workloads.pica.workload import DEPTH_PREFIX, UNSHARED_PREFIX, check_model
+from conftest import DiesAtSave
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "up_proj", "down_proj")
 D_OUT = {"q_proj": 64, "k_proj": 32, "v_proj": 32, "up_proj": 176, "down_proj": 64}  # tiny-local's shapes
@@ -183,13 +184,8 @@ def test_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path, tiny_base):
                               exact_checks=False, count_depths=(1,))
     whole = train(cfg, LocalRun(tmp_path / "whole"))
 
-    class Dies(LocalRun):
-        def save(self, state):
-            super().save(state)
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        train(cfg, Dies(tmp_path / "cut"))
+        train(cfg, DiesAtSave(tmp_path / "cut"))
     resumed = LocalRun(tmp_path / "cut")
     again = train(cfg, resumed)
     assert resumed.restored_step == 6

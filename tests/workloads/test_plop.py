@@ -22,6 +22,7 @@ from workloads.plop.nfn import (
 )
 from workloads.plop.placement import block_types, match_ranks, placement_types, reachable, type_costs
 from workloads.plop.workload import nfn_batches
+from conftest import DiesAtSave
 
 TYPES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -270,13 +271,8 @@ def test_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path, tiny_base):
     cfg = short(base=str(tiny_base), placement="attention")
     whole = train(cfg, LocalRun(tmp_path / "whole"))
 
-    class Dies(LocalRun):
-        def save(self, state):
-            super().save(state)
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        train(cfg, Dies(tmp_path / "cut"))
+        train(cfg, DiesAtSave(tmp_path / "cut"))
     resumed = LocalRun(tmp_path / "cut")
     again = train(cfg, resumed)
     assert resumed.restored_step == 8

@@ -21,6 +21,7 @@ from workloads.tubal_fgd.tensor import (
     t_gram, t_identity, t_product, t_transpose, top_factor, tubal_rank,
 )
 from workloads.tubal_fgd.workload import CURVE_PREFIX, Tracker, curve_steps, measurements
+from conftest import DiesAtSave
 
 f64 = torch.float64
 
@@ -220,13 +221,8 @@ def test_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
     cfg = tiny(noise_std=0.1, factor_rank=3, checkpoint_every_frac=0.5)
     whole = train(cfg, LocalRun(tmp_path / "whole"))
 
-    class Dies(LocalRun):
-        def save(self, state):
-            super().save(state)
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        train(cfg, Dies(tmp_path / "cut"))
+        train(cfg, DiesAtSave(tmp_path / "cut"))
     resumed = LocalRun(tmp_path / "cut")
     again = train(cfg, resumed)
     assert resumed.restored_step == cfg.steps // 2
