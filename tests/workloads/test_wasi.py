@@ -466,11 +466,6 @@ def test_plot_writes_a_png(tmp_path):
 
 # --- the reproduction -------------------------------------------------------------------------
 
-SMOKE_GAP_BOUND = 10.0
-"""Points: a sanity bound, not the claim. The paired gaps measured at smoke size ran from about -1
-to 7.4 points (seeds 0-5); a WASI that does not train at all trails by tens of points."""
-
-
 @pytest.mark.slow
 def test_smoke_reproduction(workdir):
     from orchestrator.reproduce import reproduce
@@ -485,10 +480,5 @@ def test_smoke_reproduction(workdir):
     memory = claims["memory_ten_times_lower"].measured
     assert memory["eps0.8_r16x8x16/whole_step_ratio"] < memory["eps0.8_r16x8x16/min_ratio"]
     accuracy = claims["accuracy_within_one_point"]
-    gap = accuracy.measured["eps0.8_r16x8x16/gap_pts"]
-    assert math.isfinite(gap) and gap < SMOKE_GAP_BOUND, accuracy.measured  # WASI trains, at least
-    assert accuracy.measured["eps0.8_r16x8x16/acc"] > 0.8, accuracy.measured
-    if not accuracy.holds:
-        pytest.xfail(f"accuracy within 1 point of vanilla does not hold at smoke size: mean gap {gap:.2f} "
-                     f"points over seeds 0 and 1 ({accuracy.measured}); WASI's compressed gradients train "
-                     f"the small ViT more slowly, and 200 fine-tuning steps do not close the gap")
+    assert accuracy.holds, accuracy.measured
+    assert accuracy.measured["eps0.8_r16x8x16/acc"] > 0.9, accuracy.measured

@@ -117,7 +117,7 @@ class Config:
 def smoke() -> Config:
     """CPU-sized: 16x16 digits in 4x4 patches (17 tokens), width 48, 2 blocks, fine-tuning batch
     128 (the paper's), 100 pretraining and 60 fine-tuning steps: a few seconds. The reproduction
-    (sweeps/repro/wasi.py) trains it 300 + 200 steps.
+    (sweeps/repro/wasi.py) trains it 300 + 400 steps.
 
     Activation ranks (16, 8, 16) with the sequential Tucker keep the linear layers' saved bytes
     about 14x below vanilla and the step's flops about 0.7x. AdamW rather than the paper's plain
