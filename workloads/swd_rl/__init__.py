@@ -14,9 +14,11 @@ batches, a paired probe (the gradient norms of batches drawn by every sampler fr
 own buffer and networks), and the effective ranks of the critic's features and of its NTK Gram
 matrix. Pendulum-v1 is the CI size; the MuJoCo tasks (the `mujoco` extra) are the cluster's.
 
-The claims: late in training the critic's gradient norm is ordered reverse < uniform < SWD, on
-the arms' own training batches and in the paired probe; SWD's final return is not below uniform's
-beyond seed noise, judged only on the full configuration (MuJoCo, several seeds).
+The claims: late in training the critic's gradient norm on each arm's own training batches is
+ordered reverse < uniform < SWD (the paired probe is reported beside it, not judged); SWD's final
+return is not below uniform's beyond seed noise, judged only on the full configuration (MuJoCo,
+several seeds). At the sizes a CPU runs the measured gradient ordering is the opposite (see
+`claims`): the paper states it for million-step MuJoCo runs.
 """
 
 from workloads.swd_rl.claims import CLAIMS, plot
