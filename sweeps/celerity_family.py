@@ -24,7 +24,10 @@ end, and 48 and 64 come within seed noise of each other only after 40%. Final ev
 1.456 / 1.502 (48), 1.301 / 1.295 (64), 1.213 / 1.202 (80).
 Dividing by the final loss is the paper's normalization; subtracting an irreducible-loss offset E
 first, (L - E) / (L(T) - E), flattens the width order near E = 0.7 but still leaves the width range
-1.2x (E = 0.5) to 2x the seed range. The paper reports collapse at 0.3B-3.9B parameters; the
+1.2x (E = 0.5) to 2x the seed range. The recipe's batch law is not what separates the widths:
+holding every member at the proxy's batch of 32 (48/64/80, TPP 80, tau 0.2, 2 seeds) is far worse,
+a width range of 0.093 / 0.072 / 0.034 at t = 0.2 / 0.3 / 0.4 against a seed range of
+0.015 / 0.015 / 0.017. The paper reports collapse at 0.3B-3.9B parameters; the
 cluster-size family (0.14B-1.31B) is `sweeps/celerity_family_cluster.py`.
 """
 
