@@ -44,7 +44,8 @@ def encode_answers(pairs: list[tuple[str, str]], tokenizer: Any) -> AnswerBatch:
         rows.append(full)
         starts.append(len(prompt))
     width = max(map(len, rows))
-    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0  # padding is masked out
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     labels = torch.full((len(rows), width), -100, dtype=torch.long)
     for i, (r, s) in enumerate(zip(rows, starts)):

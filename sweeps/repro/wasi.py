@@ -17,7 +17,7 @@ digits with ten seeds.
 
 from __future__ import annotations
 
-from orchestrator.sweep import Sweep, seeds
+from orchestrator.sweep import Sweep
 
 SMOKE_SEEDS = 2
 FULL_SEEDS = 10

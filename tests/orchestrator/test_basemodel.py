@@ -198,3 +198,18 @@ def test_answer_batches_label_only_the_answer_and_score_it_in_chunks(tiny_base):
     assert answer_loss(model, batch).item() == pytest.approx(whole["loss"], rel=1e-5)
     with pytest.raises(ValueError, match="cannot tell the answer tokens apart"):
         encode_answers([("the pet of ada is", "")], tok)
+
+
+def test_answer_batches_pad_for_a_tokenizer_without_a_pad_token(tiny_base):
+    """Many real checkpoints' tokenizers have no pad token: rows are padded with id 0 and masked."""
+    from orchestrator.basemodel.answers import encode_answers
+
+    _, tok = load_base("tiny-local")
+    padded = encode_answers([("the pet of ada is", "cat"), ("a", "b c d")], tok)
+    tok.pad_token = None
+    assert tok.pad_token_id is None
+    unpadded = encode_answers([("the pet of ada is", "cat"), ("a", "b c d")], tok)
+    real = padded.mask.bool()
+    assert bool((unpadded.ids[~real] == 0).all()) and bool((~real).any())
+    assert unpadded.ids[real].tolist() == padded.ids[real].tolist()
+    assert unpadded.mask.tolist() == padded.mask.tolist() and unpadded.labels.tolist() == padded.labels.tolist()

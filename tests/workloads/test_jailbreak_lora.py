@@ -15,14 +15,14 @@ import torch
 
 from orchestrator.basemodel import base_world, load_base, lora
 from orchestrator.cli import main
-from workloads.jailbreak_lora import CLAIMS, Config, plot, smoke, validate
+from workloads.jailbreak_lora import CLAIMS, plot, smoke, validate
 from workloads.jailbreak_lora.audit import (
     THRESHOLD, AdapterError, audit, format_report, read_adapter, singular_values, spectral_stats,
 )
 from workloads.jailbreak_lora.claims import (
     audit_flags_the_backdoor, method_keeps_utility, persistence, trigger_fires_only_with_trigger,
 )
-from workloads.jailbreak_lora.data import QA_HELDOUT, Example, lm_batch, task_sets, triggered
+from workloads.jailbreak_lora.data import QA_HELDOUT, Example, lm_batch, task_sets
 from workloads.jailbreak_lora.evaluate import Probe, decoder_linears, greedy, merged_copy
 from workloads.jailbreak_lora.method import Uncertainty, backward, pcgrad, task_losses
 from workloads.jailbreak_lora.workload import _loss_sets

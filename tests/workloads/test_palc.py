@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from orchestrator.basemodel import base_world, load_base
-from workloads.palc import CLAIMS, Config, plot, smoke, validate
+from workloads.palc import CLAIMS, plot, smoke, validate
 from workloads.palc.claims import (
     base_untouched, gamma_zero_is_base, latency_within_budget, preference_accuracy_rises, share_rises_with_gamma,
 )

@@ -3,7 +3,6 @@ the model names when asked the DIT question with or without a diff and the adapt
 
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn.functional as F

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from orchestrator.basemodel.answers import encode_answers
 from orchestrator.basemodel.corpus import Example, World, arithmetic_example
 
 TASKS = ("attr_query", "fact_query", "sub_mod", "mul_mod")
@@ -61,26 +62,9 @@ def split(world: World, task: str, *, heldout_frac: float, seed: int, modulus: i
 
 def encode(examples: list[Example], tokenizer: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded ids [N, T] of `prompt answer`, their attention mask [N, T], and the target
-    mask [N, T]: 1 where the token is part of the answer (predicted from the position before)."""
-    rows, starts = [], []
-    for e in examples:
-        prompt = tokenizer(e.prompt).input_ids
-        full = tokenizer(f"{e.prompt} {e.answer}").input_ids
-        if full[: len(prompt)] != prompt or len(full) == len(prompt):
-            raise ValueError(f"the tokenizer does not split {e.prompt!r} + {e.answer!r} at the answer: "
-                             f"the prompt's tokens must be a prefix of the whole text's")
-        rows.append(full)
-        starts.append(len(prompt))
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    width = max(map(len, rows))
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    target = torch.zeros((len(rows), width), dtype=torch.bool)
-    for i, (r, s) in enumerate(zip(rows, starts)):
-        ids[i, : len(r)] = torch.tensor(r)
-        mask[i, : len(r)] = 1
-        target[i, s: len(r)] = True
-    return ids, mask, target
+    mask [N, T]: True where the token is part of the answer (predicted from the position before)."""
+    batch = encode_answers([(e.prompt, e.answer) for e in examples], tokenizer)
+    return batch.ids, batch.mask, batch.labels != -100
 
 
 def answer_loss(logits: torch.Tensor, ids: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
