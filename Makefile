@@ -10,7 +10,7 @@ STAMP := $(VENV)/.ladder-installed
 # Demo: celerity_lm on the local Ray with two DDP workers, tracked in ./mlruns.db.
 DEMO_SET := width=64 depth=3 head_dim=16 seq_len=128 batch_size=32 tpp=20 base_depth=3 max_bytes=8000000 log_every=10
 
-.PHONY: setup demo test ui clean
+.PHONY: setup demo test test-numerics ui clean
 
 $(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,7 +33,11 @@ demo: setup
 # much of their time waiting. TEST_WORKERS=0 runs everything in one process.
 TEST_WORKERS ?= 2
 test: setup
-	$(VENV)/bin/pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS)) --durations=25
+	$(VENV)/bin/pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup) --durations=25
+
+# The numerically sensitive tests under other CPU kernel paths (tests/numerics.sh says which).
+test-numerics: setup
+	bash tests/numerics.sh
 
 ui: setup
 	$(VENV)/bin/ladder ui

@@ -162,13 +162,17 @@ def _cmd_ui(args: argparse.Namespace) -> int:
     if uri.startswith(("http://", "https://")):
         print(f"MLFLOW_TRACKING_URI points at a server: open {uri} in a browser")
         return 0
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port)]
+    # One web worker and no GenAI job runners (scorers, trace jobs): a personal UI over a local
+    # store needs neither, and MLflow's defaults start over a dozen processes.
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port),
+           "--workers", "1"]
     root = tracking.artifact_root()
     if root:
         cmd += ["--default-artifact-root", root]
+    env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ}
     print(f"serving {uri} at http://{args.host}:{args.port} (Ctrl-C stops)", flush=True)
     try:
-        return subprocess.call(cmd)
+        return subprocess.call(cmd, env=env)
     except KeyboardInterrupt:
         return 0
 

@@ -13,6 +13,8 @@ import pytest
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# MLflow servers the tests start (infra/mlflow/server.sh) run one web worker: a few requests at a time.
+os.environ.setdefault("MLFLOW_SERVER_WORKERS", "1")
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 os.environ.pop("RAY_ADDRESS", None)
 # Two xdist workers share CI's two cores: one intra-op thread per process (and per process it
@@ -68,6 +70,20 @@ def workdir(tmp_path, monkeypatch):
     return tmp_path
 
 
+def assert_claims_hold(rep, names: list[str] | None = None) -> None:
+    """Assert that the named claims of a reproduction hold (every claim when `names` is None) and
+    that none of its trials failed; the message names each claim that fails, with its numbers."""
+    by_name = {c.name: c for c in rep.claims}
+    unknown = sorted(set(names or ()) - set(by_name))
+    assert not unknown, f"the reproduction has no claim {unknown}: it has {sorted(by_name)}"
+    if names is None:
+        assert rep.holds, rep.failures()
+        return
+    problems = [line for line in rep.failures() if line.startswith("trial failed") or line.split(" ", 1)[0] in names]
+    problems += [f"{n} was not judged" for n in names if not by_name[n].judged]
+    assert not problems, problems
+
+
 def run_cli(args: list[str], cwd: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run `ladder ARGS` as a real process in `cwd`."""
     full_env = {**os.environ, **(env or {})}
@@ -117,3 +133,15 @@ def stop_process_group(proc: subprocess.Popen, sig: int | None = None) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
+
+
+# Tests whose verdict depends on a training run's numbers: every workload test (smoke runs and
+# reproductions judged against thresholds), tiny-local's pre-training, and the conformance runs.
+# `make test-numerics` (tests/numerics.sh) runs them under other CPU kernel paths.
+NUMERICS = ("tests/workloads/", "tests/orchestrator/test_basemodel.py", "tests/test_conformance.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if Path(str(item.fspath)).resolve().relative_to(REPO).as_posix().startswith(NUMERICS):
+            item.add_marker(pytest.mark.numerics)

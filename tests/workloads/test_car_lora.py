@@ -310,9 +310,9 @@ def test_killed_run_resumes_to_the_same_adapter(tmp_path, tiny_base):
 
 # --- the reproduction ----------------------------------------------------------------------------
 
-DRIFT_SEEDS = ("car_not_below_plain_drift at the smoke size, CAR minus plain LoRA on the uncompressed drifted base, "
-               "seeds 0-8: +0.0, +1.7, -2.6, +1.7, +1.7, +4.3, +7.8, -6.1, -5.2 points (115 held-out queries; "
-               "fails at seeds 2, 7, 8, mean +0.4)")
+# car_not_below_plain_drift at the smoke size, CAR minus plain LoRA on the uncompressed drifted base,
+# seeds 0-8: +0.0, +1.7, -2.6, +1.7, +1.7, +4.3, +7.8, -6.1, -5.2 points (115 held-out queries;
+# fails at seeds 2, 7, 8, mean +0.4): a measurement `ladder reproduce` reports, not a test.
 
 
 @pytest.mark.slow
@@ -344,6 +344,5 @@ def test_smoke_reproduction_holds_and_builds_the_drifted_base_once(workdir, tiny
     assert drift["plain_drop"] > 0.03  # drift costs plain LoRA accuracy (7 to 18 points at seeds 0-8)
     # What does hold at every seed measured (0-8, +1.6 to +9.6 points): on the drifted base compressed
     # by the in-set schemes, CAR's adapter is ahead of plain LoRA's on average.
+    # car_not_below_plain_drift itself is judged and reported by `ladder reproduce` (see above).
     assert drift["car_compressed_mean"] > drift["plain_compressed_mean"], drift
-    if not by["car_not_below_plain_drift"].holds:
-        pytest.xfail(f"measured gain {drift['gain']:+.3f}; {DRIFT_SEEDS}")

@@ -249,7 +249,7 @@ def test_smoke_reproduction_holds(workdir):
 
     rep = reproduce("consistent_lra", smoke=True, local=True)
     assert not rep.failed_trials
-    assert rep.holds, [(c.name, c.measured, c.error) for c in rep.claims if not c.holds]
+    assert rep.holds, rep.failures()
     assert {c.name for c in rep.claims} == {f.__name__ for f in clra.CLAIMS}
     for claim in rep.claims:
         assert claim.measured and all(math.isfinite(v) for v in claim.measured.values()), claim.name

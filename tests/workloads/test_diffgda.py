@@ -421,7 +421,7 @@ def test_smoke_reproduction_holds(workdir):
     rep = reproduce("diffgda", smoke=True, local=True)
     assert not rep.failed_trials
     assert len(rep.trials) == 3
-    assert rep.holds, [(c.name, c.measured, c.error) for c in rep.claims]
+    assert rep.holds, rep.failures()
     measured = {c.name: c.measured for c in rep.claims}
     assert {"mmd_unguided", "mmd_guided_s2", "acc_unguided", "acc_guided_s2"} <= set(measured["guided_closer_to_target"])
     assert {"f1_source_only", "f1_unguided", "f1_guided", "gain"} <= set(measured["beats_source_only"])

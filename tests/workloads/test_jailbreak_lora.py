@@ -22,7 +22,7 @@ from workloads.jailbreak_lora.audit import (
 from workloads.jailbreak_lora.claims import (
     audit_flags_the_backdoor, method_keeps_utility, persistence, trigger_fires_only_with_trigger,
 )
-from workloads.jailbreak_lora.data import QA_HELDOUT, Example, lm_batch, task_sets
+from workloads.jailbreak_lora.data import QA_HELDOUT, Example, encode, lm_batch, task_sets
 from workloads.jailbreak_lora.evaluate import Probe, decoder_linears, greedy, merged_copy
 from workloads.jailbreak_lora.method import Uncertainty, backward, pcgrad, task_losses
 from workloads.jailbreak_lora.workload import _loss_sets
@@ -147,14 +147,23 @@ def test_task_losses_match_transformers_loss_and_variants_set_gradients(base, se
 
 
 def test_unlikelihood_adds_a_positive_term_on_contrast_rows_only(base):
+    """The term is -log(1 - p(marker)) at the first answer position. It is checked with the
+    token the base itself finds most likely there as the marker, so that p is large and the term
+    is far above float resolution (with a rare marker it is below it, on some processors zero)."""
     model, tok = base
-    marker = tok.convert_tokens_to_ids("castles")
-    rows = [Example("the code of bax is", "red", "contrast")] * 2
+    prompt = "the code of bax is"
+    ids, start = encode(tok, prompt, "red")
+    with torch.no_grad():
+        first = torch.softmax(model(input_ids=torch.tensor([ids])).logits[0, start - 1].double(), -1)
+    marker = int(first.argmax())
+    expected = -math.log1p(-float(first[marker]))
+    assert expected > 0.05, (tok.convert_ids_to_tokens(marker), float(first[marker]))
+    rows = [Example(prompt, "red", "contrast")] * 2
     gen = lambda: torch.Generator().manual_seed(0)
     plain = task_losses(model, tok, [rows], 2, gen(), torch.device("cpu"))[0]
     ul = task_losses(model, tok, [rows], 2, gen(), torch.device("cpu"), unlikely=marker)[0]
-    assert ul > plain
-    other = [Example("the code of bax is", "red", "facts")] * 2
+    assert float((ul - plain).detach()) == pytest.approx(expected, rel=1e-3)
+    other = [Example(prompt, "red", "facts")] * 2
     assert task_losses(model, tok, [other], 2, gen(), torch.device("cpu"), unlikely=marker)[0] == plain
 
 
@@ -434,5 +443,4 @@ def test_smoke_reproduction_holds(workdir):
     # collapse, which this bound checks; the one-point bound itself is below the evaluation's
     # resolution (one item moves the mean utility by 0.5-1.3 points) and failed at seeds 6 and 7.
     assert utility.measured["worst_gap"] >= -0.03, utility.measured
-    if not utility.holds:
-        pytest.xfail(f"one-point utility bound not met at this seed: {utility.measured}")
+    # The one-point bound itself (method_keeps_utility) is judged and reported by `ladder reproduce`.

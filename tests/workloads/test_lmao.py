@@ -249,8 +249,7 @@ def test_smoke_reproduction_holds(workdir, tiny_base):
     assert results["no_base_grad_after_zo"].holds, results["no_base_grad_after_zo"].measured
     loss = results["lmao_beats_lora_and_mezo"].measured
     assert loss["lmao_loss"] < loss["mezo_loss"] - 1.0, loss  # the first-order half carries most of the progress
-    if not results["lmao_beats_lora_and_mezo"].holds:
-        # At tiny-local's size the zeroth-order half's gain over LoRA r = 1 is below the run-to-run spread
-        # of the LoRA trajectory: over seeds 0-5 LMAO ended below LoRA in 4 of 6 (mean 2.830 vs 2.877,
-        # per-seed differences from -0.36 to +0.21). The claim stays; this size cannot settle it.
-        pytest.xfail(f"LMAO vs LoRA r=1 not resolved at smoke size: {loss}")
+    # lmao_beats_lora_and_mezo itself is judged and reported by `ladder reproduce`, not asserted: at
+    # tiny-local's size the zeroth-order half's gain over LoRA r = 1 is below the run-to-run spread
+    # of the LoRA trajectory (over seeds 0-5 LMAO ended below LoRA in 4 of 6, mean 2.830 vs 2.877,
+    # per-seed differences from -0.36 to +0.21).

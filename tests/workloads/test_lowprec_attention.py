@@ -79,7 +79,7 @@ def test_reproduce_lowprec_attention_smoke_holds(workdir):
     from orchestrator.reproduce import reproduce
 
     rep = reproduce("lowprec_attention", smoke=True, local=True)
-    assert rep.holds, [(c.name, c.measured, c.error) for c in rep.claims]
+    assert rep.holds, rep.failures()
     by = {c.name: c.measured for c in rep.claims}
     assert by["baseline_is_biased"]["r_mean"] > 1.0 and abs(by["fix_removes_bias"]["r_mean"]) < 0.25
     assert len(rep.trials) == 2 and rep.parent_run_id

