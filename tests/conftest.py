@@ -145,3 +145,30 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if Path(str(item.fspath)).resolve().relative_to(REPO).as_posix().startswith(NUMERICS):
             item.add_marker(pytest.mark.numerics)
+
+
+_prebuild: subprocess.Popen | None = None
+
+
+def pytest_sessionstart(session):
+    """Under xdist, the controller starts tiny-local's pre-training (a minute or two of one core)
+    in a process of its own as the session starts, into the cache the workers share (see
+    `ladder_cache`), so that the first worker to need it waits less and the other none. Workers
+    that need it before it is done wait on the build's lock, as they would for each other. Not for
+    a `-k` selection, which may need no model at all."""
+    global _prebuild
+    config = session.config
+    if os.environ.get("PYTEST_XDIST_WORKER") or not getattr(config.option, "numprocesses", None):
+        return
+    if config.option.keyword:
+        return
+    cache = Path(os.environ.get("LADDER_CACHE") or config._tmp_path_factory.getbasetemp() / "ladder-cache")
+    cache.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "LADDER_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
+    _prebuild = subprocess.Popen(LADDER + ["base", "build"], cwd=REPO, env=env, start_new_session=True,
+                                 stdout=subprocess.DEVNULL, stderr=open(cache / "prebuild.log", "w"))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _prebuild is not None and _prebuild.poll() is None:
+        stop_process_group(_prebuild)

@@ -23,9 +23,6 @@ import torch
 from orchestrator import launch, registry, tracking, zero
 from orchestrator.config import ConfigError
 
-# The module fixture is minutes of Ray work: under xdist (`--dist loadgroup`) its tests share one worker.
-pytestmark = pytest.mark.xdist_group("deepspeed_ray_runs")
-
 # Per-step train/loss (rank 0's batch, log_every=1) of DDP, ZeRO-2 and ZeRO-3 from one seed differ
 # only by float rounding (fp64 vs fp32 clip norm, flat vs per-tensor AdamW, reduce-scatter vs
 # all-reduce). The runs use lr=2e-3, where training barely amplifies rounding. Measured on 2 gloo

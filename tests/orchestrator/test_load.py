@@ -15,9 +15,6 @@ from conftest import REPO, run_cli
 from orchestrator import tracking
 from orchestrator.schedulers.collapse import read_state
 
-# The module fixture is minutes of Ray work: under xdist (`--dist loadgroup`) its tests share one worker.
-pytestmark = pytest.mark.xdist_group("load_sweep")
-
 
 @pytest.fixture(scope="module")
 def load_sweep(tmp_path_factory):
