@@ -141,23 +141,10 @@ def stop_process_group(proc: subprocess.Popen, sig: int | None = None) -> None:
 NUMERICS = ("tests/workloads/", "tests/orchestrator/test_basemodel.py", "tests/test_conformance.py")
 
 
-# The modules that take minutes, longest first (measured in `make test` on 2 cores). They run
-# before the rest: xdist (`--dist loadscope`) hands each worker a whole module at a time, so a
-# long module started last would leave the other worker idle while it finishes.
-LONGEST_FIRST = ("tests/orchestrator/test_sweep_e2e.py", "tests/orchestrator/test_faults.py",
-                 "tests/orchestrator/test_resume.py", "tests/orchestrator/test_deepspeed.py",
-                 "tests/workloads/test_mx_anomaly.py", "tests/orchestrator/test_load.py")
-
-
 def pytest_collection_modifyitems(config, items):
-    def path(item) -> str:
-        return Path(str(item.fspath)).resolve().relative_to(REPO).as_posix()
-
     for item in items:
-        if path(item).startswith(NUMERICS):
+        if Path(str(item.fspath)).resolve().relative_to(REPO).as_posix().startswith(NUMERICS):
             item.add_marker(pytest.mark.numerics)
-    rank = {p: i for i, p in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(path(item), len(rank)))  # stable: the rest keep their order
 
 
 _prebuild: subprocess.Popen | None = None
