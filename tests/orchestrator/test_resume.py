@@ -77,10 +77,10 @@ sweep = Sweep(name="{name}", workload="celerity_lm", base="smoke", overrides=com
 
 @pytest.mark.slow
 def test_killed_sweep_driver_resumes_with_its_decisions(workdir):
-    (workdir / "ref.py").write_text(SWEEP.format(name="ref", tpp=4.0, space='{"seed": seeds(2)}', scheduler="fifo", options="{}"))
+    (workdir / "ref.py").write_text(SWEEP.format(name="ref", tpp=8.0, space='{"seed": seeds(2)}', scheduler="fifo", options="{}"))
     assert run_cli(["sweep", "ref.py"], workdir, timeout=300).returncode == 0
     options = '{"reference": {"experiment": "ref"}, "rungs": (0.2, 0.3), "keep_quantile": 0.5}'
-    (workdir / "tune.py").write_text(SWEEP.format(name="tune", tpp=4.0, space='{"lr": grid(0.005, 0.01, 0.02, 0.04)}',
+    (workdir / "tune.py").write_text(SWEEP.format(name="tune", tpp=8.0, space='{"lr": grid(0.005, 0.01, 0.02, 0.04)}',
                                                   scheduler="collapse", options=options))
     state = workdir / "ladder-runs/sweeps/tune/scheduler.json"
     c = tracking.client(f"sqlite:///{workdir / 'mlruns.db'}")

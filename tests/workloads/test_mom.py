@@ -393,7 +393,7 @@ def test_smoke_reproduction_holds(workdir):
     # The recall claim's margin (a mean gap of 0.10) is judged and reported by `ladder reproduce`,
     # not asserted: at one seed it is within the processor's reach (seed 0: 0.086 with ATen's AVX2
     # kernels, 0.103 with its portable ones). What held at every seed and kernel path measured
-    # (seeds 0, 100-102): MoM ahead at every length, and further ahead with more pairs.
+    # (seeds 0, 100, 101): MoM ahead at every length, and further ahead with more pairs.
     recall = next(c for c in rep.claims if c.name == "mom_recalls_more_than_single_memory")
     assert not recall.error, recall.error
     m = recall.measured

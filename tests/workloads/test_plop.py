@@ -378,7 +378,7 @@ def test_smoke_reproduction_holds(workdir, tiny_base):
     # plop_not_worse_than_blocks is judged and reported by `ladder reproduce`, not asserted: one
     # seed's 30 held-out pairs (0.033 each) on a base pre-trained on this processor decide it
     # (seed 0: PLoP minus the best block -0.167 with ATen's AVX2 kernels, +0.033 with its portable
-    # ones). What held at every seed and kernel path measured (seeds 0, 100, 101): every placement
+    # ones). What held at every seed and kernel path measured (seeds 0 and 100): every placement
     # learnt the task and generalised past the base.
     for t in rep.trials:
         assert t["eval/base_heldout_acc"] < 0.2  # the base cannot already do the task
