@@ -74,15 +74,19 @@ class Reproduction:
         judged = [c for c in self.claims if c.judged]
         return bool(judged) and all(c.holds for c in judged) and not self.failed_trials
 
-    def failures(self) -> list[str]:
-        """Why the reproduction does not hold, one line per failed trial and per judged claim
-        that fails, each named first (what a test's assertion message shows); [] when it holds."""
+    def failures(self, names: list[str] | None = None) -> list[str]:
+        """Why the reproduction (or, given `names`, those of its claims) does not hold: one line per
+        failed trial and per claim that fails or was not judged, each named first (what a test's
+        assertion message shows); [] when it holds."""
         lines = [f"trial failed: {t}" for t in self.failed_trials]
-        for c in self.claims:
+        chosen = [c for c in self.claims if names is None or c.name in names]
+        for c in chosen:
             if c.judged and not c.holds:
                 numbers = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in c.measured.items())
                 lines.append(f"{c.name} does not hold: {c.error or numbers}")
-        if not any(c.judged for c in self.claims):
+            elif not c.judged and names is not None:
+                lines.append(f"{c.name} was not judged")
+        if names is None and not any(c.judged for c in chosen):
             lines.append("no claim was judged")
         return lines
 
