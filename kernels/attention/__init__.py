@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import torch
 
-from kernels.attention.reference import (STABLE_BETA, TIE_TOL, attention_fp64, error_bias, flash_attention_reference,
-                                         tied_max_inputs)
+from kernels.attention.reference import (STABLE_BETA, STABLE_CAP, STABLE_RULES, TIE_TOL, attention_fp64, error_bias,
+                                         flash_attention_reference, stable_rule, tied_max_inputs)
 from kernels.attention.triton import HAS_TRITON, flash_attention_triton
 
 IMPLS = ("auto", "triton", "reference")
 
-__all__ = ["HAS_TRITON", "IMPLS", "STABLE_BETA", "TIE_TOL", "attention_fp64", "error_bias", "flash_attention",
+__all__ = ["HAS_TRITON", "IMPLS", "STABLE_BETA", "STABLE_CAP", "STABLE_RULES", "TIE_TOL", "stable_rule", "attention_fp64", "error_bias", "flash_attention",
            "flash_attention_reference", "flash_attention_triton", "resolve_impl", "tied_max_inputs"]
 
 
@@ -32,12 +32,14 @@ def resolve_impl(impl: str, q: torch.Tensor) -> str:
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-                    stable_rounding: bool = False, impl: str = "auto") -> torch.Tensor:
+                    stable_rounding: bool | str = False, impl: str = "auto") -> torch.Tensor:
     """softmax(Q K^T / sqrt(D)) V over q [B, H, Tq, D], k and v [B, H, Tk, D]; output like q.
 
     causal masks key j > query i (top-left aligned). stable_rounding shifts a tile's row max
     when it is attained more than once, so that no probability is exactly 1 (same maths, no
-    coherent bf16 rounding). impl: "auto" | "triton" | "reference".
+    coherent bf16 rounding): True or "bounded" with a shift of at most `STABLE_CAP`, "paper" with
+    the paper's unbounded beta * m / 0 (underflows for tied maxima beyond ~|16| in fp16 and
+    ~|100| in bf16/fp32; see `reference`). impl: "auto" | "triton" | "reference".
     """
     if resolve_impl(impl, q) == "triton":
         return flash_attention_triton(q, k, v, causal=causal, stable_rounding=stable_rounding)

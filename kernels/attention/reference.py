@@ -16,17 +16,37 @@ The specification of `kernels.attention`, in readable PyTorch:
 - `FlashAttentionReference` / `flash_attention_reference`: the two above as a differentiable op.
 - `tied_max_inputs` and `error_bias`: the paper's failure case as a measurement.
 
-The fix (``stable_rounding=True``). Per KV tile, after the tile's row max m~ = rowmax(S):
+The fix (``stable_rounding``). Per KV tile, after the tile's row max m~ = rowmax(S):
 count the valid entries with S >= m~ - tie_tol; where that count exceeds one (the maximum is
-attained more than once), replace m~ by beta * m~ if m~ > 0 and by 0 if m~ < 0; then m_new =
-max(m_old, m~) as usual. Every exponent exp(S - m_new) of a tied row is then strictly below 1.
-Softmax is shift-invariant and the LSE m + log l stays exact, so the output and the backward are
+attained more than once), raise m~ by a shift delta > 0; then m_new = max(m_old, m~) as usual.
+Every exponent exp(S - m_new) of a tied row is then exp(-delta), strictly below 1. Softmax is
+shift-invariant and the LSE m + log l stays exact, so the output and the backward are
 mathematically unchanged. What this removes, measured here (see `tied_max_inputs`): with ties,
 each P of a tied entry is exactly 1, so a row sum is an integer shared by every row with the
 same ties, and in bf16 that integer rounds the same way for every row: one coherent error,
-a bias. After the shift the row sums are n * exp(-m_i), different per row, and their rounding
-errors no longer line up. In the fp32-statistics ("kernel") precision the row sum does not
-round, and the same inputs show no bias with or without the fix.
+a bias. After the shift the row sums are n * exp(-delta_i), different per row, and their
+rounding errors no longer line up. In the fp32-statistics ("kernel") precision the row sum does
+not round, and the same inputs show no bias with or without the fix.
+
+Two shift rules (``stable_rounding="paper"`` or ``"bounded"``; ``True`` means "bounded"):
+
+- ``"paper"``, the released code's: m~ -> beta * m~ for m~ > 0 and 0 for m~ < 0, i.e.
+  delta = (beta - 1) m~ or |m~| (with beta = 2, delta = |m~| either way). delta grows without
+  bound: at m~ = 16 a tied probability exp(-16) = 1.1e-7 is an fp16 subnormal (output error
+  1.9e-2 where the unfixed kernel has 1e-4), and at |m~| >= ~104 exp(-delta) underflows fp32:
+  l = 0 and the output and gradients are NaN (bf16 and fp32 alike).
+- ``"bounded"`` (the default of every public entry point): the same delta while it is below
+  `STABLE_CAP` (c = 8), and beyond it delta wrapped into [c/2, c) with slope one,
+  delta = c/2 + ((delta - c/2) mod c/2). Why this form: the mechanism needs two things, a
+  tied P strictly below 1 and a delta that differs from row to row (the per-row m~ carries it,
+  with slope one in the paper's rule); a constant shift (m~ + c, or a plain clamp
+  min(delta, c) for large m~) gives every row the same P = exp(-c) and the same row-sum
+  rounding again, which is the coherent error the fix exists to remove (a clamp at 8 leaves
+  |r| up to 0.5 on `tied_max_inputs`, whose m~ is about 8). The wrap keeps slope one and
+  bounds delta by c, so a tied P is at least exp(-8) = 3.4e-4, 5.5 times fp16's smallest
+  normal: every dtype keeps a tied probability at full precision, nothing underflows.
+  Measured on the bias inputs (bf16, "paper" precision, 512-wide tiles, seeds 0-7) the bias
+  statistic with this rule is |r| <= 0.22, the same band as the paper rule's |r| <= 0.14.
 
 Reconstructed, not read in the paper (only its opening was available): beta = 2 and
 tie_tol = 1e-3 (in units of the scaled score) are the released code's final defaults; m~ == 0
@@ -50,6 +70,9 @@ STABLE_BETA = 2.0
 """The shift multiple for a positive tied maximum (released code's final value; its first was 7)."""
 TIE_TOL = 1e-3
 """Entries within this of the tile max (scaled-score units) count as attaining it."""
+STABLE_CAP = 8.0
+"""The bounded rule's largest shift (scaled-score units): a tied probability stays >= exp(-8)."""
+STABLE_RULES = ("bounded", "paper")
 PRECISIONS = ("kernel", "paper")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -64,11 +87,15 @@ def attention_fp64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
 
 
 def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-                            stable_rounding: bool = False, block_m: int = 64, block_n: int = 64,
+                            stable_rounding: bool | str = False, block_m: int = 64, block_n: int = 64,
                             precision: str = "kernel", beta: float = STABLE_BETA,
                             tie_tol: float = TIE_TOL) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tiled online-softmax forward. Returns (O in the input dtype, LSE [B, H, Tq] in fp32, natural log)."""
+    """Tiled online-softmax forward. Returns (O in the input dtype, LSE [B, H, Tq] in fp32, natural log).
+
+    stable_rounding: False (off), True or "bounded" (the bounded shift), "paper" (beta * m / 0).
+    """
     _check(q, k, v, precision)
+    rule = stable_rule(stable_rounding)
     low = q.dtype
     paper = precision == "paper"
     # "paper" keeps every statistic in the input dtype; "kernel" keeps them in fp32.
@@ -93,8 +120,8 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
                                                                                   device=q.device)
             s = rs(rs(qi @ kj.transpose(-1, -2)) * scale).masked_fill(~valid, -math.inf)  # [B, H, bm, bn]
             m_tile = s.amax(-1)
-            if stable_rounding:
-                m_tile = _shift_tied_max(s, m_tile, valid, beta, tie_tol)
+            if rule:
+                m_tile = _shift_tied_max(s, m_tile, valid, beta, tie_tol, rule)
             m_new = torch.maximum(m, m_tile)
             # A row with nothing valid yet keeps m = -inf; exponentiate against 0 so it gives 0, not NaN.
             m_ref = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
@@ -177,7 +204,7 @@ class FlashAttentionReference(torch.autograd.Function):
 
 
 def flash_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-                              stable_rounding: bool = False, block_m: int = 64, block_n: int = 64,
+                              stable_rounding: bool | str = False, block_m: int = 64, block_n: int = 64,
                               precision: str = "kernel", beta: float = STABLE_BETA,
                               tie_tol: float = TIE_TOL) -> torch.Tensor:
     """Differentiable emulated flash attention; see `flash_attention_forward` for the options."""
@@ -218,11 +245,30 @@ def error_bias(out: torch.Tensor, truth: torch.Tensor) -> float:
     return (err.mean() / err.std()).item()
 
 
+def stable_rule(stable_rounding: bool | str | None) -> str | None:
+    """The shift rule a `stable_rounding` argument names: None (off), "bounded" or "paper"."""
+    if isinstance(stable_rounding, str):
+        if stable_rounding in STABLE_RULES:
+            return stable_rounding
+    elif stable_rounding is None or isinstance(stable_rounding, (bool, int)):
+        return "bounded" if stable_rounding else None
+    raise ValueError(f"stable_rounding must be False, True or one of {STABLE_RULES}, got {stable_rounding!r}")
+
+
+def tied_max_shift(m_tile: torch.Tensor, beta: float = STABLE_BETA, rule: str = "bounded",
+                   cap: float = STABLE_CAP) -> torch.Tensor:
+    """The new max of a tied row whose tile max is m_tile (see the module notes for both rules)."""
+    delta = torch.where(m_tile > 0, (beta - 1) * m_tile, -m_tile)  # 0 at m_tile == 0: left unchanged
+    if rule == "bounded":
+        half = cap / 2
+        delta = torch.where(delta < cap, delta, half + torch.remainder(delta - half, half))
+    return m_tile + delta
+
+
 def _shift_tied_max(s: torch.Tensor, m_tile: torch.Tensor, valid: torch.Tensor, beta: float,
-                    tie_tol: float) -> torch.Tensor:
+                    tie_tol: float, rule: str = "bounded") -> torch.Tensor:
     ties = ((s >= (m_tile - tie_tol)[..., None]) & valid).sum(-1) > 1
-    shifted = torch.where(m_tile > 0, beta * m_tile, torch.where(m_tile < 0, torch.zeros_like(m_tile), m_tile))
-    return torch.where(ties, shifted, m_tile)
+    return torch.where(ties, tied_max_shift(m_tile, beta, rule), m_tile)
 
 
 def _causal_mask(tq: int, tk: int, device) -> torch.Tensor:

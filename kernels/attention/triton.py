@@ -1,11 +1,22 @@
 """Why Low-Precision Transformer Training Fails: An Analysis on Flash Attention (Qiu & Yao, 2025) — https://arxiv.org/abs/2510.04212
 
 FlashAttention-2 forward and backward in Triton, with the paper's rounding-bias fix behind
-``stable_rounding``. The arithmetic is the "kernel" precision of `reference.py`: scores, running
-max, row sum and accumulators in fp32; P rounded to the input dtype right before the P V
-product, dS right before the dQ and dK products; O, dQ, dK, dV rounded once when stored. The
-fix is one compare and one row reduction per tile (see `reference.py` for the rule); the
-backward is unchanged, as it only reads the LSE, which the fix leaves as it is.
+``stable_rounding`` ("bounded", the default when True, or "paper"; see `reference.py`). The
+arithmetic is the "kernel" precision of `reference.py`: scores, running max, row sum and
+accumulators in fp32; P rounded to the input dtype right before the P V product, dS right before
+the dQ and dK products; O, dQ, dK, dV rounded once when stored. The fix is one compare and one
+row reduction per tile; the backward is unchanged, as it only reads the LSE, which the fix leaves
+as it is.
+
+Layout and speed: q, k, v are [B, H, T, D] with any strides but a unit last one, so the usual
+[B, T, H, D].transpose(1, 2) is read in place (no copy); offsets are int64. Causal masking is
+applied only on the tiles that cross the diagonal or the sequence end (the others run an
+unmasked loop). The backward's D = rowsum(dO * O) is one preprocess kernel and the LSE is kept
+in log2 units between forward and backward. On a GPU, with block sizes left unset, the forward
+and both backward kernels are autotuned over tile sizes, warps and stages (as in the Triton
+fused-attention tutorial). fp32 inputs take IEEE fp32 products by default; allow_tf32=True
+takes TF32 tensor-core products instead: 10 mantissa bits per operand, so the output's error
+grows to about 7e-4 of its scale, gradients alike (random inputs, D = 32; see tests/kernels), against 1e-7.
 
 Scores are kept in log2 units (scale * log2 e folded into one multiply) so that the exponential
 is a bare exp2; the fix is homogeneous in the score, so only its tolerance needs converting.
@@ -24,7 +35,7 @@ import os
 
 import torch
 
-from kernels.attention.reference import STABLE_BETA, TIE_TOL
+from kernels.attention.reference import STABLE_BETA, STABLE_CAP, TIE_TOL, stable_rule
 
 try:
     import triton
@@ -59,50 +70,81 @@ if HAS_TRITON:
         return x
 
     @triton.jit
-    def _mm(a, b, DOT_FP32: tl.constexpr, DTYPE: tl.constexpr):
-        """a @ b with fp32 accumulation; a and b hold values already representable in DTYPE."""
-        if DOT_FP32:
-            return tl.dot(a, b, input_precision="ieee")
-        return tl.dot(a.to(DTYPE), b.to(DTYPE))
+    def _widen(x):
+        """x loaded from memory as fp32. bf16 is widened by its bits (u16 -> u32 << 16), exact for every
+        value: the interpreter's bf16 -> fp32 cast gets subnormals wrong (1.01e-39 -> 4.41e-39)."""
+        if x.dtype == tl.bfloat16:
+            return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+        return x.to(tl.float32)
 
     @triton.jit
-    def _fwd_kernel(Q, K, V, O, LSE,
-                    sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
-                    H, TQ, TK, D, qk_scale, tie_tol2, beta,
-                    CAUSAL: tl.constexpr, STABLE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_D: tl.constexpr, ROUND: tl.constexpr, DOT_FP32: tl.constexpr):
-        pid_m = tl.program_id(0)
-        bh = tl.program_id(1)
-        b = bh // H
-        h = bh % H
-        DTYPE = Q.dtype.element_ty
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = tl.arange(0, BLOCK_N)
-        offs_d = tl.arange(0, BLOCK_D)
-        d_ok = offs_d < D
-        q_ptrs = Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :]
-        q = tl.load(q_ptrs, mask=(offs_m[:, None] < TQ) & d_ok[None, :], other=0.0).to(tl.float32)
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        hi = TK
-        if CAUSAL:
-            hi = tl.minimum(TK, (pid_m + 1) * BLOCK_M)
-        for n0 in range(0, hi, BLOCK_N):
+    def _narrow(x, ROUND: tl.constexpr, DTYPE: tl.constexpr):
+        """x (fp32, already rounded to DTYPE) in DTYPE for a store; bf16 by its bits under the
+        interpreter, whose fp32 -> bf16 cast flushes subnormals."""
+        if ROUND == 1:
+            return (x.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        return x.to(DTYPE)
+
+    @triton.jit
+    def _operand(x, DOT: tl.constexpr):
+        """A loaded tile as a dot operand: as stored for a tensor-core dot of its dtype, else fp32."""
+        if DOT == 1:
+            return x
+        return _widen(x)
+
+    @triton.jit
+    def _tf32(x):
+        """x rounded to TF32 (10 mantissa bits, nearest) by bits: the interpreter's TF32 dot is plain fp32."""
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0xFFF + ((bits >> 13) & 1)) & 0xFFFFE000
+        return bits.to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _mm(a, b, DOT: tl.constexpr, DTYPE: tl.constexpr):
+        """a @ b with fp32 accumulation. DOT: 0 IEEE fp32, 1 tensor-core dot in DTYPE (operands already
+        representable in it), 2 TF32, 3 TF32 emulated (interpreter)."""
+        if DOT == 1:
+            return tl.dot(a.to(DTYPE), b.to(DTYPE))
+        elif DOT == 2:
+            return tl.dot(a, b, input_precision="tf32")
+        elif DOT == 3:
+            return tl.dot(_tf32(a), _tf32(b), input_precision="ieee")
+        return tl.dot(a, b, input_precision="ieee")
+
+    @triton.jit
+    def _tied_shift(m_tile, beta, cap2, STABLE: tl.constexpr):
+        """The new max of a tied row (log2 units): STABLE 1 the bounded rule, 2 the paper's (see reference.py)."""
+        delta = tl.where(m_tile > 0, (beta - 1.0) * m_tile, -m_tile)
+        if STABLE == 1:
+            half = cap2 * 0.5
+            r = delta - half
+            delta = tl.where(delta < cap2, delta, half + (r - half * tl.floor(r / half)))
+        return m_tile + delta
+
+    @triton.jit
+    def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, skt, svt, offs_m, offs_n, offs_d, d_ok, n_lo, n_hi, TK,
+                   qk_scale, tie_tol2, beta, cap2, MASK: tl.constexpr, CAUSAL: tl.constexpr, STABLE: tl.constexpr,
+                   BLOCK_N: tl.constexpr, ROUND: tl.constexpr, DOT: tl.constexpr, DTYPE: tl.constexpr):
+        """The online-softmax loop over key tiles [n_lo, n_hi); MASK: the tiles cross the diagonal or TK."""
+        for n0 in range(n_lo, n_hi, BLOCK_N):
             cols = n0 + offs_n
+            c64 = cols.to(tl.int64)
             kv_ok = (cols[:, None] < TK) & d_ok[None, :]
-            k = tl.load(K + b * skb + h * skh + cols[:, None] * skt + offs_d[None, :], mask=kv_ok, other=0.0)
-            v = tl.load(V + b * svb + h * svh + cols[:, None] * svt + offs_d[None, :], mask=kv_ok, other=0.0)
-            s = _mm(q, tl.trans(k.to(tl.float32)), DOT_FP32, DTYPE) * qk_scale  # [BM, BN], log2 units
-            valid = (cols[None, :] < TK) & (offs_m[:, None] >= 0)
-            if CAUSAL:
-                valid = valid & (offs_m[:, None] >= cols[None, :])
-            s = tl.where(valid, s, float("-inf"))
+            k = tl.load(k_base + c64[:, None] * skt + offs_d[None, :], mask=kv_ok, other=0.0)
+            v = tl.load(v_base + c64[:, None] * svt + offs_d[None, :], mask=kv_ok, other=0.0)
+            s = _mm(q, tl.trans(_operand(k, DOT)), DOT, DTYPE) * qk_scale  # [BM, BN], log2 units
+            if MASK:
+                valid = (cols[None, :] < TK) & (offs_m[:, None] >= 0)
+                if CAUSAL:
+                    valid = valid & (offs_m[:, None] >= cols[None, :])
+                s = tl.where(valid, s, float("-inf"))
             m_tile = tl.max(s, 1)
-            if STABLE:
-                ties = tl.sum((valid & (s >= m_tile[:, None] - tie_tol2)).to(tl.int32), 1) > 1
-                shifted = tl.where(m_tile > 0, beta * m_tile, tl.where(m_tile < 0, 0.0, m_tile))
-                m_tile = tl.where(ties, shifted, m_tile)
+            if STABLE != 0:
+                close = s >= m_tile[:, None] - tie_tol2
+                if MASK:
+                    close = close & valid
+                ties = tl.sum(close.to(tl.int32), 1) > 1
+                m_tile = tl.where(ties, _tied_shift(m_tile, beta, cap2, STABLE), m_tile)
             m_new = tl.maximum(m_i, m_tile)
             # Rows with no valid key yet keep m = -inf; exponentiate against 0 so they give 0, not NaN.
             m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -110,106 +152,201 @@ if HAS_TRITON:
             alpha = tl.math.exp2(m_i - m_ref)
             l_i = l_i * alpha + tl.sum(p, 1)
             p = _round(p, ROUND, DTYPE)
-            acc = acc * alpha[:, None] + _mm(p, v.to(tl.float32), DOT_FP32, DTYPE)
+            acc = acc * alpha[:, None] + _mm(p, _operand(v, DOT), DOT, DTYPE)
             m_i = m_new
-        out = _round(acc / l_i[:, None], ROUND, DTYPE)
-        o_ptrs = O + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :]
-        tl.store(o_ptrs, out.to(DTYPE), mask=(offs_m[:, None] < TQ) & d_ok[None, :])
-        tl.store(LSE + bh * TQ + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < TQ)  # log2 units
+        return acc, l_i, m_i
 
     @triton.jit
-    def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
-                         sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt,
-                         H, TQ, TK, D, qk_scale, sm_scale,
-                         CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_D: tl.constexpr, ROUND: tl.constexpr, DOT_FP32: tl.constexpr):
-        pid_n = tl.program_id(0)
-        bh = tl.program_id(1)
-        b = bh // H
-        h = bh % H
-        DTYPE = Q.dtype.element_ty
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_m = tl.arange(0, BLOCK_M)
-        offs_d = tl.arange(0, BLOCK_D)
-        d_ok = offs_d < D
-        kv_ok = (offs_n[:, None] < TK) & d_ok[None, :]
-        k = tl.load(K + b * skb + h * skh + offs_n[:, None] * skt + offs_d[None, :], mask=kv_ok, other=0.0)
-        v = tl.load(V + b * svb + h * svh + offs_n[:, None] * svt + offs_d[None, :], mask=kv_ok, other=0.0)
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
-        dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-        dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-        lo = 0
-        if CAUSAL:
-            lo = (pid_n * BLOCK_N // BLOCK_M) * BLOCK_M
-        for m0 in range(lo, TQ, BLOCK_M):
-            rows = m0 + offs_m
-            q_ok = (rows[:, None] < TQ) & d_ok[None, :]
-            q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqt + offs_d[None, :], mask=q_ok, other=0.0)
-            do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sdt + offs_d[None, :], mask=q_ok, other=0.0)
-            q = q.to(tl.float32)
-            do = do.to(tl.float32)
-            lse = tl.load(LSE + bh * TQ + rows, mask=rows < TQ, other=0.0)
-            delta = tl.load(DELTA + bh * TQ + rows, mask=rows < TQ, other=0.0)
-            s_t = _mm(k, tl.trans(q), DOT_FP32, DTYPE) * qk_scale  # [BN, BM]
-            valid = (offs_n[:, None] < TK) & (rows[None, :] < TQ)
-            if CAUSAL:
-                valid = valid & (rows[None, :] >= offs_n[:, None])
-            p_t = tl.where(valid, tl.math.exp2(s_t - lse[None, :]), 0.0)
-            dv += _mm(_round(p_t, ROUND, DTYPE), do, DOT_FP32, DTYPE)
-            dp_t = _mm(v, tl.trans(do), DOT_FP32, DTYPE)
-            ds_t = _round(p_t * (dp_t - delta[None, :]), ROUND, DTYPE)
-            dk += _mm(ds_t, q, DOT_FP32, DTYPE)
-        dk = _round(dk * sm_scale, ROUND, DTYPE)
-        dv = _round(dv, ROUND, DTYPE)
-        tl.store(DK + b * skb + h * skh + offs_n[:, None] * skt + offs_d[None, :], dk.to(DTYPE), mask=kv_ok)
-        tl.store(DV + b * svb + h * svh + offs_n[:, None] * svt + offs_d[None, :], dv.to(DTYPE), mask=kv_ok)
-
-    @triton.jit
-    def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
-                       sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt,
-                       H, TQ, TK, D, qk_scale, sm_scale,
-                       CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_D: tl.constexpr, ROUND: tl.constexpr, DOT_FP32: tl.constexpr):
+    def _fwd_kernel(Q, K, V, O, LSE,
+                    sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
+                    H, TQ, TK, D, qk_scale, tie_tol2, beta, cap2,
+                    CAUSAL: tl.constexpr, STABLE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_D: tl.constexpr, ROUND: tl.constexpr, DOT: tl.constexpr):
         pid_m = tl.program_id(0)
         bh = tl.program_id(1)
-        b = bh // H
-        h = bh % H
+        b = (bh // H).to(tl.int64)  # offsets in int64: b * stride passes 2^31 on large tensors
+        h = (bh % H).to(tl.int64)
         DTYPE = Q.dtype.element_ty
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)
         d_ok = offs_d < D
+        m64 = offs_m.to(tl.int64)
         q_ok = (offs_m[:, None] < TQ) & d_ok[None, :]
-        q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :], mask=q_ok, other=0.0)
-        do = tl.load(DO + b * sdb + h * sdh + offs_m[:, None] * sdt + offs_d[None, :], mask=q_ok, other=0.0)
-        q = q.to(tl.float32)
-        do = do.to(tl.float32)
-        lse = tl.load(LSE + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
-        delta = tl.load(DELTA + bh * TQ + offs_m, mask=offs_m < TQ, other=0.0)
-        dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        hi = TK
+        q = _operand(tl.load(Q + b * sqb + h * sqh + m64[:, None] * sqt + offs_d[None, :], mask=q_ok, other=0.0), DOT)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        k_base = K + b * skb + h * skh
+        v_base = V + b * svb + h * svh
         if CAUSAL:
             hi = tl.minimum(TK, (pid_m + 1) * BLOCK_M)
-        for n0 in range(0, hi, BLOCK_N):
+            full = tl.minimum((pid_m * BLOCK_M + 1) // BLOCK_N, TK // BLOCK_N) * BLOCK_N
+        else:
+            hi = TK
+            full = (TK // BLOCK_N) * BLOCK_N
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, skt, svt, offs_m, offs_n, offs_d, d_ok, 0, full,
+                                   TK, qk_scale, tie_tol2, beta, cap2, False, CAUSAL, STABLE, BLOCK_N, ROUND, DOT,
+                                   DTYPE)
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, skt, svt, offs_m, offs_n, offs_d, d_ok, full, hi,
+                                   TK, qk_scale, tie_tol2, beta, cap2, True, CAUSAL, STABLE, BLOCK_N, ROUND, DOT,
+                                   DTYPE)
+        out = _round(acc / l_i[:, None], ROUND, DTYPE)
+        tl.store(O + b * sob + h * soh + m64[:, None] * sot + offs_d[None, :], _narrow(out, ROUND, DTYPE), mask=q_ok)
+        tl.store(LSE + bh.to(tl.int64) * TQ + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < TQ)  # log2 units
+
+    @triton.jit
+    def _bwd_preprocess(O, DO, DELTA, sob, soh, sot, sdb, sdh, sdt, H, TQ, D,
+                        BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+        """D = rowsum(dO * O) in fp32, [B * H, TQ]."""
+        pid_m = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = (bh // H).to(tl.int64)
+        h = (bh % H).to(tl.int64)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        m64 = offs_m.to(tl.int64)
+        ok = (offs_m[:, None] < TQ) & (offs_d[None, :] < D)
+        o = tl.load(O + b * sob + h * soh + m64[:, None] * sot + offs_d[None, :], mask=ok, other=0.0)
+        do = tl.load(DO + b * sdb + h * sdh + m64[:, None] * sdt + offs_d[None, :], mask=ok, other=0.0)
+        tl.store(DELTA + bh.to(tl.int64) * TQ + offs_m, tl.sum(_widen(o) * _widen(do), 1), mask=offs_m < TQ)
+
+    @triton.jit
+    def _dkdv_inner(dk, dv, k, v, q_base, do_base, sqt, sdt, LSE_row, DELTA_row, offs_n, offs_m, offs_d, d_ok,
+                    m_lo, m_hi, TQ, qk_scale, MASK: tl.constexpr, BLOCK_M: tl.constexpr, ROUND: tl.constexpr,
+                    DOT: tl.constexpr, DTYPE: tl.constexpr):
+        """dK, dV contributions of query tiles [m_lo, m_hi); MASK: the tiles cross the diagonal."""
+        for m0 in range(m_lo, m_hi, BLOCK_M):
+            rows = m0 + offs_m
+            r64 = rows.to(tl.int64)
+            q_ok = (rows[:, None] < TQ) & d_ok[None, :]
+            q = _operand(tl.load(q_base + r64[:, None] * sqt + offs_d[None, :], mask=q_ok, other=0.0), DOT)
+            do = _operand(tl.load(do_base + r64[:, None] * sdt + offs_d[None, :], mask=q_ok, other=0.0), DOT)
+            # rows past TQ read LSE = +inf, so their P is 0 without a mask
+            lse = tl.load(LSE_row + rows, mask=rows < TQ, other=float("inf"))
+            delta = tl.load(DELTA_row + rows, mask=rows < TQ, other=0.0)
+            s_t = _mm(k, tl.trans(q), DOT, DTYPE) * qk_scale  # [BN, BM]
+            p_t = tl.math.exp2(s_t - lse[None, :])
+            if MASK:
+                p_t = tl.where(rows[None, :] >= offs_n[:, None], p_t, 0.0)
+            dv += _mm(_round(p_t, ROUND, DTYPE), do, DOT, DTYPE)
+            dp_t = _mm(v, tl.trans(do), DOT, DTYPE)
+            ds_t = _round(p_t * (dp_t - delta[None, :]), ROUND, DTYPE)
+            dk += _mm(ds_t, q, DOT, DTYPE)
+        return dk, dv
+
+    @triton.jit
+    def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
+                         sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt,
+                         sdkb, sdkh, sdkt, sdvb, sdvh, sdvt,
+                         H, TQ, TK, D, qk_scale, sm_scale,
+                         CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_D: tl.constexpr, ROUND: tl.constexpr, DOT: tl.constexpr):
+        pid_n = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = (bh // H).to(tl.int64)
+        h = (bh % H).to(tl.int64)
+        DTYPE = Q.dtype.element_ty
+        n0 = pid_n * BLOCK_N
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        offs_m = tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        d_ok = offs_d < D
+        n64 = offs_n.to(tl.int64)
+        kv_ok = (offs_n[:, None] < TK) & d_ok[None, :]
+        k = _operand(tl.load(K + b * skb + h * skh + n64[:, None] * skt + offs_d[None, :], mask=kv_ok, other=0.0), DOT)
+        v = _operand(tl.load(V + b * svb + h * svh + n64[:, None] * svt + offs_d[None, :], mask=kv_ok, other=0.0), DOT)
+        dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+        dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+        q_base = Q + b * sqb + h * sqh
+        do_base = DO + b * sdb + h * sdh
+        LSE_row = LSE + bh.to(tl.int64) * TQ
+        DELTA_row = DELTA + bh.to(tl.int64) * TQ
+        if CAUSAL:
+            lo = (n0 // BLOCK_M) * BLOCK_M
+            full = tl.maximum(lo, tl.cdiv(n0 + BLOCK_N - 1, BLOCK_M) * BLOCK_M)  # first tile with every row >= every key
+            dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, sqt, sdt, LSE_row, DELTA_row, offs_n, offs_m, offs_d,
+                                 d_ok, lo, tl.minimum(full, TQ), TQ, qk_scale, True, BLOCK_M, ROUND, DOT, DTYPE)
+        else:
+            full = 0
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, sqt, sdt, LSE_row, DELTA_row, offs_n, offs_m, offs_d,
+                             d_ok, full, TQ, TQ, qk_scale, False, BLOCK_M, ROUND, DOT, DTYPE)
+        dk = _round(dk * sm_scale, ROUND, DTYPE)
+        dv = _round(dv, ROUND, DTYPE)
+        tl.store(DK + b * sdkb + h * sdkh + n64[:, None] * sdkt + offs_d[None, :], _narrow(dk, ROUND, DTYPE), mask=kv_ok)
+        tl.store(DV + b * sdvb + h * sdvh + n64[:, None] * sdvt + offs_d[None, :], _narrow(dv, ROUND, DTYPE), mask=kv_ok)
+
+    @triton.jit
+    def _dq_inner(dq, q, do, lse, delta, k_base, v_base, skt, svt, offs_m, offs_n, offs_d, d_ok, n_lo, n_hi, TK,
+                  qk_scale, MASK: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, ROUND: tl.constexpr,
+                  DOT: tl.constexpr, DTYPE: tl.constexpr):
+        for n0 in range(n_lo, n_hi, BLOCK_N):
             cols = n0 + offs_n
+            c64 = cols.to(tl.int64)
             kv_ok = (cols[:, None] < TK) & d_ok[None, :]
-            k = tl.load(K + b * skb + h * skh + cols[:, None] * skt + offs_d[None, :], mask=kv_ok, other=0.0)
-            v = tl.load(V + b * svb + h * svh + cols[:, None] * svt + offs_d[None, :], mask=kv_ok, other=0.0)
-            k = k.to(tl.float32)
-            s = _mm(q, tl.trans(k), DOT_FP32, DTYPE) * qk_scale
-            valid = (cols[None, :] < TK) & (offs_m[:, None] < TQ)
-            if CAUSAL:
-                valid = valid & (offs_m[:, None] >= cols[None, :])
-            p = tl.where(valid, tl.math.exp2(s - lse[:, None]), 0.0)
-            dp = _mm(do, tl.trans(v.to(tl.float32)), DOT_FP32, DTYPE)
+            k = _operand(tl.load(k_base + c64[:, None] * skt + offs_d[None, :], mask=kv_ok, other=0.0), DOT)
+            v = _operand(tl.load(v_base + c64[:, None] * svt + offs_d[None, :], mask=kv_ok, other=0.0), DOT)
+            s = _mm(q, tl.trans(k), DOT, DTYPE) * qk_scale
+            p = tl.math.exp2(s - lse[:, None])
+            if MASK:
+                valid = cols[None, :] < TK
+                if CAUSAL:
+                    valid = valid & (offs_m[:, None] >= cols[None, :])
+                p = tl.where(valid, p, 0.0)
+            dp = _mm(do, tl.trans(v), DOT, DTYPE)
             ds = _round(p * (dp - delta[:, None]), ROUND, DTYPE)
-            dq += _mm(ds, k, DOT_FP32, DTYPE)
+            dq += _mm(ds, k, DOT, DTYPE)
+        return dq
+
+    @triton.jit
+    def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
+                       sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt, sdqb, sdqh, sdqt,
+                       H, TQ, TK, D, qk_scale, sm_scale,
+                       CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_D: tl.constexpr, ROUND: tl.constexpr, DOT: tl.constexpr):
+        pid_m = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = (bh // H).to(tl.int64)
+        h = (bh % H).to(tl.int64)
+        DTYPE = Q.dtype.element_ty
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        d_ok = offs_d < D
+        m64 = offs_m.to(tl.int64)
+        q_ok = (offs_m[:, None] < TQ) & d_ok[None, :]
+        q = _operand(tl.load(Q + b * sqb + h * sqh + m64[:, None] * sqt + offs_d[None, :], mask=q_ok, other=0.0), DOT)
+        do = _operand(tl.load(DO + b * sdb + h * sdh + m64[:, None] * sdt + offs_d[None, :], mask=q_ok, other=0.0), DOT)
+        lse = tl.load(LSE + bh.to(tl.int64) * TQ + offs_m, mask=offs_m < TQ, other=0.0)
+        delta = tl.load(DELTA + bh.to(tl.int64) * TQ + offs_m, mask=offs_m < TQ, other=0.0)
+        dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        k_base = K + b * skb + h * skh
+        v_base = V + b * svb + h * svh
+        if CAUSAL:
+            hi = tl.minimum(TK, (pid_m + 1) * BLOCK_M)
+            full = tl.minimum((pid_m * BLOCK_M + 1) // BLOCK_N, TK // BLOCK_N) * BLOCK_N
+        else:
+            hi = TK
+            full = (TK // BLOCK_N) * BLOCK_N
+        dq = _dq_inner(dq, q, do, lse, delta, k_base, v_base, skt, svt, offs_m, offs_n, offs_d, d_ok, 0, full, TK,
+                       qk_scale, False, CAUSAL, BLOCK_N, ROUND, DOT, DTYPE)
+        dq = _dq_inner(dq, q, do, lse, delta, k_base, v_base, skt, svt, offs_m, offs_n, offs_d, d_ok, full, hi, TK,
+                       qk_scale, True, CAUSAL, BLOCK_N, ROUND, DOT, DTYPE)
         dq = _round(dq * sm_scale, ROUND, DTYPE)
-        tl.store(DQ + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :], dq.to(DTYPE), mask=q_ok)
+        tl.store(DQ + b * sdqb + h * sdqh + m64[:, None] * sdqt + offs_d[None, :], _narrow(dq, ROUND, DTYPE), mask=q_ok)
+
+    def _configs(big: str, small: str, bigs=(64, 128), smalls=(32, 64, 128)):
+        return [triton.Config({big: a, small: c}, num_warps=w, num_stages=st)
+                for a in bigs for c in smalls for w in (4, 8) for st in (3, 4) if not (a == 128 and c == 128 and st == 4)]
+
+    _KEY = ["TQ", "TK", "D", "CAUSAL", "ROUND", "DOT"]
+    _fwd_tuned = triton.autotune(_configs("BLOCK_M", "BLOCK_N"), key=_KEY + ["STABLE"])(_fwd_kernel)
+    _dkdv_tuned = triton.autotune(_configs("BLOCK_N", "BLOCK_M", smalls=(32, 64)), key=_KEY)(_bwd_dkdv_kernel)
+    _dq_tuned = triton.autotune(_configs("BLOCK_M", "BLOCK_N", smalls=(32, 64)), key=_KEY)(_bwd_dq_kernel)
 
 
-def _launch_opts(dtype: torch.dtype) -> dict:
+def _launch_opts(dtype: torch.dtype, allow_tf32: bool = False) -> dict:
+    """ROUND (how P, dS and outputs round to the input dtype) and DOT (see `_mm`) for inputs of dtype."""
     interp = INTERPRETED
     if dtype == torch.float32:
         rnd = 0
@@ -217,8 +354,11 @@ def _launch_opts(dtype: torch.dtype) -> dict:
         rnd = 1
     else:
         rnd = 2  # fp16 casts round to nearest even in the interpreter too (numpy astype)
-    # fp32 inputs need IEEE fp32 products (TF32 would round them); the interpreter needs them for bf16.
-    return dict(ROUND=rnd, DOT_FP32=interp or dtype == torch.float32)
+    if dtype == torch.float32:
+        dot = (3 if interp else 2) if allow_tf32 else 0
+    else:
+        dot = 0 if interp else 1  # the interpreter's bf16 dot multiplies raw bits: fp32 on rounded operands
+    return dict(ROUND=rnd, DOT=dot)
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -234,67 +374,109 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
                            "kernels.attention is first imported (CPU interpreter)")
 
 
-def triton_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-                   stable_rounding: bool = False, block_m: int = 64, block_n: int = 64, beta: float = STABLE_BETA,
-                   tie_tol: float = TIE_TOL) -> tuple[torch.Tensor, torch.Tensor]:
-    """(O in the input dtype, LSE [B, H, Tq] fp32 in natural log) for contiguous-last-dim q, k, v [B, H, T, D]."""
+def _unit_last(x: torch.Tensor) -> torch.Tensor:
+    """x itself when its last dimension is contiguous (any other strides are passed to the kernels)."""
+    return x if x.stride(-1) == 1 or x.shape[-1] == 1 else x.contiguous()
+
+
+def _tiles(block_m: int | None, block_n: int | None) -> dict | None:
+    """Fixed tiles, or None to autotune (on a GPU when neither is given)."""
+    if block_m is None and block_n is None and not INTERPRETED:
+        return None
+    return dict(BLOCK_M=block_m or 64, BLOCK_N=block_n or 64)
+
+
+def _forward(q, k, v, causal, stable_rounding, block_m, block_n, beta, tie_tol, allow_tf32):
+    """(O, LSE in log2 units)."""
     _check(q, k, v)
-    q, k, v = (x.contiguous() for x in (q, k, v))
+    rule = stable_rule(stable_rounding)
+    q, k, v = (_unit_last(x) for x in (q, k, v))
     B, H, TQ, D = q.shape
     TK = k.shape[-2]
     out = torch.empty_like(q)
     lse2 = torch.empty(B, H, TQ, dtype=torch.float32, device=q.device)
+    args = (q, k, v, out, lse2, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
+            H, TQ, TK, D, D ** -0.5 * LOG2E, tie_tol * LOG2E, beta, STABLE_CAP * LOG2E)
+    opts = dict(CAUSAL=causal, STABLE={None: 0, "bounded": 1, "paper": 2}[rule],
+                BLOCK_D=max(16, triton.next_power_of_2(D)), **_launch_opts(q.dtype, allow_tf32))
+    tiles = _tiles(block_m, block_n)
+    if tiles is None:
+        _fwd_tuned[lambda meta: (triton.cdiv(TQ, meta["BLOCK_M"]), B * H)](*args, **opts)
+    else:
+        _fwd_kernel[(triton.cdiv(TQ, tiles["BLOCK_M"]), B * H)](*args, **opts, **tiles)
+    return out, lse2
+
+
+def _backward(q, k, v, out, lse2, dout, causal, block_m, block_n, allow_tf32):
+    _check(q, k, v)
+    q, k, v, out = (_unit_last(x) for x in (q, k, v, out))
+    dout = _unit_last(dout.to(q.dtype))
+    B, H, TQ, D = q.shape
+    TK = k.shape[-2]
     block_d = max(16, triton.next_power_of_2(D))
-    grid = (triton.cdiv(TQ, block_m), B * H)
-    _fwd_kernel[grid](q, k, v, out, lse2, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
-                      H, TQ, TK, D, D ** -0.5 * LOG2E, tie_tol * LOG2E, beta,
-                      CAUSAL=causal, STABLE=stable_rounding, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-                      **_launch_opts(q.dtype))
+    delta = torch.empty(B, H, TQ, dtype=torch.float32, device=q.device)
+    pre_m = 64
+    _bwd_preprocess[(triton.cdiv(TQ, pre_m), B * H)](out, dout, delta, *out.stride()[:3], *dout.stride()[:3], H, TQ,
+                                                      D, BLOCK_M=pre_m, BLOCK_D=block_d)
+    lse2 = lse2.contiguous()
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    args = (H, TQ, TK, D, D ** -0.5 * LOG2E, D ** -0.5)
+    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3])
+    opts = dict(CAUSAL=causal, BLOCK_D=block_d, **_launch_opts(q.dtype, allow_tf32))
+    dkdv = (q, k, v, dout, lse2, delta, dk, dv, *strides, *dk.stride()[:3], *dv.stride()[:3], *args)
+    dqa = (q, k, v, dout, lse2, delta, dq, *strides, *dq.stride()[:3], *args)
+    tiles = _tiles(block_m, block_n)
+    if tiles is None:
+        _dkdv_tuned[lambda meta: (triton.cdiv(TK, meta["BLOCK_N"]), B * H)](*dkdv, **opts)
+        _dq_tuned[lambda meta: (triton.cdiv(TQ, meta["BLOCK_M"]), B * H)](*dqa, **opts)
+    else:
+        _bwd_dkdv_kernel[(triton.cdiv(TK, tiles["BLOCK_N"]), B * H)](*dkdv, **opts, **tiles)
+        _bwd_dq_kernel[(triton.cdiv(TQ, tiles["BLOCK_M"]), B * H)](*dqa, **opts, **tiles)
+    return dq, dk, dv
+
+
+def triton_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                   stable_rounding: bool | str = False, block_m: int | None = None, block_n: int | None = None,
+                   beta: float = STABLE_BETA, tie_tol: float = TIE_TOL, allow_tf32: bool = False
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O in the input dtype, LSE [B, H, Tq] fp32 in natural log) for q, k, v [B, H, T, D] with a unit last stride.
+
+    Tiles: block_m x block_n; unset, autotuned on a GPU and 64 x 64 under the interpreter.
+    """
+    out, lse2 = _forward(q, k, v, causal, stable_rounding, block_m, block_n, beta, tie_tol, allow_tf32)
     return out, lse2 * math.log(2.0)
 
 
 def triton_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                    dout: torch.Tensor, *, causal: bool = False, block_m: int = 64, block_n: int = 64
+                    dout: torch.Tensor, *, causal: bool = False, block_m: int | None = None,
+                    block_n: int | None = None, allow_tf32: bool = False
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dQ, dK, dV) in the input dtype, from the stored O and natural-log LSE of `triton_forward`."""
-    _check(q, k, v)
-    q, k, v = (x.contiguous() for x in (q, k, v))
-    dout = dout.to(q.dtype).contiguous()
-    B, H, TQ, D = q.shape
-    TK = k.shape[-2]
-    delta = (dout.float() * out.float()).sum(-1).contiguous()  # [B, H, TQ], FA-2's D = rowsum(dO * O)
-    lse2 = (lse.float() * LOG2E).contiguous()
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    block_d = max(16, triton.next_power_of_2(D))
-    args = (H, TQ, TK, D, D ** -0.5 * LOG2E, D ** -0.5)
-    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3])
-    opts = dict(CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, **_launch_opts(q.dtype))
-    _bwd_dkdv_kernel[(triton.cdiv(TK, block_n), B * H)](q, k, v, dout, lse2, delta, dk, dv, *strides, *args, **opts)
-    _bwd_dq_kernel[(triton.cdiv(TQ, block_m), B * H)](q, k, v, dout, lse2, delta, dq, *strides, *args, **opts)
-    return dq, dk, dv
+    return _backward(q, k, v, out, lse.float() * LOG2E, dout, causal, block_m, block_n, allow_tf32)
 
 
 class FlashAttentionTriton(torch.autograd.Function):
-    """`triton_forward` and `triton_backward` as one differentiable op."""
+    """`triton_forward` and `triton_backward` as one differentiable op (the LSE stays in log2 units between them)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, stable_rounding, block_m, block_n, beta, tie_tol):
-        out, lse = triton_forward(q, k, v, causal=causal, stable_rounding=stable_rounding, block_m=block_m,
-                                  block_n=block_n, beta=beta, tie_tol=tie_tol)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.opts = dict(causal=causal, block_m=block_m, block_n=block_n)
+    def forward(ctx, q, k, v, causal, stable_rounding, block_m, block_n, beta, tie_tol, allow_tf32):
+        out, lse2 = _forward(q, k, v, causal, stable_rounding, block_m, block_n, beta, tie_tol, allow_tf32)
+        ctx.save_for_backward(q, k, v, out, lse2)
+        ctx.opts = (causal, block_m, block_n, allow_tf32)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = triton_backward(q, k, v, out, lse, dout, **ctx.opts)
-        return dq, dk, dv, None, None, None, None, None, None
+        q, k, v, out, lse2 = ctx.saved_tensors
+        dq, dk, dv = _backward(q, k, v, out, lse2, dout, *ctx.opts)
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
 def flash_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-                           stable_rounding: bool = False, block_m: int = 64, block_n: int = 64,
-                           beta: float = STABLE_BETA, tie_tol: float = TIE_TOL) -> torch.Tensor:
-    """Differentiable Triton flash attention over [B, H, T, D]."""
+                           stable_rounding: bool | str = False, block_m: int | None = None,
+                           block_n: int | None = None, beta: float = STABLE_BETA, tie_tol: float = TIE_TOL,
+                           allow_tf32: bool = False) -> torch.Tensor:
+    """Differentiable Triton flash attention over [B, H, T, D] (see `triton_forward` for the options)."""
     _check(q, k, v)
-    return FlashAttentionTriton.apply(q, k, v, causal, stable_rounding, block_m, block_n, beta, tie_tol)
+    stable_rule(stable_rounding)  # reject a bad rule before any kernel runs
+    return FlashAttentionTriton.apply(q, k, v, causal, stable_rounding, block_m, block_n, beta, tie_tol, allow_tf32)

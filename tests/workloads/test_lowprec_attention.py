@@ -25,14 +25,20 @@ def test_bad_configs_name_the_fix():
         w.validate(m.Config(width=100))
     with pytest.raises(ConfigError, match="bias_seeds must be at least 2"):
         w.validate(m.Config(bias_seeds=1))
+    with pytest.raises(ConfigError, match="stable_rule must be one of"):
+        w.validate(m.Config(stable_rule="clamp"))
 
 
 def test_bias_statistic_with_and_without_the_fix():
     cfg = dataclasses.replace(m.smoke(), bias_seeds=2)
     base = bias_statistics(cfg)
     fixed = bias_statistics(dataclasses.replace(cfg, stable_rounding=True))
+    assert cfg.stable_rule == "paper"  # the reproduction measures the paper's own rule
     assert base["eval/bias_r_abs_min"] > 1.0
     assert fixed["eval/bias_r_abs_max"] < 0.25
+    # The kernels' default, the bounded shift, removes the bias as well (measured |r| <= 0.08 here)
+    bounded = bias_statistics(dataclasses.replace(cfg, stable_rounding=True, stable_rule="bounded"))
+    assert bounded["eval/bias_r_abs_max"] < 0.25
     flipped = bias_statistics(dataclasses.replace(cfg, v_mean=1.0))
     assert flipped["eval/bias_r_mean"] < -1.0  # the bias takes its sign from V's mean
     fp32 = bias_statistics(dataclasses.replace(cfg, precision="kernel"))

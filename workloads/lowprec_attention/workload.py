@@ -21,6 +21,8 @@ PRECISIONS = ("paper", "kernel")
 class Config:
     stable_rounding: bool = False
     """The paper's fix: shift a tile's row max when it is attained more than once."""
+    stable_rule: str = "paper"
+    """The fix's shift: 'paper' (beta*m / 0, the released code's, reproduced here) or 'bounded' (the kernels' default)."""
     precision: str = "paper"
     """Reference arithmetic: 'paper' (statistics in the input dtype, as the paper's code) or 'kernel' (fp32, as FA-2)."""
     block: int = 512
@@ -83,6 +85,8 @@ def smoke() -> Config:
 def validate(cfg: Config, world_size: int = 1) -> None:
     if cfg.precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {cfg.precision!r}")
+    if cfg.stable_rule not in attn.STABLE_RULES:
+        raise ValueError(f"stable_rule must be one of {attn.STABLE_RULES}, got {cfg.stable_rule!r}")
     if cfg.dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {cfg.dtype!r}")
     if cfg.impl not in attn.IMPLS:
@@ -107,6 +111,11 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         corpus_files(cfg.data)
 
 
+def _fix(cfg: Config) -> bool | str:
+    """The kernels' stable_rounding argument for this config."""
+    return cfg.stable_rule if cfg.stable_rounding else False
+
+
 def bias_statistics(cfg: Config) -> dict[str, float]:
     """`error_bias` of the emulated flash attention on tied-maximum inputs, one value per seed."""
     dtype = DTYPES[cfg.dtype]
@@ -116,7 +125,7 @@ def bias_statistics(cfg: Config) -> dict[str, float]:
         seed = cfg.seed * 1000 + i
         q, k, v = attn.tied_max_inputs(seed, queries=cfg.bias_queries, keys=cfg.bias_keys, head_dim=cfg.bias_head_dim,
                                        v_mean=cfg.v_mean, dtype=dtype)
-        o, _ = attn.reference.flash_attention_forward(q, k, v, stable_rounding=cfg.stable_rounding, block_m=cfg.block,
+        o, _ = attn.reference.flash_attention_forward(q, k, v, stable_rounding=_fix(cfg), block_m=cfg.block,
                                                       block_n=cfg.block, precision=cfg.precision)
         r = attn.error_bias(o, attn.attention_fp64(q, k, v))
         out[f"eval/bias_r/seed{i}"] = r
@@ -133,9 +142,9 @@ def attention_fn(cfg: Config, device: torch.device):
     dtype = DTYPES[cfg.dtype]
     probe = torch.empty(0, device=device)
     if attn.resolve_impl(cfg.impl, probe) == "triton":
-        kernel = partial(attn.flash_attention_triton, causal=True, stable_rounding=cfg.stable_rounding)
+        kernel = partial(attn.flash_attention_triton, causal=True, stable_rounding=_fix(cfg))
     else:
-        kernel = partial(attn.flash_attention_reference, causal=True, stable_rounding=cfg.stable_rounding,
+        kernel = partial(attn.flash_attention_reference, causal=True, stable_rounding=_fix(cfg),
                          block_m=cfg.block, block_n=cfg.block, precision=cfg.precision)
 
     def attention(q, k, v):
