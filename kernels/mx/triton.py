@@ -20,6 +20,18 @@ reference up to the fp32 summation order. A global scale is applied once to the 
 accumulator. fp32 activations use an fp32 ("ieee") dot. Under TRITON_INTERPRET=1 the bf16 dot
 multiplies raw bits and fp32 -> bf16 casts truncate, so interpreted, every dot runs in fp32 on
 operands already rounded to the activation dtype, and bf16 results are rounded by bit arithmetic.
+bf16 inputs are widened to fp32 by their bits (u16 -> u32 << 16), exact everywhere (the
+interpreter's cast turns the subnormal 1.01e-39 into 4.41e-39). Offsets are int64 (row * stride
+passes 2^31 elements on large tensors), and quantize reads rows with any stride in place.
+
+Speed. The global scale's amax is one reduction kernel (an integer max over |x|'s bits, one
+atomic per program) instead of PyTorch passes over an fp32 copy. `mx_matmul` walks its output
+tiles in grouped order (GROUP_M rows of tiles share the weight tiles in L2, as in the Triton
+matmul tutorial), decodes E2M1 by assembling the fp32 bits (two integer ops and a select per
+element, no int -> float conversion), and on a GPU autotunes its tiles: large-M shapes over the
+tutorial's Hopper configurations, decode shapes (M <= 64) over 16- and 32-row tiles with split-K
+(each program sums a slice of K into an fp32 partial; the partials are summed in a fixed order,
+so results do not depend on scheduling), the split chosen so that about two programs run per SM.
 """
 
 from __future__ import annotations
@@ -68,6 +80,13 @@ def _fmt_args(fmt) -> dict:
 if HAS_TRITON:
 
     @triton.jit
+    def _widen(x):
+        """x loaded from memory as fp32; bf16 by its bits, exact also for subnormals under the interpreter."""
+        if x.dtype == tl.bfloat16:
+            return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+        return x.to(tl.float32)
+
+    @triton.jit
     def _pow2(e):
         """2^e as fp32 for integer -126 <= e <= 127, built from the exponent bits (exact)."""
         return ((e + 127) << 23).to(tl.float32, bitcast=True)
@@ -106,13 +125,11 @@ if HAS_TRITON:
     def _decode_elem(c, IS_FP4: tl.constexpr, M: tl.constexpr, EMIN: tl.constexpr, NANC: tl.constexpr):
         """Signed element codes (int32) -> fp32."""
         if IS_FP4:
+            # the fp32 bits of E2M1 code c: magnitude codes 0, 1 are 0 and 0.5 (= 126 << 23); from 2 on,
+            # exponent e and mantissa bit m sit right below fp32's, biased by 126: (mag << 22) + (126 << 23)
             mag = c & 7
-            e = mag >> 1
-            m = mag & 1
-            # twice the E2M1 value is the integer m (e = 0) or (2 + m) << (e - 1)
-            twice = tl.where(e == 0, m, (2 + m) << tl.maximum(e - 1, 0))
-            val = twice.to(tl.float32) * 0.5
-            return tl.where((c & 8) != 0, -val, val)
+            bits = tl.where(mag < 2, mag * (126 << 23), (mag << 22) + (126 << 23)) | ((c & 8) << 28)
+            return bits.to(tl.float32, bitcast=True)
         else:
             val = _decode(c & 0x7F, M, EMIN, NANC)
             return tl.where((c & 0x80) != 0, -val, val)
@@ -154,8 +171,9 @@ if HAS_TRITON:
         rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
         cols = pid_b * W + tl.arange(0, W)
         rmask = rows < R
-        x = tl.load(X + rows[:, None] * sxr + cols[None, :], mask=rmask[:, None] & (cols[None, :] < K), other=0.0)
-        bits = x.to(tl.float32).to(tl.int32, bitcast=True)  # [BLOCK_R, W]
+        r64 = rows.to(tl.int64)
+        x = tl.load(X + r64[:, None] * sxr + cols[None, :], mask=rmask[:, None] & (cols[None, :] < K), other=0.0)
+        bits = _widen(x).to(tl.int32, bitcast=True)  # [BLOCK_R, W]
         absbits = bits & 0x7FFFFFFF
         finite_el = absbits < 0x7F800000
         magbits = tl.reshape(tl.where(finite_el, absbits, 0), (BLOCK_R, NBP, BS))
@@ -187,22 +205,23 @@ if HAS_TRITON:
         ecode = tl.reshape(ecode, (BLOCK_R, W))
 
         blocks = pid_b * NBP + tl.arange(0, NBP)
-        tl.store(SCALES + rows[:, None] * ssr + blocks[None, :], scode.to(tl.uint8),
+        tl.store(SCALES + r64[:, None] * ssr + blocks[None, :], scode.to(tl.uint8),
                  mask=rmask[:, None] & (blocks[None, :] < NB))
         if IS_FP4:
             lo, hi = tl.split(tl.reshape(ecode, (BLOCK_R, W // 2, 2)))
             byte = (lo | (hi << 4)).to(tl.uint8)
             bcols = pid_b * (W // 2) + tl.arange(0, W // 2)
-            tl.store(CODES + rows[:, None] * scr + bcols[None, :], byte,
+            tl.store(CODES + r64[:, None] * scr + bcols[None, :], byte,
                      mask=rmask[:, None] & (bcols[None, :] < NB * (BS // 2)))
         else:
-            tl.store(CODES + rows[:, None] * scr + cols[None, :], ecode.to(tl.uint8),
+            tl.store(CODES + r64[:, None] * scr + cols[None, :], ecode.to(tl.uint8),
                      mask=rmask[:, None] & (cols[None, :] < NB * BS))
 
     @triton.jit
     def _load_elems(CODES, rows, rmask, c0, scr, K, IS_FP4: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
         """Element codes (int32) [ROWS, COLS] of the logical (unpacked) code matrix from column c0 (even);
         columns at or past K read as 0."""
+        rows = rows.to(tl.int64)
         if IS_FP4:
             bc = c0 // 2 + tl.arange(0, COLS // 2)
             byte = tl.load(CODES + rows[:, None] * scr + bc[None, :], mask=rmask[:, None] & (bc[None, :] * 2 < K),
@@ -225,8 +244,9 @@ if HAS_TRITON:
         rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
         cols = pid_b * W + tl.arange(0, W)
         rmask = rows < R
+        r64 = rows.to(tl.int64)
         blocks = pid_b * NBP + tl.arange(0, NBP)
-        sc = tl.load(SCALES + rows[:, None] * ssr + blocks[None, :], mask=rmask[:, None] & (blocks[None, :] < NB),
+        sc = tl.load(SCALES + r64[:, None] * ssr + blocks[None, :], mask=rmask[:, None] & (blocks[None, :] < NB),
                      other=0).to(tl.int32)
         g = 1.0
         if HAS_G:
@@ -235,39 +255,65 @@ if HAS_TRITON:
         mask = rmask[:, None] & (cols[None, :] < K)
         c = _load_elems(CODES, rows, rmask, pid_b * W, scr, K, IS_FP4, BLOCK_R, W)
         val = tl.reshape(_decode_elem(c, IS_FP4, EM, EEMIN, ENANC), (BLOCK_R, NBP, BS)) * total[:, :, None]
-        _store_rounded(OUT + rows[:, None] * sor + cols[None, :], tl.reshape(val, (BLOCK_R, W)), mask, OUT_KIND)
+        _store_rounded(OUT + r64[:, None] * sor + cols[None, :], tl.reshape(val, (BLOCK_R, W)), mask, OUT_KIND)
 
     @triton.jit
-    def _mx_matmul_kernel(A, CODES, SCALES, G, C, M, N, K, NB, sam, sak, scn, ssn, scm,
+    def _amax_kernel(X, OUT, R, K, sxr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+        """OUT (int32, zeroed) = max over finite x of |x|'s fp32 bits: non-negative floats order like their bits."""
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+        x = tl.load(X + rows.to(tl.int64)[:, None] * sxr + cols[None, :], mask=(rows[:, None] < R) & (cols[None, :] < K),
+                    other=0.0)
+        absbits = _widen(x).to(tl.int32, bitcast=True) & 0x7FFFFFFF
+        tl.atomic_max(OUT, tl.max(tl.max(tl.where(absbits < 0x7F800000, absbits, 0), 1), 0))
+
+    @triton.jit
+    def _mx_matmul_kernel(A, CODES, SCALES, G, C, M, N, K, NB, sam, sak, scn, ssn, scm, scs, M_BUCKET,
                           BS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr,
                           IS_FP4: tl.constexpr, EM: tl.constexpr, EEMIN: tl.constexpr, ENANC: tl.constexpr,
                           SCALE_E8M0: tl.constexpr, SM: tl.constexpr, SEMIN: tl.constexpr, SNANC: tl.constexpr,
                           HAS_G: tl.constexpr, DOT: tl.constexpr, OUT_KIND: tl.constexpr):
         """C[M, N] = A[M, K] @ W[N, K]^T with W dequantized tile by tile in registers.
 
         DOT: 0 fp32 ("ieee"), 1 bf16, 2 fp16 tensor-core dot, 3 fp32 dot on fp16-rounded weights.
+        Output tiles in grouped order (GROUP_M tile rows at a time). SPLIT_K > 1: program (tile, s)
+        sums the s-th slice of K's tiles and stores the fp32 partial at C + s * scs (no global scale,
+        no rounding: the caller sums the slices).
         """
-        pid_m = tl.program_id(0)
-        pid_n = tl.program_id(1)
+        pid = tl.program_id(0)
+        num_m = tl.cdiv(M, BLOCK_M)
+        num_n = tl.cdiv(N, BLOCK_N)
+        in_group = GROUP_M * num_n
+        first_m = (pid // in_group) * GROUP_M
+        group_rows = tl.minimum(num_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % in_group) % group_rows
+        pid_n = (pid % in_group) // group_rows
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rm64 = rm.to(tl.int64)
+        rn64 = rn.to(tl.int64)
         nmask = rn < N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        k_tiles = tl.cdiv(K, BLOCK_K)
+        per_split = tl.cdiv(k_tiles, SPLIT_K)
+        k_lo = tl.program_id(1) * per_split * BLOCK_K
+        k_hi = tl.minimum(K, k_lo + per_split * BLOCK_K)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
             kmask = rk < K
-            a = tl.load(A + rm[:, None] * sam + rk[None, :] * sak, mask=(rm[:, None] < M) & kmask[None, :], other=0.0)
+            a = tl.load(A + rm64[:, None] * sam + rk[None, :] * sak, mask=(rm[:, None] < M) & kmask[None, :], other=0.0)
             wmask = nmask[:, None] & kmask[None, :]
             c = _load_elems(CODES, rn, nmask, k0, scn, K, IS_FP4, BLOCK_N, BLOCK_K)
             w = _decode_elem(c, IS_FP4, EM, EEMIN, ENANC)  # [BLOCK_N, BLOCK_K]
             if BLOCK_K >= BS:
                 rb = k0 // BS + tl.arange(0, BLOCK_K // BS)
-                sc = tl.load(SCALES + rn[:, None] * ssn + rb[None, :], mask=nmask[:, None] & (rb[None, :] < NB),
+                sc = tl.load(SCALES + rn64[:, None] * ssn + rb[None, :], mask=nmask[:, None] & (rb[None, :] < NB),
                              other=0).to(tl.int32)
                 s = _block_multiplier(sc, 1.0, SCALE_E8M0, SM, SEMIN, SNANC, False)
                 w = tl.reshape(tl.reshape(w, (BLOCK_N, BLOCK_K // BS, BS)) * s[:, :, None], (BLOCK_N, BLOCK_K))
             else:
-                sc = tl.load(SCALES + rn * ssn + k0 // BS, mask=nmask, other=0).to(tl.int32)
+                sc = tl.load(SCALES + rn64 * ssn + k0 // BS, mask=nmask, other=0).to(tl.int32)
                 s = _block_multiplier(sc, 1.0, SCALE_E8M0, SM, SEMIN, SNANC, False)
                 w = w * s[:, None]
             # codes past K are padding: zeroed so that a NaN block's padding cannot reach a masked-out a
@@ -277,12 +323,30 @@ if HAS_TRITON:
             elif DOT == 2:
                 acc += tl.dot(a.to(tl.float16), tl.trans(w.to(tl.float16)))
             elif DOT == 3:
-                acc += tl.dot(a.to(tl.float32), tl.trans(w.to(tl.float16).to(tl.float32)), input_precision="ieee")
+                acc += tl.dot(_widen(a), tl.trans(w.to(tl.float16).to(tl.float32)), input_precision="ieee")
             else:
-                acc += tl.dot(a.to(tl.float32), tl.trans(w), input_precision="ieee")
-        if HAS_G:
-            acc = acc * tl.load(G)
-        _store_rounded(C + rm[:, None] * scm + rn[None, :], acc, (rm[:, None] < M) & nmask[None, :], OUT_KIND)
+                acc += tl.dot(_widen(a), tl.trans(w), input_precision="ieee")
+        cmask = (rm[:, None] < M) & nmask[None, :]
+        if SPLIT_K > 1:
+            tl.store(C + tl.program_id(1).to(tl.int64) * scs + rm64[:, None] * scm + rn[None, :], acc, mask=cmask)
+        else:
+            if HAS_G:
+                acc = acc * tl.load(G)
+            _store_rounded(C + rm64[:, None] * scm + rn[None, :], acc, cmask, OUT_KIND)
+
+    def _mm_configs(small: bool):
+        if small:  # decode shapes: few rows, many columns, split-K chosen by the caller
+            return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1}, num_warps=w, num_stages=st)
+                    for bm in (16, 32) for bn in (32, 64, 128) for bk in (64, 128, 256) for w, st in ((4, 3), (4, 4))]
+        tiles = [(128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 8, 3), (128, 128, 64, 4, 4),
+                 (128, 128, 128, 8, 3), (64, 256, 64, 4, 4), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4),
+                 (64, 64, 64, 4, 4), (128, 32, 64, 4, 4)]
+        return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=w, num_stages=st)
+                for bm, bn, bk, w, st in tiles]
+
+    _MM_KEY = ["M_BUCKET", "N", "K", "SPLIT_K", "DOT", "IS_FP4", "BS"]
+    _mm_small = triton.autotune(_mm_configs(True), key=_MM_KEY)(_mx_matmul_kernel)
+    _mm_large = triton.autotune(_mm_configs(False), key=_MM_KEY)(_mx_matmul_kernel)
 
 
 def _out_kind(dtype: torch.dtype) -> int:
@@ -309,12 +373,14 @@ def quantize_triton(x: torch.Tensor, *, block_size: int = 32, scale_format="e8m0
         raise TypeError(f"quantize takes a floating-point tensor, got {x.dtype}")
     shape, k, dtype = x.shape, x.shape[-1], x.dtype
     x2 = x.detach().reshape(-1, k)
-    x2 = (x2 if x.dtype in DTYPES else x2.float()).contiguous()
+    x2 = x2 if x.dtype in DTYPES else x2.float()
+    if x2.stride(-1) != 1 and k > 1:
+        x2 = x2.contiguous()  # rows may have any stride; elements within a row must be adjacent
     r, nb = x2.shape[0], -(-k // block_size)
     fp4 = elem == E2M1
     codes = torch.empty(r, nb * block_size // (2 if fp4 else 1), dtype=torch.uint8, device=x.device)
     scales = torch.empty(r, nb, dtype=torch.uint8, device=x.device)
-    g = tensor_global_scale(x, elem, scale) if global_scale else None
+    g = global_scale_triton(x2, elem, scale) if global_scale else None
     if r:
         nbp, block_r = _tiles(block_size, r)
         e, s = _fmt_args(elem), _fmt_args(scale)
@@ -328,6 +394,19 @@ def quantize_triton(x: torch.Tensor, *, block_size: int = 32, scale_format="e8m0
                                ESIGN=1 << (elem.bits - 1))
     return MXTensor(codes=codes.reshape(*shape[:-1], -1), scales=scales.reshape(*shape[:-1], nb), global_scale=g,
                     shape=shape, block_size=block_size, elem_format=elem, scale_format=scale, dtype=dtype)
+
+
+def global_scale_triton(x2: torch.Tensor, elem, scale) -> torch.Tensor:
+    """`reference.tensor_global_scale` of x2 [R, K] (unit last stride) with one reduction kernel: the
+    same fp32 value, bit for bit."""
+    amax_bits = torch.zeros(1, dtype=torch.int32, device=x2.device)
+    r, k = x2.shape
+    if r and k:
+        block_r, block_k = (32, 256) if _INTERPRETED else (16, 1024)
+        grid = (triton.cdiv(r, block_r), triton.cdiv(k, block_k))
+        _amax_kernel[grid](x2, amax_bits, r, k, x2.stride(0), BLOCK_R=block_r, BLOCK_K=block_k)
+    g = amax_bits.view(torch.float32)[0] / (scale.max_value * elem.max_value)
+    return g.clamp(min=torch.finfo(torch.float32).tiny)
 
 
 def _scale_args(mx: MXTensor) -> dict:
@@ -357,12 +436,26 @@ def dequantize_triton(mx: MXTensor, dtype: torch.dtype | None = None) -> torch.T
     return out.reshape(mx.shape)
 
 
+def _split_k(m: int, n: int, k: int, device) -> int:
+    """K slices for a decode shape: about two programs per SM with 16 x 64 output tiles, each slice
+    at least 512 deep, a power of two up to 8."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    tiles = triton.cdiv(m, 16) * triton.cdiv(n, 64)
+    split = 1
+    while split < 8 and tiles * split * 2 <= 2 * sms and k // (split * 2) >= 512:
+        split *= 2
+    return split
+
+
 def mx_matmul_triton(a: torch.Tensor, w_mx: MXTensor, *, block_m: int | None = None, block_n: int | None = None,
-                     block_k: int | None = None) -> torch.Tensor:
+                     block_k: int | None = None, group_m: int | None = None, split_k: int | None = None
+                     ) -> torch.Tensor:
     """a [..., K] @ dequantize(w_mx).T, the weight dequantized in registers; fp32 accumulation.
 
     bf16 and fp16 activations take the tensor-core dot of their dtype (fp16 needs the dequantized
-    weights within fp16's range), fp32 activations an fp32 dot. The result has a's dtype.
+    weights within fp16's range), fp32 activations an fp32 dot. The result has a's dtype. Tiles,
+    group_m and split_k left unset are autotuned on a GPU (split_k by `_split_k` for M <= 64) and
+    32 x 32 x 64, group 2, no split under the interpreter.
     """
     _check_runnable(a)
     if len(w_mx.shape) != 2:
@@ -375,22 +468,42 @@ def mx_matmul_triton(a: torch.Tensor, w_mx: MXTensor, *, block_m: int | None = N
     a2 = a.reshape(-1, k)
     m = a2.shape[0]
     c = torch.empty(m, n, dtype=a.dtype, device=a.device)
-    if m and n:
-        if _INTERPRETED:
-            dot = 3 if a.dtype == torch.float16 else 0
-            bm, bn, bk = 32, 32, 64
-        else:
-            dot = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}[a.dtype]
-            bm, bn, bk = (64, 64, 32) if dot == 0 else (128, 128, 64)
+    if not (m and n):
+        return c.reshape(*a.shape[:-1], n)
+    if _INTERPRETED:
+        dot = 3 if a.dtype == torch.float16 else 0
+    else:
+        dot = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}[a.dtype]
+    tiles = None
+    if _INTERPRETED or block_m or block_n or block_k:
+        bm, bn, bk = (32, 32, 64) if _INTERPRETED else ((64, 64, 32) if dot == 0 else (128, 128, 64))
         bm, bn, bk = block_m or bm, block_n or bn, block_k or bk
         if any(b < 16 or b & (b - 1) for b in (bm, bn, bk)):
             raise ValueError(f"matmul tiles must be powers of two >= 16, got {(bm, bn, bk)}")
-        grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
-        codes, scales = w_mx.codes.contiguous(), w_mx.scales.contiguous()
-        g = w_mx.global_scale if w_mx.global_scale is not None else scales
-        extra = {} if _INTERPRETED else dict(num_warps=8 if bm * bn >= 128 * 128 else 4, num_stages=3)
-        _mx_matmul_kernel[grid](a2, codes, scales, g, c, m, n, k, w_mx.n_blocks, a2.stride(0), a2.stride(1),
-                                codes.stride(0), scales.stride(0), c.stride(0),
-                                BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT=dot, OUT_KIND=_out_kind(a.dtype),
-                                **_scale_args(w_mx), **extra)
+        tiles = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m or (2 if _INTERPRETED else 8))
+    if split_k is None:
+        split_k = 1 if (_INTERPRETED or m > 64) else _split_k(m, n, k, a.device)
+    if split_k < 1:
+        raise ValueError(f"split_k must be at least 1, got {split_k}")
+    codes, scales = w_mx.codes.contiguous(), w_mx.scales.contiguous()
+    g = w_mx.global_scale if w_mx.global_scale is not None else scales
+    out = c if split_k == 1 else torch.empty(split_k, m, n, dtype=torch.float32, device=a.device)
+    args = (a2, codes, scales, g, out, m, n, k, w_mx.n_blocks, a2.stride(0), a2.stride(1), codes.stride(0),
+            scales.stride(0), n, m * n, triton.next_power_of_2(m))
+    opts = dict(SPLIT_K=split_k, DOT=dot, OUT_KIND=_out_kind(a.dtype), **_scale_args(w_mx))
+
+    def grid(meta):
+        return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]), split_k)
+
+    if tiles is not None:
+        extra = {} if _INTERPRETED else dict(num_warps=8 if tiles["BLOCK_M"] * tiles["BLOCK_N"] >= 128 * 128 else 4,
+                                             num_stages=3)
+        _mx_matmul_kernel[grid(tiles)](*args, **opts, **tiles, **extra)
+    else:
+        (_mm_small if m <= 64 else _mm_large)[grid](*args, **opts)
+    if split_k > 1:
+        acc = out.sum(0)  # a fixed order: the same result on every run
+        if w_mx.global_scale is not None:
+            acc = acc * w_mx.global_scale
+        c = acc.to(a.dtype)
     return c.reshape(*a.shape[:-1], n)

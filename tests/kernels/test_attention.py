@@ -8,7 +8,6 @@ on inputs whose row maxima are tied.
 
 from __future__ import annotations
 
-import math
 import os
 import subprocess
 import sys
@@ -335,28 +334,8 @@ def test_triton_widens_bf16_subnormals_exactly():
     assert rel(torch.autograd.grad(out, v, dout)[0], torch.autograd.grad(want, v, dout)[0]) < 2 * BF16_EPS
 
 
-def huge_views(shapes, dtype, stride0):
-    """Views of one mapping (reserved, not committed: only touched pages use memory) whose first
-    dimension has stride `stride0` < 2^31, so that index 2 along it sits past 2^31 elements; each
-    view starts 2^31 elements into the mapping, where an int32 offset that wraps would land too."""
-    import mmap
-    per = 2 * stride0 + math.prod(shapes[0][1:])
-    n = 2 ** 31 + per * len(shapes) + 4096
-    try:
-        buf = mmap.mmap(-1, n * torch.tensor([], dtype=dtype).element_size(),
-                        flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0x4000))
-    except (OSError, OverflowError, ValueError) as e:  # pragma: no cover - strict overcommit or 32-bit
-        pytest.skip(f"cannot reserve a {n}-element mapping: {e}")
-    base = torch.frombuffer(buf, dtype=dtype)
-    views = []
-    for i, shape in enumerate(shapes):
-        strides = [stride0] + list(torch.empty(shape[1:]).stride())
-        views.append(base.as_strided(shape, strides, 2 ** 31 + i * per))
-    return views
-
-
 @needs_triton
-def test_triton_offsets_past_2_31_elements():
+def test_triton_offsets_past_2_31_elements(huge_views):
     # Batch 2 starts 2 * (2^31 - 2^12) elements in: as an int32 product that wraps to -2^13 and
     # reads the wrong rows; in int64 it is right. Forward and backward, against compact copies.
     stride0 = 2 ** 31 - 2 ** 12

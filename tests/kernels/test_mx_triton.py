@@ -282,3 +282,63 @@ def test_guards(monkeypatch):
                  lambda: tri.mx_matmul_triton(x, ref.quantize(x))):
         with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
             call()
+
+
+BF16_SUBNORMAL_CASES = [("e8m0", False, "e2m1", 32), ("e8m0", False, "e4m3", 16), ("ue4m3", True, "e2m1", 16),
+                        ("ue5m3", False, "e4m3", 8)]
+
+
+@pytest.mark.parametrize("scale_format, global_scale, elem_format, block_size", BF16_SUBNORMAL_CASES,
+                         ids=lambda v: str(v))
+def test_bf16_subnormals_bit_exact(scale_format, global_scale, elem_format, block_size):
+    # bf16 subnormals (below 1.18e-38): the interpreter's bf16 -> fp32 cast gets them wrong (1.01e-39
+    # -> 4.41e-39); the kernels widen bf16 by its bits. E8M0 blocks of them quantize to nonzero codes
+    # (the scale clamps at 2^-127), so a wrong widening shows in the codes.
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(6, 64, generator=g) * 1e-39
+    x[1] *= 100.0  # normal and subnormal values in one block
+    x[2, ::3] = 3e-38
+    x = x.bfloat16()
+    assert (x.float().abs() < torch.finfo(torch.bfloat16).tiny).float().mean() > 0.5
+    kw = dict(block_size=block_size, scale_format=scale_format, elem_format=elem_format, global_scale=global_scale)
+    want = ref.quantize(x, **kw)
+    got = t_quantize(x, **kw)
+    assert_same_mx(want, got)
+    assert scale_format != "e8m0" or (want.codes != 0).float().mean() > 0.3
+    assert_same_values(t_dequantize(got), ref.dequantize(want))
+    # subnormal activations in the matmul
+    w = ref.quantize(torch.randn(24, 64, generator=g), block_size=32)
+    got_mm, want_mm = t_matmul(x, w), ref.mx_matmul(x, w)
+    bound = matmul_bound(x, ref.dequantize(w), 64) + 2.0 ** -8 * want_mm.double().abs()
+    assert ((got_mm.double() - want_mm.double()).abs() <= bound).all()
+
+
+def test_offsets_past_2_31_elements(huge_views):
+    # Row 2 of each view starts 2 * (2^31 - 2^12) elements in: an int32 row * stride wraps there.
+    stride0 = 2 ** 31 - 2 ** 12
+    x, a = huge_views([(3, 64), (3, 64)], torch.bfloat16, stride0, device=DEVICE)
+    gen = torch.Generator().manual_seed(13)
+    x.copy_(torch.randn(3, 64, generator=gen).bfloat16())
+    a.copy_(torch.randn(3, 64, generator=gen).bfloat16())
+    for kw in (dict(block_size=32), dict(block_size=16, scale_format="ue4m3", global_scale=True)):
+        got = moved(mx.quantize(x, impl="triton", **kw), "cpu")
+        assert_same_mx(ref.quantize(x.cpu(), **kw), got)
+    w = ref.quantize(torch.randn(40, 64, generator=gen), block_size=32)
+    got = mx.mx_matmul(a, moved(w, DEVICE), impl="triton").cpu()
+    assert torch.equal(got, mx.mx_matmul(a.clone(), moved(w, DEVICE), impl="triton").cpu())
+
+
+@pytest.mark.parametrize("tiles", [dict(split_k=3), dict(split_k=2, group_m=1, block_m=16),
+                                   dict(group_m=3, block_m=16, block_n=16, block_k=32)], ids=str)
+def test_mx_matmul_split_k_and_grouped_order_exact(tiles):
+    """Split-K partials (summed in a fixed order) and grouped tile order on the exact-sum case."""
+    if DEVICE == "cuda":
+        pytest.skip("explicit tiles: interpreter check (the GPU run autotunes them)")
+    g = torch.Generator().manual_seed(7)
+    n, k = 40, 200
+    wm = ref.quantize(torch.randn(n, k, generator=g), block_size=8)
+    a = torch.randint(-3, 4, (19, k), generator=g).float()
+    assert torch.equal(tri.mx_matmul_triton(a, wm, **tiles), ref.mx_matmul(a, wm))
+    # a global scale is applied after the partials are summed, then the bf16 rounding: as unsplit
+    wg = ref.quantize(torch.randn(n, k, generator=g), block_size=16, scale_format="ue4m3", global_scale=True)
+    assert torch.equal(tri.mx_matmul_triton(a.bfloat16(), wg, **tiles), tri.mx_matmul_triton(a.bfloat16(), wg))
