@@ -335,14 +335,18 @@ if HAS_TRITON:
         dq = _round(dq * sm_scale, ROUND, DTYPE)
         tl.store(DQ + b * sdqb + h * sdqh + m64[:, None] * sdqt + offs_d[None, :], _narrow(dq, ROUND, DTYPE), mask=q_ok)
 
-    def _configs(big: str, small: str, bigs=(64, 128), smalls=(32, 64, 128)):
-        return [triton.Config({big: a, small: c}, num_warps=w, num_stages=st)
-                for a in bigs for c in smalls for w in (4, 8) for st in (3, 4) if not (a == 128 and c == 128 and st == 4)]
+    def _configs(tiles):
+        """Autotuning candidates (A, B, warps, stages), A x B tiles: few, as each one compiles per launch key."""
+        return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st) for bm, bn, w, st in tiles]
 
     _KEY = ["TQ", "TK", "D", "CAUSAL", "ROUND", "DOT"]
-    _fwd_tuned = triton.autotune(_configs("BLOCK_M", "BLOCK_N"), key=_KEY + ["STABLE"])(_fwd_kernel)
-    _dkdv_tuned = triton.autotune(_configs("BLOCK_N", "BLOCK_M", smalls=(32, 64)), key=_KEY)(_bwd_dkdv_kernel)
-    _dq_tuned = triton.autotune(_configs("BLOCK_M", "BLOCK_N", smalls=(32, 64)), key=_KEY)(_bwd_dq_kernel)
+    # forward and dQ: long query tiles; dK dV: long key tiles (the Triton fused-attention tutorial's shapes)
+    _fwd_tuned = triton.autotune(_configs([(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3),
+                                           (64, 128, 4, 3), (128, 32, 4, 4)]), key=_KEY + ["STABLE"])(_fwd_kernel)
+    _dkdv_tuned = triton.autotune(_configs([(32, 128, 4, 3), (64, 128, 8, 3), (32, 64, 4, 3), (64, 64, 4, 3)]),
+                                  key=_KEY)(_bwd_dkdv_kernel)
+    _dq_tuned = triton.autotune(_configs([(128, 32, 4, 3), (128, 64, 8, 3), (64, 32, 4, 3), (64, 64, 4, 3)]),
+                                key=_KEY)(_bwd_dq_kernel)
 
 
 def _launch_opts(dtype: torch.dtype, allow_tf32: bool = False) -> dict:

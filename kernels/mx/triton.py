@@ -336,8 +336,10 @@ if HAS_TRITON:
 
     def _mm_configs(small: bool):
         if small:  # decode shapes: few rows, many columns, split-K chosen by the caller
+            tiles = [(16, 64, 128, 4, 4), (16, 128, 128, 4, 4), (16, 64, 256, 4, 3), (16, 32, 256, 4, 4),
+                     (16, 128, 64, 4, 4), (32, 64, 128, 4, 4), (32, 128, 128, 4, 3), (32, 64, 256, 4, 3)]
             return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1}, num_warps=w, num_stages=st)
-                    for bm in (16, 32) for bn in (32, 64, 128) for bk in (64, 128, 256) for w, st in ((4, 3), (4, 4))]
+                    for bm, bn, bk, w, st in tiles]
         tiles = [(128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 8, 3), (128, 128, 64, 4, 4),
                  (128, 128, 128, 8, 3), (64, 256, 64, 4, 4), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4),
                  (64, 64, 64, 4, 4), (128, 32, 64, 4, 4)]

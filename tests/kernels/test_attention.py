@@ -26,7 +26,18 @@ from kernels.attention import reference as ref  # noqa: E402
 from kernels.attention import triton as tri  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-needs_triton = pytest.mark.skipif(not tri.HAS_TRITON, reason="triton is not installed")
+# interpreted, the kernels run on CPU tensors; otherwise on the GPU (inputs moved there and results back, see `on_dev`)
+DEVICE = "cpu" if tri.INTERPRETED else "cuda"
+needs_triton = pytest.mark.skipif(not tri.HAS_TRITON or (DEVICE == "cuda" and not torch.cuda.is_available()),
+                                  reason="needs triton, and TRITON_INTERPRET=1 or a CUDA device")
+
+
+def on_dev(fn):
+    """fn on DEVICE: tensor arguments moved there and results brought back to the CPU, differentiably."""
+    def call(*args, **kw):
+        out = fn(*(a.to(DEVICE) if isinstance(a, torch.Tensor) else a for a in args), **kw)
+        return tuple(o.cpu() for o in out) if isinstance(out, tuple) else out.cpu()
+    return call
 BF16_EPS = 2.0 ** -7  # bf16 spacing at 1: one ulp of x is at most this times |x|
 
 
@@ -91,8 +102,8 @@ def test_kernel_precision_rounds_p_before_pv_and_sums_l_unrounded():
     v = torch.tensor([0.0, 1.0]).view(1, 1, 2, 1).bfloat16()
     out, _ = ref.flash_attention_forward(q, k, v)
     assert out.item() == 0.421875
-    if tri.HAS_TRITON:
-        assert tri.triton_forward(q, k, v)[0].item() == 0.421875
+    if tri.HAS_TRITON and (DEVICE == "cpu" or torch.cuda.is_available()):
+        assert on_dev(tri.triton_forward)(q, k, v)[0].item() == 0.421875
 
 
 def test_paper_precision_rounds_the_row_sum_in_bf16():
@@ -151,7 +162,7 @@ def test_stable_rounding_survives_large_tied_maxima(impl):
     # (1e-4 unfixed), and NaN outputs and gradients at m = -110 in every dtype. The bounded rule
     # (shift <= 8) stays within the unfixed error plus half an ulp of max|V|: measured <= 1.4e-4
     # (fp16), 1.7e-3 (bf16), 4.5e-8 (fp32).
-    fn = attention.flash_attention_reference if impl == "reference" else tri.flash_attention_triton
+    fn = attention.flash_attention_reference if impl == "reference" else on_dev(tri.flash_attention_triton)
     blocks = dict(block_m=32, block_n=32)
     ulp = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7, torch.float32: 2.0 ** -23}
     for dtype, m in LARGE_TIES:
@@ -249,7 +260,7 @@ def test_fp32_statistics_show_no_tied_maxima_bias():
 def test_triton_matches_reference_outputs_and_gradients(t, causal, dtype):
     q, k, v = qkv(1, 2, t, 16, dtype=dtype, seed=t)
     blocks = dict(block_m=32, block_n=32)
-    out = tri.flash_attention_triton(q, k, v, causal=causal, **blocks)
+    out = on_dev(tri.flash_attention_triton)(q, k, v, causal=causal, **blocks)
     want = ref.flash_attention_reference(q, k, v, causal=causal, **blocks)
     dout = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), dout)
@@ -285,8 +296,8 @@ def test_triton_matches_reference_outputs_and_gradients(t, causal, dtype):
 def test_triton_stable_rounding_matches_reference(dtype):
     q, k, v = ref.tied_max_inputs(1, queries=64, keys=160, head_dim=16, dtype=dtype)
     blocks = dict(block_m=32, block_n=32)
-    base, lse_base = tri.triton_forward(q, k, v, **blocks)
-    fixed, lse_fixed = tri.triton_forward(q, k, v, stable_rounding=True, **blocks)
+    base, lse_base = on_dev(tri.triton_forward)(q, k, v, **blocks)
+    fixed, lse_fixed = on_dev(tri.triton_forward)(q, k, v, stable_rounding=True, **blocks)
     want, want_lse = ref.flash_attention_forward(q, k, v, stable_rounding=True, **blocks)
     assert (lse_fixed - want_lse).abs().max() < 1e-5
     assert (lse_fixed - lse_base).abs().max() < 1e-5
@@ -300,7 +311,7 @@ def test_triton_stable_rounding_matches_reference(dtype):
     # sum_j P_j (dP_j - D) k_j is ~0: |dQ| is 1/20 of |dK|), so it is compared with the emulation
     # only: measured 7e-5 apart in fp32 and bit-equal in bf16.
     qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
-    out = tri.flash_attention_triton(qg, kg, vg, stable_rounding=True, **blocks)
+    out = on_dev(tri.flash_attention_triton)(qg, kg, vg, stable_rounding=True, **blocks)
     dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(0)).to(dtype)
     grads = torch.autograd.grad(out, (qg, kg, vg), dout)
     want = torch.autograd.grad(ref.flash_attention_reference(qg, kg, vg, stable_rounding=True, **blocks),
@@ -325,7 +336,7 @@ def test_triton_widens_bf16_subnormals_exactly():
     q[0, 0, :4] = (torch.arange(1, 65, dtype=torch.float32).view(4, 16) * 3e-40).bfloat16()  # subnormal queries too
     q.requires_grad_()
     blocks = dict(block_m=32, block_n=32)
-    out = tri.flash_attention_triton(q, k, v, **blocks)
+    out = on_dev(tri.flash_attention_triton)(q, k, v, **blocks)
     want = ref.flash_attention_reference(q, k, v, **blocks)
     assert rel(out, want) < 2 * BF16_EPS
     # dV = P^T dO reads the subnormal queries through P (dQ and dK are themselves near fp32's
@@ -339,7 +350,7 @@ def test_triton_offsets_past_2_31_elements(huge_views):
     # Batch 2 starts 2 * (2^31 - 2^12) elements in: as an int32 product that wraps to -2^13 and
     # reads the wrong rows; in int64 it is right. Forward and backward, against compact copies.
     stride0 = 2 ** 31 - 2 ** 12
-    q, k, v = huge_views([(3, 1, 16, 16)] * 3, torch.bfloat16, stride0)
+    q, k, v = huge_views([(3, 1, 16, 16)] * 3, torch.bfloat16, stride0, device=DEVICE)
     g = torch.Generator().manual_seed(3)
     for x in (q, k, v):
         x.copy_(torch.randn(x.shape, generator=g).bfloat16())
@@ -347,8 +358,8 @@ def test_triton_offsets_past_2_31_elements(huge_views):
     big = [x.requires_grad_() for x in (q, k, v)]
     blocks = dict(block_m=16, block_n=16)
     for causal in (False, True):
-        want = tri.flash_attention_triton(*small, causal=causal, **blocks)
-        out = tri.flash_attention_triton(*big, causal=causal, **blocks)
+        want = on_dev(tri.flash_attention_triton)(*small, causal=causal, **blocks)
+        out = on_dev(tri.flash_attention_triton)(*big, causal=causal, **blocks)
         assert torch.equal(out, want)
         dout = torch.randn(out.shape, generator=g).bfloat16()
         for a, b in zip(torch.autograd.grad(out, big, dout), torch.autograd.grad(want, small, dout)):
@@ -362,8 +373,8 @@ def test_triton_takes_transposed_inputs_without_copies():
     q, k, v = ((x * s).transpose(1, 2) for s in (1.0, 0.5, -1.0))
     assert not q.is_contiguous()
     blocks = dict(block_m=16, block_n=32)
-    out = tri.flash_attention_triton(q, k, v, causal=True, **blocks)
-    assert torch.equal(out, tri.flash_attention_triton(q.contiguous(), k.contiguous(), v.contiguous(), causal=True,
+    out = on_dev(tri.flash_attention_triton)(q, k, v, causal=True, **blocks)
+    assert torch.equal(out, on_dev(tri.flash_attention_triton)(q.contiguous(), k.contiguous(), v.contiguous(), causal=True,
                                                        **blocks))
     assert rel(out, F.scaled_dot_product_attention(q, k, v, is_causal=True)) < 2e-6
 
@@ -374,7 +385,7 @@ def test_triton_causal_mask_only_on_diagonal_tiles(block_m, block_n):
     # The causal mask runs only on tiles that cross the diagonal or the sequence end; tiles of
     # unequal sizes and lengths that are no multiple of either put those boundaries everywhere.
     q, k, v = qkv(1, 1, 50, 16, seed=9, tk=61)
-    out = tri.flash_attention_triton(q, k, v, causal=True, block_m=block_m, block_n=block_n)
+    out = on_dev(tri.flash_attention_triton)(q, k, v, causal=True, block_m=block_m, block_n=block_n)
     dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
     q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
     want = ref.attention_fp64(q64, k64, v64, causal=True)
@@ -394,8 +405,8 @@ def test_triton_tf32_option_and_its_error():
     dout = torch.randn(want.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     exact = torch.autograd.grad(want, (q64, k64, v64), dout)
     blocks = dict(block_m=32, block_n=32)
-    ieee = tri.flash_attention_triton(q, k, v, **blocks)
-    tf32 = tri.flash_attention_triton(q, k, v, allow_tf32=True, **blocks)
+    ieee = on_dev(tri.flash_attention_triton)(q, k, v, **blocks)
+    tf32 = on_dev(tri.flash_attention_triton)(q, k, v, allow_tf32=True, **blocks)
     assert rel(ieee, want) < 2e-6
     assert 1e-4 < rel(tf32, want) < 3e-3
     for g, e in zip(torch.autograd.grad(tf32, (q, k, v), dout.float()), exact):
@@ -406,7 +417,7 @@ def test_triton_tf32_option_and_its_error():
 def test_triton_odd_head_dim_and_unequal_lengths():
     q, k, v = qkv(2, 1, 45, 24, seed=3, tk=70)  # D = 24 pads to 32 inside the kernel
     for causal in (False, True):
-        out = tri.flash_attention_triton(q, k, v, causal=causal, block_m=16, block_n=32)
+        out = on_dev(tri.flash_attention_triton)(q, k, v, causal=causal, block_m=16, block_n=32)
         assert rel(out, F.scaled_dot_product_attention(q, k, v, is_causal=causal)) < 2e-6
 
 
@@ -430,7 +441,7 @@ def test_dispatch_auto_uses_reference_on_cpu_and_rejects_unknown_impls():
 @needs_triton
 def test_dispatch_triton_runs_the_kernel():
     q, k, v = qkv(1, 1, 33, 8, seed=5)
-    out = attention.flash_attention(q, k, v, causal=True, impl="triton")
+    out = on_dev(attention.flash_attention)(q, k, v, causal=True, impl="triton")
     assert rel(out, F.scaled_dot_product_attention(q, k, v, is_causal=True)) < 2e-6
 
 
