@@ -70,8 +70,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.local:
         result = launch.run_local(args.name, cfg, resume=args.resume, track=not args.no_track, wandb=args.wandb)
     else:
-        if args.wandb:
-            raise UsageError("--wandb is supported with --local runs and sweeps; Ray Train runs log to MLflow")
         result = launch.run_ray(
             args.name,
             cfg,
@@ -80,6 +78,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             max_failures=args.max_failures,
             resume=args.resume,
             track=not args.no_track,
+            wandb=args.wandb,
         )
     print(launch.summary(result))
     return 0
@@ -98,7 +97,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         for note in tune_run.launch_problems(definition):
             print(f"  not runnable here, checked again where it launches: {note}")
         return 0
-    result = tune_run.run_sweep(definition, resume=args.resume)
+    result = tune_run.run_sweep(definition, resume=args.resume, wandb=args.wandb)
     print(tune_run.format_trials(result))
     print(f"sweep {result.name!r} finished in {result.wall_s:.0f} s; MLflow experiment {result.name!r}, parent run "
           f"{result.parent_run_id} — open it with `ladder ui`")
@@ -219,6 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", help="a Python file assigning a Sweep to `sweep` (see sweeps/)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted sweep: finished trials are kept, decisions too")
     p.add_argument("--check", action="store_true", help="validate the sweep and exit without running it")
+    p.add_argument("--wandb", action="store_true",
+                   help="each trial also logs to Weights & Biases, project ladder-SWEEP (WANDB_MODE=offline without an account)")
     p.set_defaults(func=_cmd_sweep)
 
     p = sub.add_parser("reproduce", help="run a workload's reproduction sweep and check its paper's claims",

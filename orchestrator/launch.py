@@ -1,7 +1,8 @@
 """Launching one training run: in-process (`LocalRun`) or under Ray Train (`TorchTrainer`).
 
-Both paths create the MLflow run first (params = flattened config, tags, config JSON artifact),
-so a run is on record before it trains, and both write a `run.json` into the run folder that
+Both paths create the MLflow run before training starts (params = flattened config, tags, config
+JSON artifact), under Ray only once the cluster answered and holds the workers, so that a launch
+refused records nothing and a run that starts is on record before it trains, and both write a `run.json` into the run folder that
 names the workload, the config and the MLflow run; `--resume RUN_DIR` continues from it.
 """
 
@@ -165,18 +166,111 @@ def run_local(
     return RunResult(name, metrics, run_dir, run_id, uri, time.monotonic() - started, run.history)
 
 
+class ClusterUnreachable(ResourceError):
+    """RAY_ADDRESS names a cluster this machine cannot use: nothing listens there, or it wants a
+    token this client does not send."""
+
+
+PROBE_TIMEOUT_S = 3.0
+"""Seconds each connection check may take (a TCP connect, then one GCS request)."""
+
+_TOKEN_HELP = ("set RAY_AUTH_MODE=token and give this machine the cluster's token: the file ~/.ray/auth_token, "
+               "a file named by RAY_AUTH_TOKEN_PATH, or the token itself in RAY_AUTH_TOKEN (docs/cluster.md, 'The token')")
+
+
+def check_cluster(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """Refuse a cluster address that `ray.init` could not use, within seconds and naming the fix.
+
+    `ray.init` retries a GCS address where nothing listens for minutes, printing only "Failed to
+    get cluster ID", and takes half a minute to refuse a client without the cluster's token. A
+    plain TCP connect, then the GCS request `ray.init` starts with (sent with the token Ray would
+    send), answer both questions first. Addresses that are not host:port (auto, ray://) are left
+    to Ray; so is a GCS request this Ray cannot make (its private modules moved)."""
+    import socket
+
+    shown = f"RAY_ADDRESS={address}"
+    if "://" in address or address in ("auto", "local") or ":" not in address:
+        return
+    host, _, port_text = address.rpartition(":")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ClusterUnreachable(f"{shown} is not host:port (the head's GCS address, e.g. 10.0.0.5:6379)") from None
+    try:
+        with socket.create_connection((host.strip("[]"), port), timeout=timeout_s):
+            pass
+    except socket.timeout:
+        raise ClusterUnreachable(
+            f"cannot reach the Ray cluster at {shown}: no answer within {timeout_s:g} s (a wrong host, or a firewall "
+            "between here and the head). Point RAY_ADDRESS at the head's GCS address (HEAD_IP:6379, what `ray start "
+            "--head` printed), or unset it to run on a local Ray") from None
+    except OSError as exc:
+        why = "nothing is listening there (connection refused)" if isinstance(exc, ConnectionRefusedError) else str(exc)
+        raise ClusterUnreachable(
+            f"cannot reach the Ray cluster at {shown}: {why}. Start the cluster (`ray start --head --port=6379` on "
+            "the head) or point RAY_ADDRESS at its GCS address (HEAD_IP:6379), or unset RAY_ADDRESS to run on a "
+            "local Ray") from None
+    _check_gcs(address, shown, timeout_s)
+
+
+def _check_gcs(address: str, shown: str, timeout_s: float) -> None:
+    try:
+        import grpc
+        from ray._private.authentication.grpc_authentication_client_interceptor import (
+            SyncAuthenticationMetadataClientInterceptor,
+        )
+        from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+    except ImportError:  # a Ray whose private modules moved: ray.init answers, more slowly
+        return
+    mode = os.environ.get("RAY_AUTH_MODE") or "unset"
+    channel = grpc.intercept_channel(grpc.insecure_channel(address), SyncAuthenticationMetadataClientInterceptor())
+    try:
+        gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
+            gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s)
+    except grpc.RpcError as exc:
+        code = exc.code()
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            sent = ("the token this client sent was refused (a different cluster's token?)" if mode == "token"
+                    else f"this client sends none (RAY_AUTH_MODE is {mode})")
+            raise ClusterUnreachable(f"the Ray cluster at {shown} requires an authentication token and {sent}: "
+                                     f"{_TOKEN_HELP}") from None
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNIMPLEMENTED):
+            raise ClusterUnreachable(
+                f"{shown} accepts connections but does not answer as a Ray head ({code.name}: {exc.details()}): "
+                "point RAY_ADDRESS at the head's GCS port (6379 unless `ray start --head --port` said otherwise)"
+            ) from None
+        raise
+    except Exception as exc:
+        if type(exc).__name__ != "AuthenticationError":
+            raise
+        # RAY_AUTH_MODE=token, and no token where Ray looks for one.
+        raise ClusterUnreachable(f"RAY_AUTH_MODE is token but this machine has no token for the Ray cluster at {shown}: "
+                                 f"{_TOKEN_HELP}") from None
+    finally:
+        channel.close()
+
+
 def init_ray(num_cpus: float | None = None) -> None:
-    """Connect to `RAY_ADDRESS` when set, else start a local Ray sized to this machine."""
+    """Connect to `RAY_ADDRESS` when set (checked first: `check_cluster`), else start a local Ray
+    sized to this machine."""
     import ray
 
     if ray.is_initialized():
         return
+    if os.environ.get("RAY_ADDRESS"):
+        check_cluster(os.environ["RAY_ADDRESS"])
     # Train V2's placement-group cleaner polls the State API, which the dashboard serves.
     # Train's controller takes one report per health-check poll (2 s by default): poll faster.
     env = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")}
+    # --wandb's mode and folder reach the trials and workers on every node (offline needs no account).
+    env.update({k: os.environ[k] for k in ("WANDB_MODE", "WANDB_DIR") if os.environ.get(k)})
     kwargs: dict[str, Any] = {"logging_level": "WARNING", "log_to_driver": True, "runtime_env": {"env_vars": env}}
     if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], **kwargs)
+        try:
+            ray.init(address=os.environ["RAY_ADDRESS"], **kwargs)
+        except ConnectionError as exc:
+            raise ClusterUnreachable(f"could not connect to the Ray cluster at RAY_ADDRESS={os.environ['RAY_ADDRESS']}: "
+                                     f"{exc}. If the cluster uses token authentication, {_TOKEN_HELP}") from exc
     else:
         ray.init(num_cpus=int(num_cpus or local_cpus()), include_dashboard=True, dashboard_host="127.0.0.1", **kwargs)
 
@@ -191,9 +285,13 @@ def run_ray(
     resume: str | os.PathLike | None = None,
     track: bool = True,
     progress: bool = True,
+    wandb: bool = False,
     tags: dict[str, str] | None = None,
 ) -> RunResult:
-    """Train under Ray Train with `workers` DDP workers (gloo on CPU)."""
+    """Train under Ray Train with `workers` DDP workers (gloo on CPU); with `wandb`, rank 0 also
+    logs to Weights & Biases."""
+    if wandb:
+        tracking.check_wandb()
     if not os.environ.get("RAY_ADDRESS"):
         check_resources(workers, cpus_per_worker)
     if resume is not None:
@@ -201,18 +299,36 @@ def run_ray(
 
         record = load_run_record(resume)
         zero.check_resume_workers(from_dict(registry.load(name).Config, record["config"]), record.get("workers"), workers)
+    import ray
+
+    # The cluster answers and holds the workers before anything is recorded.
+    init_ray()
+    if os.environ.get("RAY_ADDRESS"):
+        check_resources(workers, cpus_per_worker, ray.cluster_resources().get("CPU", 0.0), where="the Ray cluster at RAY_ADDRESS")
     workload, cfg, run_dir, run_id, uri = _prepare(name, cfg, resume, track, f"ray-train x{workers}", tags or {},
                                                    workers=workers)
+    started = time.monotonic()
+    status = "FAILED"
+    try:
+        result = _fit_run(name, cfg, run_dir, run_id, uri, workers, cpus_per_worker, max_failures, progress, wandb)
+        status = "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        if run_id:
+            tracking.end_run(run_id, status, uri=uri, outbox_dir=outbox.default_dir())
+    metrics = dict(result.return_value or {})
+    return RunResult(name, metrics, run_dir, run_id, uri, time.monotonic() - started)
 
-    import ray
+
+def _fit_run(name: str, cfg: Any, run_dir: Path, run_id: str | None, uri: str | None, workers: int,
+             cpus_per_worker: float, max_failures: int, progress: bool, wandb: bool = False) -> Any:
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
     from orchestrator.ray_train import worker_entry
 
-    init_ray()
-    if os.environ.get("RAY_ADDRESS"):
-        check_resources(workers, cpus_per_worker, ray.cluster_resources().get("CPU", 0.0), where="the Ray cluster at RAY_ADDRESS")
     trainer = TorchTrainer(
         worker_entry,
         train_loop_config={
@@ -223,6 +339,7 @@ def run_ray(
             "cpus_per_worker": cpus_per_worker,
             "progress": progress,
             "outbox_dir": str(outbox.default_dir()),
+            "wandb": {"project": f"ladder-{name}", "name": run_dir.name} if wandb else None,
         },
         torch_config=TorchConfig(backend="gloo"),
         scaling_config=ray.train.ScalingConfig(num_workers=workers, resources_per_worker={"CPU": cpus_per_worker}),
@@ -235,19 +352,7 @@ def run_ray(
             logging_config=ray.train.LoggingConfig(log_level="WARNING"),
         ),
     )
-    started = time.monotonic()
-    status = "FAILED"
-    try:
-        result = trainer.fit()
-        status = "FINISHED"
-    except KeyboardInterrupt:
-        status = "KILLED"
-        raise
-    finally:
-        if run_id:
-            tracking.end_run(run_id, status, uri=uri, outbox_dir=outbox.default_dir())
-    metrics = dict(result.return_value or {})
-    return RunResult(name, metrics, run_dir, run_id, uri, time.monotonic() - started)
+    return trainer.fit()
 
 
 def summary(result: RunResult) -> str:

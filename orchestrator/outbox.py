@@ -77,13 +77,16 @@ class Outbox:
         self.run_id = run_id
         self.uri = uri
 
-    def append(self, kind: str, payload: Any) -> None:
+    def append(self, kind: str, payload: Any, *, sync: bool = True) -> None:
+        """Add a record; `sync=False` leaves it in the OS's hands (it survives the process, not
+        the machine), for points spooled while the server answers."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         line = json.dumps({"run_id": self.run_id, "uri": self.uri, "kind": kind, "payload": payload})
         with open(self.path, "a", encoding="utf-8") as fh:
             fh.write(line + "\n")
             fh.flush()
-            os.fsync(fh.fileno())
+            if sync:
+                os.fsync(fh.fileno())
 
     def records(self) -> list[dict[str, Any]]:
         if not self.path.is_file():

@@ -198,19 +198,30 @@ def worker_entry(loop_config: dict[str, Any]) -> dict[str, float]:
 
             run_id, uri = loop_config["mlflow_run_id"], loop_config["tracking_uri"]
             sink = MlflowSink(run_id, uri, skip_through=last_recorded_step(run_id, uri),
-                              outbox_dir=loop_config.get("outbox_dir"))
+                              outbox_dir=loop_config.get("outbox_dir"), spool=bool(loop_config.get("spool")))
             # Recorded from inside the worker group: what ran, not what was asked for.
             ctx = ray.train.get_context()
             sink.set_tags({"ladder.world_size": str(ctx.get_world_size()), "ladder.backend": _backend()})
             sinks.append(sink)
         if loop_config.get("progress", True):
             sinks.append(ProgressSink(loop_config["workload"]))
+        if loop_config.get("wandb"):
+            from orchestrator.config import flatten
+            from orchestrator.tracking import WandbSink
+
+            w = loop_config["wandb"]
+            sinks.append(WandbSink(w["project"], w["name"], flatten(cfg), group=w.get("group")))
     from orchestrator.checkpoints import identity
 
     run = RayTrainRun(sinks=sinks, cpus_per_worker=loop_config["cpus_per_worker"], zero=zero_engine.spec_of(cfg),
                       identity=identity(loop_config["workload"], loop_config["config"]))
-    final = workload.train(cfg, run)
-    run.flush()
-    for sink in run.sinks:
-        sink.flush()
+    from orchestrator.tracking import finish_quietly
+
+    try:
+        final = workload.train(cfg, run)
+        run.flush()
+        for sink in run.sinks:
+            sink.flush()
+    finally:
+        finish_quietly(run.sinks)
     return {k: float(v) for k, v in final.items()}  # rank 0's becomes Result.return_value

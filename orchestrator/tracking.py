@@ -221,6 +221,11 @@ class MlflowSink:
     goes on: undelivered points go to the run's outbox on disk (`orchestrator.outbox`), the
     console says so once, and the sink retries at a growing interval (up to a minute) until the
     server is back, then delivers everything and says so.
+
+    With `spool=True` (sweep trials) every point also goes to the run's outbox file as it is
+    reported, until it is sent: a trial that Tune stops between two flushes ends with its
+    process, and the driver then delivers what its outbox holds (`deliver_leftovers`), so that a
+    stopped, failed or killed trial keeps every point it reported.
     """
 
     RETRY_MAX_S = float(os.environ.get("LADDER_TRACKING_RETRY_MAX_S", "60"))
@@ -234,6 +239,7 @@ class MlflowSink:
         flush_every_s: float = 5.0,
         skip_through: int | None = None,
         outbox_dir: str | os.PathLike | None = None,
+        spool: bool = False,
     ) -> None:
         from orchestrator import outbox
 
@@ -247,13 +253,16 @@ class MlflowSink:
         self._buffer: list[Any] = []
         self._last_flush = time.monotonic()
         self._client = client(self.uri)
-        self._box = outbox.Outbox(outbox_dir, run_id, self.uri) if outbox_dir and outbox.is_remote(self.uri) else None
+        self.spool = bool(spool and outbox_dir)
+        self._box = (outbox.Outbox(outbox_dir, run_id, self.uri)
+                     if outbox_dir and (self.spool or outbox.is_remote(self.uri)) else None)
         self._spooled = 0  # how many of self._buffer are already in the outbox file
         self._down_since: float | None = None
         self._retry_s = min(flush_every_s, self.RETRY_MAX_S)
         if self._box is not None and self._box.path.is_file():
             # An earlier attempt of this run left points undelivered: they go first, and a replay
-            # of their steps must not record them twice.
+            # of their steps must not record them twice (delivered now or later).
+            waiting = self._box.max_step()
             try:
                 with outbox.fail_fast():
                     self._box.deliver()
@@ -261,7 +270,6 @@ class MlflowSink:
                 if not outbox.is_unreachable(exc):
                     raise
                 self._went_down(exc)
-            waiting = self._box.max_step() if self._box.path.is_file() else None
             if waiting is not None:
                 self.skip_through = max(waiting, self.skip_through if self.skip_through is not None else waiting)
 
@@ -276,6 +284,8 @@ class MlflowSink:
             return
         now_ms = int(time.time() * 1000)
         self._buffer.extend(Metric(k, float(v), now_ms, int(step)) for k, v in metrics.items())
+        if self.spool and not self.unreachable:
+            self._spool(sync=False)
         if self.unreachable:
             self._spool()  # on disk at once: a crash during the outage loses nothing reported
             if time.monotonic() - self._last_flush > self._retry_s:
@@ -316,11 +326,11 @@ class MlflowSink:
             self._client.log_batch(self.run_id, metrics=chunk)
             self._buffer = self._buffer[900:]
 
-    def _spool(self) -> None:
+    def _spool(self, sync: bool = True) -> None:
         from orchestrator.outbox import metric_rows
 
         if self._box is not None and self._spooled < len(self._buffer):
-            self._box.append("metrics", metric_rows(self._buffer[self._spooled :]))
+            self._box.append("metrics", metric_rows(self._buffer[self._spooled :]), sync=sync)
             self._spooled = len(self._buffer)
 
     def _went_down(self, exc: BaseException) -> None:
@@ -348,16 +358,36 @@ class MlflowSink:
             outbox.guarded(self._box.path.parent, self.run_id, self.uri, "tags", outbox.as_tags(tags), send)
 
 
+def deliver_leftovers(outbox_dir: str | os.PathLike | None, run_id: str, uri: str | None = None) -> int:
+    """Send what an ended run's outbox still holds (the points a stopped or killed trial had not
+    flushed); returns the points sent. A point sent twice is stored once (MLflow keys a point by
+    key, step, timestamp and value). A server that does not answer leaves them for `ladder sync`."""
+    from orchestrator import outbox
+
+    if outbox_dir is None:
+        return 0
+    box = outbox.Outbox(outbox_dir, run_id, uri or tracking_uri())
+    if not box.path.is_file():
+        return 0
+    try:
+        return box.deliver()
+    except Exception as exc:
+        if not outbox.is_unreachable(exc):
+            raise
+        outbox.warn_kept(box.uri, f"points of run {run_id}", box.path)
+        return 0
+
+
 class WandbSink:
     """Optional second logger. Honours `WANDB_MODE` (use `offline` without an account)."""
 
-    def __init__(self, project: str, name: str, config: Mapping[str, Any]) -> None:
+    def __init__(self, project: str, name: str, config: Mapping[str, Any], *, group: str | None = None) -> None:
         try:
             import wandb
         except ImportError as exc:  # pragma: no cover - depends on the optional extra
             raise RuntimeError("wandb logging asked for but wandb is not installed: pip install 'ladder[wandb]'") from exc
         self._wandb = wandb
-        self._run = wandb.init(project=project, name=name, config=dict(config), reinit="create_new")
+        self._run = wandb.init(project=project, name=name, group=group, config=dict(config), reinit="create_new")
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         self._run.log(dict(metrics), step=int(step))
@@ -370,6 +400,24 @@ class WandbSink:
 
     def finish(self) -> None:
         self._run.finish()
+
+
+def check_wandb() -> None:
+    """Refuse --wandb before anything starts when wandb is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("wandb") is None:
+        raise ConfigError("--wandb needs wandb: pip install 'ladder[wandb]' (set WANDB_MODE=offline without an account)")
+
+
+def finish_quietly(sinks: list[Any]) -> None:
+    """End the wandb runs among `sinks`; a failure to is reported, never raised over the run's own outcome."""
+    for sink in sinks:
+        if isinstance(sink, WandbSink):
+            try:
+                sink.finish()
+            except Exception as exc:
+                warn(f"could not finish the wandb run ({type(exc).__name__}: {exc})")
 
 
 def warn(msg: str) -> None:

@@ -120,14 +120,22 @@ def trial_main(config: dict[str, Any], meta: dict[str, Any]) -> None:
 
             torch.set_num_threads(max(1, int(meta["cpus_per_worker"])))
             skip = tracking.last_recorded_step(run_id, uri) if run_id else None
-            sinks = [tracking.MlflowSink(run_id, uri, skip_through=skip, outbox_dir=meta.get("outbox_dir"))] if run_id else []
+            sinks: list[Any] = [tracking.MlflowSink(run_id, uri, skip_through=skip, outbox_dir=meta.get("outbox_dir"),
+                                                    spool=True)] if run_id else []
+            if meta.get("wandb"):
+                sinks.append(tracking.WandbSink(f"ladder-{meta['sweep']}", f"{meta['sweep']}-{trial_id}", flatten(cfg),
+                                                group=meta["sweep_id"]))
             from orchestrator.checkpoints import identity
 
             run = TuneRun(sinks=sinks, identity=identity(meta["workload"], to_dict(cfg)))
-            final = workload.train(cfg, run)
-            run.flush()
-            for sink in sinks:
-                sink.flush()
+            try:
+                final = workload.train(cfg, run)
+                run.flush()
+            finally:
+                # Also when the loop raised, or Tune stopped the trial (SystemExit in its report):
+                # what is not sent now waits in the outbox for the driver.
+                _flush_quietly(sinks)
+                tracking.finish_quietly(sinks)
         else:
             final = _fit_train(meta, cfg, trial_id, run_id)
         if run_id:
@@ -136,6 +144,46 @@ def trial_main(config: dict[str, Any], meta: dict[str, Any]) -> None:
     finally:
         if run_id:
             tracking.end_run(run_id, status, uri=uri, outbox_dir=meta.get("outbox_dir"))
+
+
+STOP_GRACE_S = 10.0
+"""Seconds a trial that Tune stops may take to finish its own `finally` (flush its metrics, end its
+MLflow and wandb runs) before its process goes."""
+
+
+def _graceful(fn: Any) -> Any:
+    """The function trainable `fn` as Tune's class, whose cleanup lets the trial's thread finish.
+
+    Tune stops a function trainable by waking its training thread inside `report` (which then
+    raises SystemExit) and ends the process without waiting for it: a trial stopped when no other
+    trial waits for its process (the last ones of a sweep) lost the end of its curve and its wandb
+    run. Tune keeps the name, so sweeps started before still resume."""
+    from ray.tune.trainable.function_trainable import wrap_function
+
+    base = wrap_function(fn)
+
+    class Graceful(base):  # type: ignore[misc, valid-type]
+        def cleanup(self) -> None:
+            try:
+                from ray.train._internal.session import get_session
+
+                session = get_session()
+                if session is not None and session.training_started:
+                    session.finish(timeout=STOP_GRACE_S)
+            except BaseException:  # what training raised is Tune's to report, in its own cleanup
+                pass
+            super().cleanup()
+
+    return Graceful
+
+
+def _flush_quietly(sinks: list[Any]) -> None:
+    for sink in sinks:
+        try:
+            sink.flush()
+        except Exception as exc:  # never hide why the trial ended; the outbox keeps the points
+            tracking.warn(f"could not flush the trial's metrics ({type(exc).__name__}: {exc}); "
+                          "the sweep's driver sends them when the trial ends")
 
 
 def _fit_train(meta: Mapping[str, Any], cfg: Any, trial_id: str, run_id: str | None) -> dict[str, float]:
@@ -155,6 +203,9 @@ def _fit_train(meta: Mapping[str, Any], cfg: Any, trial_id: str, run_id: str | N
             "cpus_per_worker": meta["cpus_per_worker"],
             "progress": False,
             "outbox_dir": meta.get("outbox_dir"),
+            "spool": True,
+            "wandb": {"project": f"ladder-{meta['sweep']}", "name": f"{meta['sweep']}-{trial_id}",
+                      "group": meta["sweep_id"]} if meta.get("wandb") else None,
         },
         # NCCL between GPU workers; gloo on CPU.
         torch_config=TorchConfig(backend="nccl" if meta.get("gpus_per_worker") else "gloo"),
@@ -287,9 +338,14 @@ def _state_file(sweep: Sweep) -> Path:
     return sweep_storage(sweep) / sweep.name / "sweep.json"
 
 
-def run_sweep(sweep: Sweep, *, resume: bool = False, progress: bool = True) -> SweepResult:
-    """Check, then run `sweep` on the local Ray (or `RAY_ADDRESS`), resuming when asked."""
+def run_sweep(sweep: Sweep, *, resume: bool = False, progress: bool = True, wandb: bool = False) -> SweepResult:
+    """Check, then run `sweep` on the local Ray (or `RAY_ADDRESS`), resuming when asked; with
+    `wandb`, every trial also logs to a Weights & Biases run (project ladder-<sweep>, grouped by
+    sweep invocation)."""
     from orchestrator.launch import local_cpus
+
+    if wandb:
+        tracking.check_wandb()
 
     base = sweep.check()
     check_job_environment()
@@ -313,7 +369,12 @@ def run_sweep(sweep: Sweep, *, resume: bool = False, progress: bool = True) -> S
     if not os.environ.get("RAY_ADDRESS"):
         concurrency = resolve_concurrency(sweep, local_cpus(), local_gpus(), where="this machine (local Ray)")
     else:
-        concurrency = None
+        # The cluster answers and holds a trial before anything is recorded.
+        from orchestrator.launch import init_ray
+
+        init_ray()
+        capacity, where = cluster_capacity()
+        concurrency = resolve_concurrency(sweep, capacity.get("CPU", 0.0), capacity.get("GPU", 0.0), where=where)
     workload = sweep.load_workload()
     metric, mode = sweep.objective
     uri = tracking.tracking_uri()
@@ -334,6 +395,8 @@ def run_sweep(sweep: Sweep, *, resume: bool = False, progress: bool = True) -> S
         record = json.loads(state_file.read_text())
         if record["trial_params"] != json.loads(json.dumps(sweep.trial_params(), default=str)):
             raise SweepError(f"sweep {sweep.name!r} changed since it started: its trials differ; rename it to start anew")
+        if record.get("parent_run_id"):
+            tracking.client(uri).update_run(record["parent_run_id"], status="RUNNING")
     else:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         parent = tracking.start_run(
@@ -373,8 +436,20 @@ def run_sweep(sweep: Sweep, *, resume: bool = False, progress: bool = True) -> S
         "sweep_id": record["sweep_id"],
         "storage": str(sweep_storage(sweep) / sweep.name / "train"),
         "outbox_dir": str(runs_root() / "outbox" if os.environ.get(RUNS_DIR_ENV) else outbox.default_dir()),
+        "wandb": bool(wandb),
     }
-    return _fit(sweep, meta, record, reference, concurrency, resume, progress)
+    status = "FAILED"
+    try:
+        result = _fit(sweep, meta, record, reference, concurrency, resume, progress)
+        status = "FINISHED"
+        return result
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        if status != "FINISHED" and record.get("parent_run_id"):
+            # Not left RUNNING: the parent says the invocation ended; --resume continues the sweep.
+            tracking.end_run(record["parent_run_id"], status, uri=uri)
 
 
 def _console_callback(metric: str) -> Any:
@@ -407,9 +482,6 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
 
     metric, mode = sweep.objective
     init_ray()
-    if concurrency is None:
-        capacity, where = cluster_capacity()
-        concurrency = resolve_concurrency(sweep, capacity.get("CPU", 0.0), capacity.get("GPU", 0.0), where=where)
     scheduler_state = sweep_storage(sweep) / sweep.name / "scheduler.json"
     diagnostics = None
     if sweep.scheduler == "collapse":
@@ -422,12 +494,13 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
     # whose workers hold the CPUs (a CPU held by the driver too would starve them on small nodes).
     # Ray refuses an empty bundle, so the driver asks for a little memory instead of a CPU.
     resources = {"cpu": sweep.cpus_per_worker} if meta["in_trial"] else {"cpu": 0, "memory": 64 * 2**20}
-    trainable = tune.with_resources(tune.with_parameters(trial_main, meta=meta), resources)
+    trainable = tune.with_resources(_graceful(tune.with_parameters(trial_main, meta=meta)), resources)
     storage = str(sweep_storage(sweep) / sweep.name)
     started = time.monotonic()
     tune_path = os.path.join(storage, "tune")
     if resume and tune.Tuner.can_restore(tune_path):
         tuner = tune.Tuner.restore(tune_path, trainable, resume_unfinished=True, resume_errored=True)
+        _use_scheduler(tuner, scheduler)
     else:
         tuner = tune.Tuner(
             trainable,
@@ -457,13 +530,20 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
         metrics = r.metrics or {}
         tid = str(metrics.get("trial_id", "?"))
         d = decisions.get(tid, {})
+        short = metrics.get("progress", 0) < 1 - 1e-9
+        if sweep.scheduler in ("asha", "median"):
+            # Ray's schedulers keep no record of their decisions: a trial that ended cleanly
+            # short of its budget is one they stopped.
+            stopped = short and not r.error
+        else:
+            stopped = d.get("action") == "stop" and short
         trials.append(
             {
                 "trial_id": tid,
                 "params": (r.config or {}).get("params", {}),
                 "progress": metrics.get("progress", float("nan")),
                 "objective": metrics.get(metric, float("nan")),
-                "stopped": d.get("action") == "stop" and metrics.get("progress", 0) < 1 - 1e-9,
+                "stopped": stopped,
                 "diverged": bool(d.get("diverged")),
                 "predicted": d.get("predicted"),
                 "error": str(r.error) if r.error else "",
@@ -480,14 +560,34 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
                        time.monotonic() - started, Path(storage), metric)
 
 
+def _use_scheduler(tuner: Any, scheduler: Any) -> None:
+    """Make a restored Tuner run `scheduler`, built now from the sweep file, instead of the copy
+    pickled when the sweep began.
+
+    The two hold the same configuration (the sweep's trials are checked unchanged; ASHA and the
+    median rule keep no state that Tune restores; ours reads its decisions from its state file
+    either way), but the pickled copy may come from an older ladder that built Ray's schedulers
+    with their own metric, which Tune refuses next to TuneConfig's, and it is not the object whose
+    decisions and diagnostics this driver reads after the fit."""
+    internal = getattr(tuner, "_local_tuner", None)
+    config = getattr(internal, "_tune_config", None)
+    if config is not None:
+        config.scheduler = scheduler
+
+
 def _close_child_runs(meta: Mapping[str, Any], trials: list[dict[str, Any]]) -> None:
-    """End the MLflow runs of trials that Tune stopped (their process is gone before it can)."""
+    """Send what the sweep's trials left in their outboxes, and end the MLflow runs of trials that
+    Tune stopped (their process may be gone before it can)."""
     c = tracking.client(meta["tracking_uri"])
     exp = c.get_experiment_by_name(meta["experiment"])
     by_id = {t["trial_id"]: t for t in trials}
-    for run in c.search_runs([exp.experiment_id], filter_string=f"tags.`ladder.sweep_id` = '{meta['sweep_id']}'"):
+    for run in c.search_runs([exp.experiment_id], filter_string=f"tags.`ladder.sweep_id` = '{meta['sweep_id']}'",
+                             max_results=50000):
         tid = run.data.tags.get("ladder.trial_id")
         trial = by_id.get(tid)
+        if tid is not None:
+            # Points a trial reported after its last flush, before Tune stopped it (or the driver died).
+            tracking.deliver_leftovers(meta.get("outbox_dir"), run.info.run_id, meta["tracking_uri"])
         # A stopped trial's process ends mid-loop: its run is left RUNNING, or FAILED when the
         # loop noticed; Tune's record says how the trial really ended.
         if trial is None or run.info.status == "FINISHED":

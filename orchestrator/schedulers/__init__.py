@@ -3,6 +3,11 @@
 Every scheduler compares trials on their training fraction (`progress`), not on Tune's
 iteration count, so trials that report at different rates are compared at the same point of
 their budgets.
+
+The objective (metric and mode) is set in one place, the sweep's `tune.TuneConfig`, which hands
+it to the scheduler: Ray refuses a Tuner whose scheduler was built with a metric of its own.
+`metric` and `mode` here feed only our collapse scheduler, which accepts the same objective
+again from Tune (and refuses another one).
 """
 
 from __future__ import annotations
@@ -32,8 +37,6 @@ def build(
         # progress is a fraction; ASHA's rungs need integer-like milestones, so use percent.
         return AsyncHyperBandScheduler(
             time_attr="progress_pct",
-            metric=metric,
-            mode=mode,
             max_t=100,
             grace_period=float(opts.pop("grace_period", 0.1)) * 100,
             reduction_factor=float(opts.pop("reduction_factor", 2)),
@@ -42,8 +45,6 @@ def build(
     if name == "median":
         return MedianStoppingRule(
             time_attr="progress_pct",
-            metric=metric,
-            mode=mode,
             grace_period=float(opts.pop("grace_period", 0.1)) * 100,
             min_samples_required=int(opts.pop("min_samples_required", 2)),
             **opts,

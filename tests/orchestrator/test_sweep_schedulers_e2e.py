@@ -1,0 +1,182 @@
+"""Ray Tune's own schedulers (asha, median) run real sweeps of the synthetic curves workload end to
+end, on one local Ray and one MLflow store shared by the module: every trial is an MLflow child
+run that ends FINISHED (stopped ones tagged so) with every point it reported, also when the
+driver is killed mid-sweep and the sweep resumed; a cluster address that cannot be used is
+refused within seconds, before anything is recorded.
+
+Trials are tiny (a 100-step curve, 20 reports, microseconds per step), so the cost is Tune's and
+MLflow's own. They are ordered best learning rate first, so that later trials are worse at every
+rung and the schedulers have something to stop.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import run_cli
+from orchestrator import tracking
+from orchestrator.sweep import load_sweep_file
+from orchestrator.tune_run import format_trials, run_sweep
+
+STEPS, EVERY = 100, 5
+SWEEP = """
+from orchestrator.sweep import Sweep
+# Best first: the final loss grows with the squared log distance from lr = 1e-2.
+sweep = Sweep(name="{name}", workload="curves", base="smoke",
+              overrides={{"steps": {steps}, "report_every": {every}, "checkpoint_every": 50}},
+              points=tuple({{"lr": lr}} for lr in (1e-2, 2e-2, 5e-3, 5e-2, 2e-3, 1e-1)),
+              scheduler="{scheduler}", scheduler_options={options}, objective=("eval/loss", "min"))
+"""
+OPTIONS = {"asha": '{"grace_period": 0.2, "reduction_factor": 2}', "median": '{"grace_period": 0.2}'}
+TRIALS = 6
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """One local Ray and one folder (so one MLflow store) for every sweep here: each `ladder
+    sweep` would start a Ray of its own, and each new store costs its schema migrations."""
+    import ray
+    from ray._private.authentication.authentication_utils import is_token_auth_enabled
+
+    work = tmp_path_factory.mktemp("schedulers")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(work)
+        mp.setenv("WANDB_DIR", str(work))  # read by the trials, which Ray starts with this environment
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING",
+                 object_store_memory=100 * 2**20)
+        try:
+            yield SimpleNamespace(work=work, address=ray.get_runtime_context().gcs_address,
+                                  token=is_token_auth_enabled(), client=tracking.client(tracking.tracking_uri()))
+        finally:
+            ray.shutdown()
+
+
+def write_sweep(work, name: str, scheduler: str):
+    path = work / f"{name}.py"
+    path.write_text(SWEEP.format(name=name, steps=STEPS, every=EVERY, scheduler=scheduler, options=OPTIONS[scheduler]))
+    return path
+
+
+def children(c, name: str) -> list:
+    exp = c.get_experiment_by_name(name)
+    return [r for r in c.search_runs([exp.experiment_id]) if "ladder.trial_id" in r.data.tags] if exp else []
+
+
+def assert_whole_curves(c, runs) -> tuple[int, int]:
+    """Every run ended FINISHED; a stopped one is tagged with the progress at which Tune stopped
+    it, and its curve runs from the first report to there, each step once. Returns (stopped
+    runs, metric points recorded)."""
+    stopped = points = 0
+    for r in runs:
+        tid = r.data.tags["ladder.trial_id"]
+        assert r.info.status == "FINISHED", (tid, r.info.status)
+        seen = STEPS  # the last step Tune saw
+        if r.data.tags.get("ladder.stopped_early") == "true":
+            stopped += 1
+            seen = round(float(r.data.tags["ladder.stopped_at"]) * STEPS)
+            assert seen < STEPS, (tid, r.data.tags["ladder.stopped_at"])
+        whole = [list(range(EVERY, last + 1, EVERY)) for last in (seen, min(seen + EVERY, STEPS))]
+        for key in ("train/loss", "eval/loss", "progress"):
+            steps = [m.step for m in c.get_metric_history(r.info.run_id, key)]
+            points += len(steps)
+            # A report reaches Tune when the next one is made (so that a checkpoint of the same
+            # step travels with it): a stopped trial has reported at most one step past Tune's view.
+            assert steps in whole, (tid, key, seen, steps)
+    return stopped, points
+
+
+@pytest.mark.slow
+def test_median_sweep_runs_end_to_end_and_logs_each_trial_to_wandb(shared):
+    started = time.monotonic()
+    result = run_sweep(load_sweep_file(write_sweep(shared.work, "median", "median")), progress=False, wandb=True)
+    assert not [t for t in result.trials if t["error"]], result.trials
+    runs = children(shared.client, "median")
+    assert len(runs) == TRIALS
+    stopped, points = assert_whole_curves(shared.client, runs)
+    assert stopped == sum(t["stopped"] for t in result.trials) >= 1, "the median rule stopped no trial"
+    assert shared.client.get_run(result.parent_run_id).info.status == "FINISHED"
+    # --wandb: an offline wandb run per trial (two for a trial that the median rule paused and resumed).
+    logs = [p.read_bytes() for p in (shared.work / "wandb").glob("offline-run-*/run-*.wandb")]
+    assert len(logs) >= TRIALS
+    for t in result.trials:
+        assert any(f"median-{t['trial_id']}".encode() in log for log in logs), t["trial_id"]
+    print(f"median: {len(runs)} trials, {stopped} stopped, {points} points recorded, {time.monotonic() - started:.1f} s")
+
+
+class DriverDies(RuntimeError):
+    """The sweep's driver goes away mid-sweep (raised inside Tune's loop, which then kills the trials' processes)."""
+
+
+def dies_at_third_trial(armed):
+    """A Tune callback that kills the sweep when its third trial starts (one trial has ended by
+    then, one runs, the others wait), once: Tune pickles callbacks with the sweep and runs them
+    again on --resume, so `armed` (a file) says whether it still should."""
+    from ray import tune
+
+    class Dies(tune.Callback):
+        def on_trial_start(self, iteration, trials, trial, **info):
+            if armed.exists() and len(trials) > 2 and trial is trials[2]:
+                armed.unlink()
+                raise DriverDies("the driver died")
+
+    return Dies()
+
+
+@pytest.mark.slow
+def test_asha_sweep_resumes_after_its_driver_dies(shared, monkeypatch):
+    from ray.tune.error import TuneError
+
+    import orchestrator.tune_run as tune_run
+
+    started = time.monotonic()
+    sweep = load_sweep_file(write_sweep(shared.work, "asha", "asha"))
+    armed = shared.work / "asha.armed"
+    armed.touch()
+    monkeypatch.setattr(tune_run, "_console_callback", lambda metric: dies_at_third_trial(armed))
+    with pytest.raises(TuneError, match="DriverDies: the driver died"):  # Tune wraps what its loop raised
+        run_sweep(sweep)
+    before = children(shared.client, "asha")
+    parent = shared.client.get_run(before[0].data.tags["mlflow.parentRunId"])
+    assert parent.info.status == "FAILED", "the parent run of a sweep that died is left " + parent.info.status
+
+    result = run_sweep(sweep, resume=True, progress=False)
+    assert not [t for t in result.trials if t["error"]], result.trials
+    runs = children(shared.client, "asha")
+    assert len(runs) == TRIALS, "a trial got a second MLflow run"
+    stopped, points = assert_whole_curves(shared.client, runs)
+    assert stopped == sum(t["stopped"] for t in result.trials) >= 1, "ASHA stopped no trial"
+    assert shared.client.get_run(result.parent_run_id).info.status == "FINISHED"
+    assert "finished" in format_trials(result) and "%" in format_trials(result)
+    print(f"asha: the driver died with {len(before)} trials started ({sorted(r.info.status for r in before)}); after "
+          f"--resume {len(runs)} trials, {stopped} stopped, {points} points recorded, {time.monotonic() - started:.1f} s")
+
+
+def test_an_address_where_nothing_listens_is_refused_before_anything_is_recorded(workdir):
+    started = time.monotonic()
+    out = run_cli(["run", "curves", "--smoke", "--workers", "1"], workdir, timeout=60, env={"RAY_ADDRESS": "127.0.0.1:1"})
+    took = time.monotonic() - started
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "RAY_ADDRESS=127.0.0.1:1: nothing is listening there" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert took < 15, took
+    assert not (workdir / "mlruns.db").exists() and not (workdir / "ladder-runs").exists()
+    print(f"RAY_ADDRESS=127.0.0.1:1: refused in {took:.1f} s")
+
+
+@pytest.mark.parametrize("auth", [{"RAY_AUTH_MODE": "disabled"}, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64}])
+def test_a_token_cluster_without_its_token_is_refused_with_the_fix(shared, auth):
+    if not shared.token:
+        pytest.skip("the local Ray runs without token authentication (RAY_AUTH_MODE=disabled here)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    code = "import sys; from orchestrator.launch import check_cluster; check_cluster(sys.argv[1])"
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", code, shared.address], env={**env, **auth}, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode != 0 and time.monotonic() - started < 15
+    assert f"the Ray cluster at RAY_ADDRESS={shared.address} requires an authentication token" in out.stderr, out.stderr
+    assert "RAY_AUTH_MODE=token" in out.stderr and "RAY_AUTH_TOKEN" in out.stderr
