@@ -272,7 +272,9 @@ def init_ray(num_cpus: float | None = None) -> None:
             raise ClusterUnreachable(f"could not connect to the Ray cluster at RAY_ADDRESS={os.environ['RAY_ADDRESS']}: "
                                      f"{exc}. If the cluster uses token authentication, {_TOKEN_HELP}") from exc
     else:
-        ray.init(num_cpus=int(num_cpus or local_cpus()), include_dashboard=True, dashboard_host="127.0.0.1", **kwargs)
+        # address="local": a new Ray of our own, never one that `ray start` left running on this machine.
+        ray.init(address="local", num_cpus=int(num_cpus or local_cpus()), include_dashboard=True, dashboard_host="127.0.0.1",
+                 **kwargs)
 
 
 def run_ray(
