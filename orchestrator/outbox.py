@@ -125,20 +125,28 @@ class Outbox:
         sent = 0
         with fail_fast():
             c = tracking.client(self.uri)
+            waiting: list[Any] = []  # consecutive metric records go in batches of up to 900 points
+
+            def send_waiting() -> None:
+                for i in range(0, len(waiting), 900):
+                    c.log_batch(self.run_id, metrics=waiting[i : i + 900])
+                waiting.clear()
+
             for rec in records:
                 kind, payload = rec["kind"], rec["payload"]
                 if kind == "metrics":
-                    metrics = [Metric(k, float(v), int(ts), int(step)) for k, v, ts, step in payload]
-                    for i in range(0, len(metrics), 900):
-                        c.log_batch(self.run_id, metrics=metrics[i : i + 900])
-                    sent += len(metrics)
-                elif kind == "final":
+                    waiting.extend(Metric(k, float(v), int(ts), int(step)) for k, v, ts, step in payload)
+                    sent += len(payload)
+                    continue
+                send_waiting()
+                if kind == "final":
                     tracking.set_final(self.run_id, payload, uri=self.uri)
                 elif kind == "tags":
                     for k, v in payload.items():
                         c.set_tag(self.run_id, k, str(v))
                 elif kind == "end":
                     c.set_terminated(self.run_id, status=payload)
+            send_waiting()
         self.path.unlink(missing_ok=True)
         return sent
 
