@@ -74,23 +74,30 @@ if HAS_TRITON:
         """x loaded from memory as fp32. bf16 is widened by its bits (u16 -> u32 << 16), exact for every
         value: the interpreter's bf16 -> fp32 cast gets subnormals wrong (1.01e-39 -> 4.41e-39)."""
         if x.dtype == tl.bfloat16:
-            return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
-        return x.to(tl.float32)
+            y = (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+        else:
+            y = x.to(tl.float32)
+        return y
 
     @triton.jit
     def _narrow(x, ROUND: tl.constexpr, DTYPE: tl.constexpr):
         """x (fp32, already rounded to DTYPE) in DTYPE for a store; bf16 by its bits under the
         interpreter, whose fp32 -> bf16 cast flushes subnormals."""
+        # one return statement per function: compiled, code after a return in a constexpr branch is still visited
         if ROUND == 1:
-            return (x.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-        return x.to(DTYPE)
+            y = (x.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        else:
+            y = x.to(DTYPE)
+        return y
 
     @triton.jit
     def _operand(x, DOT: tl.constexpr):
         """A loaded tile as a dot operand: as stored for a tensor-core dot of its dtype, else fp32."""
         if DOT == 1:
-            return x
-        return _widen(x)
+            y = x
+        else:
+            y = _widen(x)
+        return y
 
     @triton.jit
     def _tf32(x):
@@ -104,12 +111,14 @@ if HAS_TRITON:
         """a @ b with fp32 accumulation. DOT: 0 IEEE fp32, 1 tensor-core dot in DTYPE (operands already
         representable in it), 2 TF32, 3 TF32 emulated (interpreter)."""
         if DOT == 1:
-            return tl.dot(a.to(DTYPE), b.to(DTYPE))
+            c = tl.dot(a.to(DTYPE), b.to(DTYPE))
         elif DOT == 2:
-            return tl.dot(a, b, input_precision="tf32")
+            c = tl.dot(a, b, input_precision="tf32")
         elif DOT == 3:
-            return tl.dot(_tf32(a), _tf32(b), input_precision="ieee")
-        return tl.dot(a, b, input_precision="ieee")
+            c = tl.dot(_tf32(a), _tf32(b), input_precision="ieee")
+        else:
+            c = tl.dot(a, b, input_precision="ieee")
+        return c
 
     @triton.jit
     def _tied_shift(m_tile, beta, cap2, STABLE: tl.constexpr):

@@ -83,8 +83,10 @@ if HAS_TRITON:
     def _widen(x):
         """x loaded from memory as fp32; bf16 by its bits, exact also for subnormals under the interpreter."""
         if x.dtype == tl.bfloat16:
-            return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
-        return x.to(tl.float32)
+            y = (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+        else:
+            y = x.to(tl.float32)
+        return y
 
     @triton.jit
     def _pow2(e):
