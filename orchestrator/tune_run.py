@@ -448,8 +448,9 @@ def run_sweep(sweep: Sweep, *, resume: bool = False, progress: bool = True, wand
         raise
     finally:
         if status != "FINISHED" and record.get("parent_run_id"):
-            # Not left RUNNING: the parent says the invocation ended; --resume continues the sweep.
-            tracking.end_run(record["parent_run_id"], status, uri=uri)
+            # Not left RUNNING: the parent and the trials' runs say the invocation ended (with
+            # every point the trials reported); --resume continues the sweep and reopens them.
+            _end_open_runs(meta, status)
 
 
 def _console_callback(metric: str) -> Any:
@@ -573,6 +574,19 @@ def _use_scheduler(tuner: Any, scheduler: Any) -> None:
     config = getattr(internal, "_tune_config", None)
     if config is not None:
         config.scheduler = scheduler
+
+
+def _end_open_runs(meta: Mapping[str, Any], status: str) -> None:
+    try:
+        c = tracking.client(meta["tracking_uri"])
+        exp = c.get_experiment_by_name(meta["experiment"])
+        for run in c.search_runs([exp.experiment_id], filter_string=f"tags.`ladder.sweep_id` = '{meta['sweep_id']}' "
+                                 "and attributes.status = 'RUNNING'", max_results=50000):
+            tracking.deliver_leftovers(meta.get("outbox_dir"), run.info.run_id, meta["tracking_uri"])
+            tracking.end_run(run.info.run_id, status, uri=meta["tracking_uri"])
+    except Exception as exc:  # the sweep's own failure is what the user must see
+        tracking.warn(f"could not end the sweep's MLflow runs ({type(exc).__name__}: {exc})")
+    tracking.end_run(meta["parent_run_id"], status, uri=meta["tracking_uri"])
 
 
 def _close_child_runs(meta: Mapping[str, Any], trials: list[dict[str, Any]]) -> None:

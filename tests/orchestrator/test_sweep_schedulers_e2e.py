@@ -144,6 +144,7 @@ def test_asha_sweep_resumes_after_its_driver_dies(shared, monkeypatch):
     before = children(shared.client, "asha")
     parent = shared.client.get_run(before[0].data.tags["mlflow.parentRunId"])
     assert parent.info.status == "FAILED", "the parent run of a sweep that died is left " + parent.info.status
+    assert "RUNNING" not in {r.info.status for r in before}
 
     result = run_sweep(sweep, resume=True, progress=False)
     assert not [t for t in result.trials if t["error"]], result.trials
