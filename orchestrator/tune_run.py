@@ -475,7 +475,6 @@ def _console_callback(metric: str) -> Any:
 
 def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: Any, concurrency: int | None,
          resume: bool, progress: bool) -> SweepResult:
-    import ray
     from ray import tune
 
     from orchestrator import schedulers
