@@ -445,6 +445,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(REPO))
     import torch
 
+    if args.cpu_smoke:
+        torch.set_num_threads(1)  # toy sizes: threads only contend (a shared CI machine runs other work too)
     if not args.cpu_smoke and not torch.cuda.is_available():
         print("gpu.py: no CUDA device; run with --cpu-smoke for the CPU check.", file=sys.stderr)
         return 2
