@@ -311,6 +311,8 @@ def section_family(ctx: Ctx) -> dict:
         widths, base = (96, 192, 384), Config(depth=3, head_dim=32, seq_len=256, batch_size=64, tpp=20.0,
                                               base_width=96, base_depth=3, max_bytes=60_000_000, eval_tokens=65536)
     seeds, after, evals = (0, 1), 0.2, 20
+    if not ctx.smoke and ctx.left() < 220:  # sized for ~3 min: shrink the token budget to the time left
+        base = dataclasses.replace(base, tpp=max(2.0, base.tpp * (ctx.left() - 40) / 180))
     dev = torch.device(ctx.device)
     train_bytes, held_bytes = load_data(base.data, heldout_frac=base.heldout_frac, max_bytes=base.max_bytes)
     heldout = heldout_batches(held_bytes, base.seq_len, base.eval_tokens, batch=32)
@@ -356,7 +358,7 @@ def section_family(ctx: Ctx) -> dict:
     w, s = float(np.max(width_range)), float(np.max(seed_range))
     at = {f"{x:g}": {"width": float(np.interp(x, t, width_range)), "seed": float(np.interp(x, t, seed_range))}
           for x in (0.2, 0.4, 0.6, 0.8, 1.0)}
-    return {"status": "ok", "widths": list(widths), "seeds": list(seeds), "after": after,
+    return {"status": "ok", "widths": list(widths), "seeds": list(seeds), "after": after, "tpp": base.tpp,
             "precision": "fp32" if ctx.smoke else "bf16 autocast", "width_spread": w, "seed_spread": s,
             "collapses": w <= s, "spreads_at": at, "runs": runs,
             "curves": {k: {"progress": v[0], "eval_loss": v[1]} for k, v in curves.items()}}
@@ -414,7 +416,7 @@ def markdown(res: dict) -> str:
     fam = res["sections"].get("family", {})
     if fam.get("runs"):
         verdict = "collapses" if fam["collapses"] else "does NOT collapse"
-        out += ["", f"## celerity_lm family ({fam['precision']}): {verdict}", "",
+        out += ["", f"## celerity_lm family ({fam['precision']}, {fam['tpp']:g} tokens per parameter): {verdict}", "",
                 f"width spread after {fam['after']:.0%}: {fam['width_spread']:.4f}; seed spread: {fam['seed_spread']:.4f}",
                 "", "| run | params | steps | final eval loss | seconds |", "|---|---|---|---|---|"]
         for r in fam["runs"]:
