@@ -250,9 +250,10 @@ def _check_gcs(address: str, shown: str, timeout_s: float) -> None:
         channel.close()
 
 
-def init_ray(num_cpus: float | None = None) -> None:
+def init_ray(num_cpus: float | None = None, *, dashboard: bool = True) -> None:
     """Connect to `RAY_ADDRESS` when set (checked first: `check_cluster`), else start a local Ray
-    sized to this machine."""
+    sized to this machine, with its dashboard when `dashboard` (Ray Train needs it; a sweep whose
+    trials train in the trial itself does not, and saves its start-up and its CPU)."""
     import ray
 
     if ray.is_initialized():
@@ -260,6 +261,7 @@ def init_ray(num_cpus: float | None = None) -> None:
     if os.environ.get("RAY_ADDRESS"):
         check_cluster(os.environ["RAY_ADDRESS"])
     # Train V2's placement-group cleaner polls the State API, which the dashboard serves.
+    # The dashboard costs about 3 s of start-up and a few busy processes on a 2-core machine.
     # Train's controller takes one report per health-check poll (2 s by default): poll faster.
     env = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")}
     # --wandb's mode and folder reach the trials and workers on every node (offline needs no account).
@@ -273,7 +275,8 @@ def init_ray(num_cpus: float | None = None) -> None:
                                      f"{exc}. If the cluster uses token authentication, {_TOKEN_HELP}") from exc
     else:
         # address="local": a new Ray of our own, never one that `ray start` left running on this machine.
-        ray.init(address="local", num_cpus=int(num_cpus or local_cpus()), include_dashboard=True, dashboard_host="127.0.0.1",
+        ray.init(address="local", num_cpus=int(num_cpus or local_cpus()), include_dashboard=dashboard,
+                 dashboard_host="127.0.0.1",
                  **kwargs)
 
 

@@ -481,7 +481,8 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
     from orchestrator.launch import init_ray
 
     metric, mode = sweep.objective
-    init_ray()
+    # Single-worker trials train in the trial: no Ray Train, so no dashboard (its State API).
+    init_ray(dashboard=not meta["in_trial"])
     scheduler_state = sweep_storage(sweep) / sweep.name / "scheduler.json"
     diagnostics = None
     if sweep.scheduler == "collapse":

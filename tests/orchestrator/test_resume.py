@@ -44,7 +44,7 @@ def _steps(c, run_id: str, key: str) -> list[int]:
 
 @pytest.mark.slow
 def test_killed_local_run_resumes_from_its_checkpoint(workdir):
-    proc = _start(["run", "celerity_lm", "--smoke", "--local", "--set", "tpp=12", "checkpoint_every_frac=0.25"], workdir)
+    proc = _start(["run", "celerity_lm", "--smoke", "--local", "--set", "tpp=6", "checkpoint_every_frac=0.25"], workdir)
     ckpts = lambda: list(workdir.glob("ladder-runs/celerity_lm/*/checkpoints/step-*.pt"))
     _wait_for(lambda: len(ckpts()) >= 1, proc)
     time.sleep(1.0)  # some steps past the checkpoint, to be replayed

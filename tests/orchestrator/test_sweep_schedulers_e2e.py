@@ -154,6 +154,10 @@ def test_asha_sweep_resumes_after_its_driver_dies(shared, monkeypatch):
     assert stopped == sum(t["stopped"] for t in result.trials) >= 1, "ASHA stopped no trial"
     assert shared.client.get_run(result.parent_run_id).info.status == "FINISHED"
     assert "finished" in format_trials(result) and "%" in format_trials(result)
+    # A finished sweep resumed again reruns nothing and records nothing new.
+    again = run_sweep(sweep, resume=True, progress=False)
+    assert not [t for t in again.trials if t["error"]], again.trials
+    assert len(children(shared.client, "asha")) == TRIALS, "resuming a finished sweep started new trials"
     print(f"asha: the driver died with {len(before)} trials started ({sorted(r.info.status for r in before)}); after "
           f"--resume {len(runs)} trials, {stopped} stopped, {points} points recorded, {time.monotonic() - started:.1f} s")
 

@@ -123,6 +123,19 @@ def test_quantizes_a_celerity_run_folder(workdir):
     assert out["eval/rel_mse/lm_narrow_weights/b8"] > 1.5 * out["eval/rel_mse/lm_narrow_weights/b32"]
 
 
+def test_the_lm_cache_key_is_the_lm_config_and_celerity_lm_code(monkeypatch, tmp_path):
+    from workloads.mx_anomaly.workload import lm_cache_dir, lm_config
+
+    monkeypatch.setenv("LADDER_CACHE", str(tmp_path))
+    cfg = m.smoke()
+    here = lm_cache_dir(lm_config(cfg))
+    assert here.parent == tmp_path / "mx_anomaly"
+    # Another scale format quantizes the same LM; another seed or width trains another.
+    assert lm_cache_dir(lm_config(dataclasses.replace(cfg, scale_format="e8m0", global_scale=False))) == here
+    assert lm_cache_dir(lm_config(dataclasses.replace(cfg, seed=1))) != here
+    assert lm_cache_dir(lm_config(dataclasses.replace(cfg, lm_width=32))) != here
+
+
 @pytest.mark.slow
 def test_reproduce_mx_anomaly_on_ray(workdir):
     """`ladder reproduce mx_anomaly --smoke` on the local Ray: every claim holds, the table and the
@@ -150,4 +163,10 @@ def test_reproduce_mx_anomaly_on_ray(workdir):
     recorded = json.loads(open(c.download_artifacts(parent.info.run_id, "claims.json", str(workdir))).read())
     assert {r["name"] for r in recorded} == {"ue4m3_anomaly", "ue5m3_no_rise", "global_scale_also_removes_it",
                                              "lm_loss_anomaly"}
+    # The four trials quantize one LM: one trial trained it (a curve of held-out LM losses), the
+    # others read it from the cache (one point), and all measured the same full-precision loss.
+    trials = [r for r in c.search_runs([exp.experiment_id]) if "ladder.trial_id" in r.data.tags]
+    curves = sorted(len(c.get_metric_history(r.info.run_id, "eval/lm_loss")) for r in trials)
+    assert len(trials) == 4 and curves[:3] == [1, 1, 1] and curves[3] > 1, curves
+    assert len({json.loads(r.data.tags["ladder.final"])["eval/lm_loss_fp"] for r in trials}) == 1
     assert validate(m.smoke()) is None

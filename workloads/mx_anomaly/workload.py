@@ -50,6 +50,10 @@ class Config:
     """When training the LM here: its width (0 keeps the preset's)."""
     lm_tpp: float = 0.0
     """When training the LM here: tokens per parameter (0 keeps the preset's)."""
+    lm_cache: bool = True
+    """When training the LM here: keep it in the ladder cache (`$LADDER_CACHE`, default
+    ~/.cache/ladder) under its config, celerity_lm's code and torch's version, and reuse it there:
+    a reproduction's trials, one per scale format, train the same LM once (the others wait for it)."""
     lm_narrow_std: float = 0.005
     """Also measure a narrowed copy of the LM: qkv and fc weights rescaled to this std, their LayerNorms
     compensating, so the function is unchanged (large LLMs' weights are this narrow; 0 skips it)."""
@@ -299,6 +303,60 @@ def measure_lm(cfg: Config, opts: dict[str, Any], name: str, model, batches, dev
     return out
 
 
+def lm_cache_dir(lm_cfg) -> Path:
+    """Where a trained LM of this celerity_lm config lives in the ladder cache: the key covers the
+    config, celerity_lm's source files and torch's version."""
+    import hashlib
+
+    import workloads.celerity_lm as celerity_pkg
+    from orchestrator.basemodel.tiny import cache_root
+
+    h = hashlib.sha256(json.dumps(dataclasses.asdict(lm_cfg), sort_keys=True, default=str).encode())
+    h.update(torch.__version__.encode())
+    for source in sorted(Path(celerity_pkg.__file__).parent.glob("*.py")):
+        h.update(source.name.encode() + source.read_bytes())
+    return cache_root() / "mx_anomaly" / f"lm-{h.hexdigest()[:16]}"
+
+
+def pretrain(lm_cfg, run, state: dict[str, Any] | None, *, cache: bool) -> tuple[dict[str, Any], int, float]:
+    """The LM's weights, its last step and its held-out loss: trained by celerity_lm's own loop
+    (its checkpoints are this trial's), or read from the cache when a trial of the same LM config
+    trained it before (that trial holds the cache's lock while it trains; the others wait)."""
+    from workloads import celerity_lm
+
+    def train_here() -> tuple[dict[str, Any], int, float]:
+        inner = _PretrainRun(run, state["pretrain"] if state is not None else None)
+        final = celerity_lm.train(lm_cfg, inner)
+        return inner.last_state["model"], int(inner.last_state["step"]), float(final["eval/loss"])
+
+    if not cache or state is not None:  # a restarted trial continues its own training
+        return train_here()
+    import os
+    import shutil
+    import tempfile
+
+    from filelock import FileLock
+
+    folder = lm_cache_dir(lm_cfg)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder) + ".lock"):
+        if (folder / "lm.json").is_file():
+            meta = json.loads((folder / "lm.json").read_text())
+            weights = torch.load(folder / "lm.pt", map_location="cpu", weights_only=True)
+            run.report({"progress": PRETRAIN_SHARE, "eval/lm_loss": meta["eval_loss"]}, step=meta["step"])
+            return weights, int(meta["step"]), float(meta["eval_loss"])
+        weights, step, loss = train_here()
+        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+        torch.save({k: v.detach().cpu() for k, v in weights.items()}, tmp / "lm.pt")
+        (tmp / "lm.json").write_text(json.dumps({"step": step, "eval_loss": loss, "config": dataclasses.asdict(lm_cfg)},
+                                                default=str))
+        os.chmod(tmp, 0o755)
+        if folder.exists():  # left half-made by a builder killed without the lock
+            shutil.rmtree(folder)
+        os.rename(tmp, folder)
+        return weights, step, loss
+
+
 def weight_std(model) -> float:
     ws = torch.cat([getattr(b, n).weight.detach().flatten() for b in model.blocks for n in LINEARS])
     return float(ws.std())
@@ -323,12 +381,8 @@ def train(cfg: Config, run) -> dict[str, float]:
         model.load_state_dict(state["lm"])
         results, step = dict(state["results"]), int(state["step"])
     elif pretrained:
-        # The LM is trained by celerity_lm's own loop; its checkpoints are this trial's.
-        inner = _PretrainRun(run, state["pretrain"] if state is not None else None)
-        lm_final = celerity_lm.train(lm_cfg, inner)
-        model.load_state_dict(inner.last_state["model"])
-        step = int(inner.last_state["step"])
-        results["eval/lm_loss_trained"] = float(lm_final["eval/loss"])
+        weights, step, results["eval/lm_loss_trained"] = pretrain(lm_cfg, run, state, cache=cfg.lm_cache)
+        model.load_state_dict(weights)
     model = model.to(run.device).eval()
     _, held = load_corpus(lm_cfg.data, heldout_frac=lm_cfg.heldout_frac, max_bytes=lm_cfg.max_bytes)
     batches = heldout_batches(held, lm_cfg.seq_len, cfg.eval_tokens, batch=32)
