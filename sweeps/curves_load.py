@@ -1,7 +1,7 @@
 """A load sweep: 200 short trials of the synthetic curves workload under the collapse scheduler.
 
-Each trial reports 100 points (200 steps, a report every 2), so the sweep sends the scheduler
-20,000 results; 4 of the trials diverge (NaN from 30% of training) and must be stopped and marked
+Each trial reports 50 points (200 steps, a report every 4), so the sweep sends the scheduler
+10,000 results; 4 of the trials diverge (NaN from 30% of training) and must be stopped and marked
 diverged while the others go on. It measures the orchestration itself (scheduling, Tune, MLflow,
 checkpoints), not training: run `sweeps/curves_reference.py` first.
 """
@@ -15,7 +15,7 @@ sweep = Sweep(
     name="curves_load",
     workload="curves",
     base="smoke",
-    overrides={"steps": 200, "report_every": 2, "checkpoint_every": 100},
+    overrides={"steps": 200, "report_every": 4, "checkpoint_every": 100},
     points=tuple(
         {"lr": LRS[i % 50], "seed": i // 50, "diverge_at": 0.3 if i in DIVERGING else 0.0} for i in range(200)
     ),

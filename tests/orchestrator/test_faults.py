@@ -153,7 +153,8 @@ def _train_workers(root_pid: int) -> list:
 @pytest.mark.slow
 def test_killed_ray_train_worker_restarts_from_its_checkpoint(workdir):
     """SIGKILL one of two DDP workers mid-run: the group restarts from its last checkpoint and
-    the MLflow run ends with every step recorded exactly once."""
+    the MLflow run ends with every step recorded exactly once. It is also the test of a two-worker
+    DDP run from the CLI (console, tags, curve), which would cost a Ray Train start of its own."""
     import signal
 
     log = workdir / "run.log"
@@ -191,6 +192,13 @@ def test_killed_ray_train_worker_restarts_from_its_checkpoint(workdir):
           f"recorded {len(steps)}, distinct {len(set(steps))}")
     assert sorted(steps) == expected, f"missing {sorted(set(expected) - set(steps))}, duplicates {len(steps) - len(set(steps))}"
     assert run.info.status == "FINISHED"
+    # Otherwise it is an ordinary two-worker DDP run from the CLI: its console, tags and curve.
+    console = log.read_text()
+    assert "celerity_lm: finished" in console and f"step {total}/{total}" in console, console[-3000:]
+    assert run.data.tags["ladder.world_size"] == "2" and run.data.tags["ladder.backend"] == "gloo"
+    loss = sorted(c.get_metric_history(run.info.run_id, "train/loss"), key=lambda m: m.step)
+    assert loss[-1].value < 0.8 * loss[0].value, "the run did not train"
+    assert max(m.value for m in c.get_metric_history(run.info.run_id, "progress")) == pytest.approx(1.0)
     restored = [int(line.rsplit(" ", 1)[1]) for line in log.read_text().splitlines()
                 if "ladder: restored from the checkpoint of step" in line]
     assert restored and min(restored) >= killed_at > 0, log.read_text()[-3000:]  # continued, not restarted from 0
