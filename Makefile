@@ -29,12 +29,11 @@ demo: setup
 	$(VENV)/bin/ladder sweep sweeps/celerity_tuning.py
 	@echo "Open the results with: $(VENV)/bin/ladder ui   (experiments celerity_lm, celerity_reference, celerity_tuning)"
 
-# Three test processes on two cores: most tests are single-threaded CPU work, and the Ray, server
-# and fault tests spend much of their time waiting, which a third process fills. TEST_WORKERS=0
-# runs everything in one process. `--dist loadscope`
+# Two test processes: most tests are single-threaded CPU work, and the Ray and server tests spend
+# much of their time waiting. TEST_WORKERS=0 runs everything in one process. `--dist loadscope`
 # sends each test module to one worker, so that a module fixture (minutes of Ray work in
 # test_deepspeed and test_load) runs once, not once per worker.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 2
 test: setup
 	$(VENV)/bin/pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope) --durations=25
 
