@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from orchestrator.basemodel.corpus import Example, World, make_world
+from orchestrator.cache import cache_root
 
 CODE_VERSION = 1
 """Bump when a change to corpus.py, tokenizer.py or this file changes what a build produces."""
@@ -76,11 +77,6 @@ class TinyRecipe:
             max_position_embeddings=512, bos_token_id=bos, eos_token_id=eos, pad_token_id=pad,
             tie_word_embeddings=False, rope_theta=10000.0,
         )
-
-
-def cache_root() -> Path:
-    """`$LADDER_CACHE` or `~/.cache/ladder`."""
-    return Path(os.environ.get("LADDER_CACHE") or Path.home() / ".cache" / "ladder").expanduser()
 
 
 def build_key(recipe: TinyRecipe, seed: int) -> str:

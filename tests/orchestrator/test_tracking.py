@@ -104,3 +104,40 @@ def test_final_metrics_round_trip_past_the_tag_limit(workdir, keys):
     run = tracking.client(uri).get_run(run_id)
     assert tracking.get_final(run, uri) == final
     assert (run.data.tags[tracking.FINAL_TAG] == "final.json") == (keys == 400)
+
+
+def _schema(db: Path) -> tuple[list, list]:
+    import sqlite3
+
+    with sqlite3.connect(db) as con:
+        tables = sorted(con.execute("SELECT type, name, sql FROM sqlite_master").fetchall(), key=str)
+        version = con.execute("SELECT version_num FROM alembic_version").fetchall()
+    con.close()
+    return tables, version
+
+
+def test_a_new_sqlite_store_is_a_copy_of_the_migrated_empty_one(workdir, ladder_cache):
+    """A first run in a new folder starts from the empty store in the cache, not from MLflow's
+    whole migration history; the store is the one MLflow itself makes, and one already there is
+    never replaced."""
+    import mlflow
+
+    made_by_mlflow = workdir / "mlflow.db"
+    mlflow.MlflowClient(tracking_uri=f"sqlite:///{made_by_mlflow}").search_experiments()
+    c = tracking.client(tracking.tracking_uri())
+    ours = workdir / tracking.DEFAULT_DB
+    template = ladder_cache / "mlflow" / f"empty-store-{mlflow.__version__}.db"
+    assert ours.is_file() and template.is_file()
+    assert _schema(ours) == _schema(made_by_mlflow)
+    (default,) = c.search_experiments()
+    assert default.name == "Default" and default.artifact_location == str(workdir / "mlruns" / "0")
+    run_id = tracking.start_run("store", run_name="r", tags={"workload": "curves"}, params={"lr": "0.1"})
+    sink = tracking.MlflowSink(run_id, tracking.tracking_uri())
+    sink.log_metrics({"train/loss": 1.5}, step=3)
+    sink.flush()
+    tracking.end_run(run_id, "FINISHED")
+    assert [(m.step, m.value) for m in c.get_metric_history(run_id, "train/loss")] == [(3, 1.5)]
+    # A store that exists is left as it is.
+    before = ours.read_bytes()
+    tracking.new_sqlite_store(ours)
+    assert ours.read_bytes() == before

@@ -309,7 +309,7 @@ def lm_cache_dir(lm_cfg) -> Path:
     import hashlib
 
     import workloads.celerity_lm as celerity_pkg
-    from orchestrator.basemodel.tiny import cache_root
+    from orchestrator.cache import cache_root
 
     h = hashlib.sha256(json.dumps(dataclasses.asdict(lm_cfg), sort_keys=True, default=str).encode())
     h.update(torch.__version__.encode())
