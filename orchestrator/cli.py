@@ -10,6 +10,7 @@ import argparse
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from orchestrator import registry
 from orchestrator.config import ConfigError, apply_overrides, describe_type, field_docs, parse_sets
@@ -19,11 +20,48 @@ class UsageError(Exception):
     pass
 
 
+WORKLOAD_HELP = "workload: a name from `ladder list`, or a module path importable from here (mylab.sparse_moe)"
+
+
 def _cmd_list(args: argparse.Namespace) -> int:
-    width = max(len(n) for n in registry.WORKLOADS)
-    for name in sorted(registry.WORKLOADS):
-        print(f"{name:<{width}}  {registry.paper_title(name)}")
+    known = registry.known()  # the built-in workloads, then installed plugins (entry points)
+    width = max(len(n) for n in known)
+    for name in sorted(known):
+        src = known[name]
+        origin = f"  [plugin: {src.dist or src.module}]" if src.kind == "plugin" else ""
+        print(f"{name:<{width}}  {registry.paper_title(name)}{origin}")
     return 0
+
+
+def _cmd_new(args: argparse.Namespace) -> int:
+    from orchestrator import scaffold
+
+    folder, module = scaffold.new(args.name, args.dir)
+    # Commands run from here when the package imports from here, else from the folder it is in.
+    importable_here = scaffold.module_path(folder, Path.cwd()) is not None
+    base = Path.cwd() if importable_here else folder.parent
+    shown = os.path.relpath(folder, base)
+    print(f"wrote {os.path.relpath(folder)}/: __init__.py, workload.py (Config, smoke, train), test_{args.name}.py, sweep.py")
+    print("next:" if importable_here else f"next, from {folder.parent}:")
+    rows = [(f"ladder check {module}", "the workload contract, judged by running it"),
+            (f"ladder run {module} --smoke --local", "train in this process"),
+            (f"ladder sweep {shown}/sweep.py", "an ASHA sweep on the local Ray"),
+            (f"pytest {shown}", "its tests")]
+    width = max(len(c) for c, _ in rows)
+    for command, what in rows:
+        print(f"  {command:<{width}}  # {what}")
+    return 0
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from orchestrator import check
+
+    with tempfile.TemporaryDirectory(prefix="ladder-check-") as folder:
+        report = check.check(args.name, folder, objective=args.objective, ray=args.ray)
+    print(check.format_report(report))
+    return 0 if report.ok else 1
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
@@ -195,13 +233,34 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list", help="list workloads with their papers")
     p.set_defaults(func=_cmd_list)
 
+    p = sub.add_parser("new", help="write a new workload package that follows the contract",
+                       description="Write NAME/ (a documented frozen Config, smoke(), a training loop that reports, "
+                                   "checkpoints and resumes, a test and a sweep file) under --dir. It passes `ladder "
+                                   "check` as written; run it by its module path (NAME, or DIR.NAME from here).")
+    p.add_argument("name", help="the package's name: a Python module name, e.g. sparse_moe")
+    p.add_argument("--dir", default=".", help="folder to create NAME/ in; default the current one")
+    p.set_defaults(func=_cmd_new)
+
+    p = sub.add_parser("check", help="judge a workload against the contract by running its smoke config",
+                       description="Run WORKLOAD's smoke config uninterrupted, killed after a checkpoint and restarted, "
+                                   "and print which parts of the workload contract hold: Config fields typed and "
+                                   "documented, train/loss and progress reported, progress reaching 1, steps "
+                                   "increasing, the restart continuing from the checkpoint with the same metrics, "
+                                   "reports a Tune scheduler can rank. Exits 1 when a check fails.")
+    p.add_argument("name", help=WORKLOAD_HELP)
+    p.add_argument("--objective", help="the metric sweeps will rank it on; default: its reproduction sweep's, else eval/loss")
+    p.add_argument("--ray", action="store_true",
+                   help="also kill a Ray Train run (2 workers when the workload accepts them) after a checkpoint "
+                        "and check that it restores it (starts a local Ray: tens of seconds)")
+    p.set_defaults(func=_cmd_check)
+
     p = sub.add_parser("show", help="show a workload's config fields, defaults and docs")
-    p.add_argument("name", help="workload name (see `ladder list`)")
+    p.add_argument("name", help=WORKLOAD_HELP)
     p.add_argument("--smoke", action="store_true", help="show the CPU-sized smoke config")
     p.set_defaults(func=_cmd_show)
 
     p = sub.add_parser("run", help="train one workload", description="Train one workload under Ray Train (default) or in-process (--local).")
-    p.add_argument("name", nargs="?", help="workload name (see `ladder list`)")
+    p.add_argument("name", nargs="?", help=WORKLOAD_HELP)
     p.add_argument("--smoke", action="store_true", help="start from the CPU-sized smoke config")
     p.add_argument("--set", nargs="+", metavar="FIELD=VALUE", action="extend", help="override config fields (see `ladder show NAME`)")
     p.add_argument("--workers", type=int, default=None,
@@ -225,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("reproduce", help="run a workload's reproduction sweep and check its paper's claims",
                        description="Run sweeps/repro/NAME.py, evaluate the workload's CLAIMS on the finished trials, "
                                    "print the claim table and log it to MLflow. Exits 1 when a claim does not hold.")
-    p.add_argument("name", help="workload name (see `ladder list`)")
+    p.add_argument("name", help=WORKLOAD_HELP)
     p.add_argument("--smoke", action="store_true", help="the CPU-sized reproduction (what CI runs)")
     p.add_argument("--seed", type=int, default=0, help="base seed of the reproduction; claims should hold for any")
     p.add_argument("--local", action="store_true", help="run the trials one after another in this process, without Ray")

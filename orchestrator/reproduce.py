@@ -92,18 +92,23 @@ class Reproduction:
 
 
 def repro_file(name: str) -> Path:
-    return REPRO_DIR / f"{name}.py"
+    """sweeps/repro/<name>.py for a built-in workload; repro.py in the workload's own package
+    folder for any other (a module path or a plugin)."""
+    if name in registry.WORKLOADS:
+        return REPRO_DIR / f"{name}.py"
+    module = registry.import_workload(name)
+    return Path(module.__file__).resolve().parent / "repro.py"
 
 
 def load_repro(name: str, *, smoke: bool = False, seed: int = 0) -> Sweep:
     """The reproduction sweep of workload `name`, checked; errors name the file and the fix."""
-    registry.check_name(name)
     workload = registry.load(name)
     if not workload.claims:
         raise ConfigError(f"workload {name!r} has no CLAIMS: there is nothing to reproduce")
     path = repro_file(name)
     if not path.is_file():
-        raise ConfigError(f"workload {name!r} has CLAIMS but no reproduction sweep: write {path.relative_to(REPRO_DIR.parents[1])}")
+        shown = path.relative_to(REPRO_DIR.parents[1]) if path.is_relative_to(REPRO_DIR.parents[1]) else path
+        raise ConfigError(f"workload {name!r} has CLAIMS but no reproduction sweep: write {shown}")
     try:
         namespace = runpy.run_path(str(path), run_name="__ladder_repro__")
     except (ConfigError, SweepError) as exc:
@@ -117,7 +122,7 @@ def load_repro(name: str, *, smoke: bool = False, seed: int = 0) -> Sweep:
         raise SweepError(f"{path}: build(smoke={smoke}, seed={seed}): {exc}") from None
     if not isinstance(sweep, Sweep):
         raise SweepError(f"{path}: build() returned {type(sweep).__name__}, not a Sweep")
-    if sweep.workload != name:
+    if sweep.workload != name and registry.resolve(sweep.workload).module != registry.resolve(name).module:
         raise SweepError(f"{path}: its sweep runs workload {sweep.workload!r}, not {name!r}")
     # One MLflow experiment per reproduction size; each invocation is a parent run in it.
     sweep = dataclasses.replace(sweep, name=f"repro-{name}{'-smoke' if smoke else ''}", scheduler="fifo")

@@ -114,7 +114,8 @@ class Sweep:
     name: str
     """Sweep name: the MLflow experiment and the Tune run folder."""
     workload: str
-    """Registered workload name."""
+    """The workload: a built-in name, a module path importable from the working directory (or the
+    job's working directory on a cluster), or a plugin's entry-point name."""
     space: Mapping[str, Any] = field(default_factory=dict)
     """Config field -> domain (grid/choice/uniform/loguniform/seeds) or a fixed value."""
     base: str = "default"
@@ -148,7 +149,7 @@ class Sweep:
     def load_workload(self) -> registry.Workload:
         try:
             return registry.load(self.workload)
-        except registry.UnknownWorkload as exc:
+        except (registry.UnknownWorkload, registry.ContractError) as exc:
             raise SweepError(str(exc)) from None
 
     def base_config(self) -> Any:

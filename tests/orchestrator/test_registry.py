@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +23,7 @@ def test_unknown_name_lists_known_ones_and_the_closest():
         registry.check_name("celerity_ln")
     msg = str(info.value)
     assert "'celerity_ln'" in msg and "Closest match: 'celerity_lm'" in msg
+    assert "module path importable from the working directory" in msg and "'ladder.workloads'" in msg
     for name in registry.WORKLOADS:
         assert name in msg
 
@@ -40,3 +43,31 @@ def test_listing_imports_no_workload_code():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0, out.stderr
     assert "celerity_lm" in out.stdout
+
+
+def test_a_plugin_is_listed_with_its_package_and_runs_by_its_name(tmp_path):
+    """An installed plugin: a distribution's metadata declaring an entry point in the group
+    ladder.workloads (what `pip install` writes), found on the path of the `ladder` command."""
+    from orchestrator import scaffold
+
+    site, elsewhere = tmp_path / "site", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    scaffold.new("plugged_moe", site / "mylab", cwd=site)
+    info = site / "mylab-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mylab\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text("[ladder.workloads]\nsparse_moe = mylab.plugged_moe\n")
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    ladder = str(Path(sys.executable).parent / "ladder")
+
+    listed = subprocess.run([ladder, "list"], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    line = next(x for x in listed.stdout.splitlines() if x.startswith("sparse_moe "))
+    assert "[plugin: mylab 0.1.0]" in line and "two-layer MLP" in line
+    assert "celerity_lm" in listed.stdout  # beside the built-in ones
+
+    run = subprocess.run([ladder, "run", "sparse_moe", "--smoke", "--local", "--no-track"], cwd=elsewhere, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "sparse_moe: finished" in run.stdout and "eval/loss" in run.stdout
+    assert (elsewhere / "ladder-runs" / "sparse_moe").is_dir()

@@ -1,0 +1,85 @@
+"""`ladder check`: each way a workload can break the contract is named, and exits 1.
+
+The broken workloads are the package `ladder new` writes with one fault each: no checkpoint, a
+progress that stops short of 1, a restart that does not restore all of its state, and a Config
+without docstrings. They run in this process (no Ray), on the smoke config: a second each.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator import check, registry, scaffold
+from orchestrator.cli import main
+
+FAULTS = {
+    # name: (text replaced in workload.py, its replacement, the check that must fail)
+    "never_saves": ('            run.save({"step": step', '            None and run.save({"step": step',
+                    "checkpoints before the end"),
+    "short_progress": ('"progress": step / cfg.steps}', '"progress": step / (cfg.steps + 1)}', "progress reaches 1"),
+    # Restores weights and step but not the optimizer's moments: the curve changes after a restart.
+    "forgets_optimizer": ("        optimizer.load_state_dict(state[\"optimizer\"])\n", "",
+                          "resumed run matches an uninterrupted one"),
+    "undocumented": ('    """Hidden units of the two-layer MLP."""\n', "", "fields typed and documented"),
+}
+
+
+@pytest.fixture
+def broken(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name, (old, new, _) in FAULTS.items():
+        folder, _ = scaffold.new(f"ck_{name}", tmp_path)
+        path = folder / "workload.py"
+        text = path.read_text()
+        assert old in text, f"the template changed: {old!r} is gone"
+        path.write_text(text.replace(old, new))
+    return tmp_path
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_check_names_the_broken_part(broken, fault, capsys):
+    assert main(["check", f"ck_{fault}"]) == 1
+    out = capsys.readouterr().out
+    failing = FAULTS[fault][2]
+    assert f"FAILS  {failing}" in out, out
+    assert f"ck_{fault} does not follow the workload contract" in out and failing in out.splitlines()[-1]
+    if fault == "forgets_optimizer":
+        assert "after the restart" in out and "uninterrupted run" in out
+
+
+def test_a_non_workload_module_is_refused_naming_what_it_lacks(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "ck_plain.py").write_text(
+        "from dataclasses import dataclass\n\n@dataclass\nclass Config:\n    lr: float = 0.1\n    '''lr'''\n\n"
+        "def train(cfg):\n    return {}\n")
+    with pytest.raises(registry.ContractError) as info:
+        registry.load("ck_plain")
+    msg = str(info.value)
+    assert "'ck_plain'" in msg and "not a workload" in msg
+    for part in ("`Config` is not frozen", "no `smoke()`", "it must take (cfg, run)"):
+        assert part in msg, msg
+    # The command line says it before anything runs, and `ladder check` lists it as a table.
+    assert main(["run", "ck_plain", "--smoke", "--local"]) == 2
+    assert "`Config` is not frozen" in capsys.readouterr().err
+    assert main(["check", "ck_plain"]) == 1
+    out = capsys.readouterr().out
+    assert "FAILS  Config is a frozen dataclass" in out and "FAILS  train(cfg, run) signature" in out
+
+
+def test_unknown_name_gives_the_closest_and_the_three_ways(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["show", "curvs"]) == 2
+    err = capsys.readouterr().err
+    assert "Closest match: 'curves'" in err
+    assert "module path importable from the working directory" in err and "ladder.workloads" in err
+
+
+def test_scheduler_check_wants_the_objective_in_every_report_that_reaches_ray():
+    history = [(10, {"train/loss": 1.0, "progress": 0.5}), (10, {"eval/acc": 0.5}),
+               (20, {"train/loss": 0.5, "eval/acc": 0.7, "progress": 1.0})]
+    assert "without eval/loss" in check.scheduler_problem(history, "eval/loss")
+    assert check.scheduler_problem(history, "eval/acc") is None
+    only_final = [(10, {"train/loss": 1.0, "progress": 0.5}), (20, {"eval/loss": 0.5, "progress": 1.0})]
+    assert "only the final report" in check.scheduler_problem(only_final, "eval/loss")
