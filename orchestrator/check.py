@@ -14,8 +14,9 @@ for anyone's: the contract's static parts (`registry.contract_checks`), then thr
 
 The reports are then replayed the way a Tune trial sends them (`ray_train.forward_to_ray`, each
 carrying the latest value of every metric): every report that reaches Ray's schedulers must carry
-the objective and `progress`, and some must come before the end, or no scheduler can stop a trial
-early. With `ray=True`, a fourth run under Ray Train (2 workers when the workload accepts them)
+`progress`, and the objective must reach them; a workload that reports its objective only at the
+end (many evaluate once, on the finished model) is marked `limit`: fifo sweeps rank it, ASHA, the
+median rule and collapse cannot stop it early. With `ray=True`, a fourth run under Ray Train (2 workers when the workload accepts them)
 is killed after a checkpoint and must be restarted from it by Ray Train.
 """
 
@@ -145,11 +146,17 @@ def compare_resumed(uninterrupted: list[tuple[int, dict[str, float]]], resumed: 
     return None
 
 
-def scheduler_problem(history: list[tuple[int, dict[str, float]]], objective: str) -> str | None:
-    """Why a Tune scheduler could not rank this run on `objective` (None when it can): the reports
-    that reach Ray (`forward_to_ray`, each carrying the latest value of every metric, as
-    `RayReports` sends them) must all carry the objective and `progress`, and one at least must
-    come before the end (ASHA, the median rule and collapse decide at rungs of `progress`)."""
+FIFO_ONLY = "fifo only"
+
+
+def scheduler_verdict(history: list[tuple[int, dict[str, float]]], objective: str) -> tuple[bool | None, str]:
+    """Whether Tune's schedulers can rank this run on `objective`, replaying the reports that
+    reach Ray (`forward_to_ray`, each carrying the latest value of every metric, as `RayReports`
+    sends them): (True, "") when every one carries the objective and `progress` and some come
+    before the end, so that ASHA, the median rule and collapse can stop it early at rungs of
+    progress; (None, why) when the objective comes only at the end (fifo sweeps rank it, the
+    others cannot: Tune refuses a report without the metric it schedules on); (False, why) when
+    no scheduler can rank it (the objective never reported, or a report without `progress`)."""
     from orchestrator.ray_train import forward_to_ray
 
     last: dict[str, float] = {}
@@ -158,18 +165,21 @@ def scheduler_problem(history: list[tuple[int, dict[str, float]]], objective: st
         last.update(metrics)
         if forward_to_ray(metrics):
             sent.append((step, dict(last)))
-    if not sent:
-        return "no report reaches the schedulers: report eval/... metrics, and progress up to 1"
+    if not sent or objective not in sent[-1][1]:
+        return False, (f"no report that reaches the schedulers carries {objective} (an eval/ metric, or the final "
+                       f"report at progress 1): report it, or check with --objective METRIC")
     for step, carried in sent:
-        for key in (objective, "progress"):
-            if key not in carried:
-                return (f"the report of step {step} reaches the schedulers without {key}: report {key} with (or "
-                        "before) the first eval/ metric")
-    early = [carried["progress"] for _, carried in sent if carried["progress"] < 1.0 - 1e-9]
-    if not early:
-        return (f"only the final report reaches the schedulers: report {objective} during training (at several "
-                "fractions of progress) so that they can compare trials before the end")
-    return None
+        if "progress" not in carried:
+            return False, f"the report of step {step} reaches the schedulers without progress"
+    for step, carried in sent:
+        if objective not in carried:
+            return None, (f"{FIFO_ONLY}: the report of step {step} (progress {carried['progress']:.2g}) reaches the "
+                          f"schedulers without {objective}; report {objective} with (or before) the first eval/ "
+                          "metric for asha, median and collapse to stop trials early")
+    if not any(carried["progress"] < 1.0 - 1e-9 for _, carried in sent):
+        return None, (f"{FIFO_ONLY}: {objective} reaches the schedulers only at the end; report it during training "
+                      "(at several fractions of progress) for asha, median and collapse to stop trials early")
+    return True, ""
 
 
 def default_objective(name: str) -> str:
@@ -290,8 +300,7 @@ def check(name: str, folder: str | Path, *, objective: str | None = None, ray: b
             report.add("resumed run matches an uninterrupted one", differs is None, differs or "")
         else:
             report.add("resumed run matches an uninterrupted one", None, "it did not resume")
-    problem = scheduler_problem(history, objective)
-    report.add(f"reports usable by every scheduler ({objective})", problem is None, problem or "")
+    report.add(f"reports usable by every scheduler ({objective})", *scheduler_verdict(history, objective))
     if ray:
         report.results.append(ray_restore(workload, cfg, folder / "ray", workers=workers))
     else:
@@ -310,8 +319,7 @@ def _not_judged(report: Report, ray: bool, why: str, keep_scheduler: tuple[Any, 
             report.add(n, None, why)
     if keep_scheduler is not None:
         history, objective = keep_scheduler
-        problem = scheduler_problem(history, objective)
-        report.add(f"reports usable by every scheduler ({objective})", problem is None, problem or "")
+        report.add(f"reports usable by every scheduler ({objective})", *scheduler_verdict(history, objective))
     elif not any(r.check.startswith("reports usable") for r in report.results):
         report.add("reports usable by every scheduler", None, why)
     report.add("restores under Ray Train", None, why if ray else "not run (ladder check --ray)")
@@ -400,11 +408,13 @@ def ray_restore(workload: registry.Workload, cfg: Any, folder: Path, *, workers:
 
 
 def format_report(report: Report) -> str:
+    """The table: ok, FAILS, `limit` (holds for part of ladder: fifo sweeps only) or - (not judged)."""
     marks = {True: "ok", False: "FAILS", None: "-"}
     width = max(len(r.check) for r in report.results)
     lines = [f"ladder check {report.workload}"]
     for r in report.results:
-        lines.append(f"  {marks[r.holds]:<5}  {r.check:<{width}}  {r.detail}".rstrip())
+        mark = "limit" if r.holds is None and r.detail.startswith(FIFO_ONLY) else marks[r.holds]
+        lines.append(f"  {mark:<5}  {r.check:<{width}}  {r.detail}".rstrip())
     failed = [r.check for r in report.results if r.holds is False]
     if failed:
         lines.append(f"{report.workload} does not follow the workload contract: {len(failed)} check"

@@ -76,10 +76,16 @@ def test_unknown_name_gives_the_closest_and_the_three_ways(tmp_path, monkeypatch
     assert "module path importable from the working directory" in err and "ladder.workloads" in err
 
 
-def test_scheduler_check_wants_the_objective_in_every_report_that_reaches_ray():
+def test_scheduler_check_replays_what_reaches_tune():
     history = [(10, {"train/loss": 1.0, "progress": 0.5}), (10, {"eval/acc": 0.5}),
                (20, {"train/loss": 0.5, "eval/acc": 0.7, "progress": 1.0})]
-    assert "without eval/loss" in check.scheduler_problem(history, "eval/loss")
-    assert check.scheduler_problem(history, "eval/acc") is None
-    only_final = [(10, {"train/loss": 1.0, "progress": 0.5}), (20, {"eval/loss": 0.5, "progress": 1.0})]
-    assert "only the final report" in check.scheduler_problem(only_final, "eval/loss")
+    assert check.scheduler_verdict(history, "eval/acc") == (True, "")
+    holds, why = check.scheduler_verdict(history, "eval/loss")
+    assert holds is False and "carries eval/loss" in why
+    # Evaluated only at the end: fifo ranks it, the early-stopping schedulers cannot (a limit, not a failure).
+    only_final = [(10, {"train/loss": 1.0, "progress": 0.5}), (20, {"train/loss": 0.4, "progress": 1.0}),
+                  (20, {"eval/loss": 0.5, "progress": 1.0})]
+    holds, why = check.scheduler_verdict(only_final, "eval/loss")
+    assert holds is None and why.startswith("fifo only") and "step 20" in why
+    report = check.Report("w", [check.Result("reports usable by every scheduler (eval/loss)", holds, why)])
+    assert report.ok and "  limit  reports usable" in check.format_report(report)

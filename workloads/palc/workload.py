@@ -150,6 +150,8 @@ def _train(cfg: Config, run) -> dict[str, float]:
     if state is not None:
         cal.load_state_dict(state["calibrator"])
         opt.load_state_dict(state["optimizer"])
+        if "rng" in state:  # the dropout masks' generator: a resumed run draws the masks it would have
+            torch.set_rng_state(state["rng"])
         start = int(state["step"])
 
     def to_dev(b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -180,7 +182,8 @@ def _train(cfg: Config, run) -> dict[str, float]:
                         "perf/steps_per_s": window_n / max(now - window_t, 1e-9), "progress": done / cfg.steps}, step=done)
             window_t, window_n = now, 0
         if done % cfg.checkpoint_every == 0 or done == cfg.steps:
-            run.save({"step": done, "calibrator": cal.state_dict(), "optimizer": opt.state_dict()})
+            run.save({"step": done, "calibrator": cal.state_dict(), "optimizer": opt.state_dict(),
+                      "rng": torch.get_rng_state()})
 
     cal.eval()
     final = evaluate(cfg, base, tok, cal, held, held_ents, dev)
