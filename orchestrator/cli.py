@@ -135,7 +135,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         for note in tune_run.launch_problems(definition):
             print(f"  not runnable here, checked again where it launches: {note}")
         return 0
-    result = tune_run.run_sweep(definition, resume=args.resume, wandb=args.wandb)
+    result = tune_run.run_sweep(definition, resume=args.resume, wandb=args.wandb, verbose=args.verbose)
     print(tune_run.format_trials(result))
     print(f"sweep {result.name!r} finished in {result.wall_s:.0f} s; MLflow experiment {result.name!r}, parent run "
           f"{result.parent_run_id} — open it with `ladder ui`")
@@ -147,7 +147,8 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
     if args.local and args.resume:
         raise UsageError("--resume continues a reproduction on Ray; drop --local")
-    rep = reproduce.reproduce(args.name, smoke=args.smoke, seed=args.seed, local=args.local, resume=args.resume)
+    rep = reproduce.reproduce(args.name, smoke=args.smoke, seed=args.seed, local=args.local, resume=args.resume,
+                              verbose=args.verbose)
     print(reproduce.format_claims(rep))
     if rep.parent_run_id:
         print(f"claim table, numbers and plot logged to MLflow experiment {rep.sweep.name!r}, run {rep.parent_run_id} "
@@ -279,6 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="validate the sweep and exit without running it")
     p.add_argument("--wandb", action="store_true",
                    help="each trial also logs to Weights & Biases, project ladder-SWEEP (WANDB_MODE=offline without an account)")
+    p.add_argument("--verbose", action="store_true", help="also show Ray's own output: Tune's configuration box and "
+                   "status tables, its TensorBoard hint, Ray Train's line per report")
     p.set_defaults(func=_cmd_sweep)
 
     p = sub.add_parser("reproduce", help="run a workload's reproduction sweep and check its paper's claims",
@@ -289,6 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="base seed of the reproduction; claims should hold for any")
     p.add_argument("--local", action="store_true", help="run the trials one after another in this process, without Ray")
     p.add_argument("--resume", action="store_true", help="continue an interrupted reproduction on Ray")
+    p.add_argument("--verbose", action="store_true", help="also show Ray's own output: Tune's configuration box and "
+                   "status tables, its TensorBoard hint, Ray Train's line per report")
     p.set_defaults(func=_cmd_reproduce)
 
     p = sub.add_parser("audit", help="replay stopping policies on a finished sweep's curves",

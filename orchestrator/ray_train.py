@@ -179,6 +179,18 @@ def _backend() -> str:
     return dist.get_backend() if dist.is_available() and dist.is_initialized() else "none"
 
 
+def _quiet_train_reports() -> None:
+    """Ray Train logs each report of each worker at INFO ("Reporting training result N:
+    TrainingReport(...)"), under a logger named by its file's path: warnings only."""
+    import logging
+
+    try:
+        from ray.train.v2._internal.execution import context
+    except ImportError:  # another Ray layout: its lines show, nothing else changes
+        return
+    logging.getLogger(context.__file__).setLevel(logging.WARNING)
+
+
 def worker_entry(loop_config: dict[str, Any]) -> dict[str, float]:
     """`train_loop_per_worker` for TorchTrainer: rebuild the config, wire the sinks, train."""
     import ray.train
@@ -186,6 +198,8 @@ def worker_entry(loop_config: dict[str, Any]) -> dict[str, float]:
     from orchestrator import registry
     from orchestrator.config import from_dict
 
+    if not loop_config.get("verbose"):
+        _quiet_train_reports()
     workload = registry.load(loop_config["workload"])
     cfg = from_dict(workload.Config, loop_config["config"])
     sinks: list[Any] = []

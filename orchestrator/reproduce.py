@@ -198,11 +198,11 @@ def _run_local(sweep: Sweep) -> tuple[list[Trial], list[str], str, str]:
     return trials, failed, parent, uri
 
 
-def _run_ray(sweep: Sweep, resume: bool) -> tuple[list[Trial], list[str], str | None, str | None]:
+def _run_ray(sweep: Sweep, resume: bool, verbose: bool = False) -> tuple[list[Trial], list[str], str | None, str | None]:
     """The sweep on Ray Tune; each trial's final metrics are read back from its MLflow child run."""
     from orchestrator import tune_run
 
-    result = tune_run.run_sweep(sweep, resume=resume)
+    result = tune_run.run_sweep(sweep, resume=resume, verbose=verbose)
     base = sweep.check()
     c = tracking.client(result.tracking_uri)
     exp = c.get_experiment_by_name(sweep.name)
@@ -218,7 +218,8 @@ def _run_ray(sweep: Sweep, resume: bool) -> tuple[list[Trial], list[str], str | 
     return trials, failed, result.parent_run_id, result.tracking_uri
 
 
-def reproduce(name: str, *, smoke: bool = False, seed: int = 0, local: bool = False, resume: bool = False) -> Reproduction:
+def reproduce(name: str, *, smoke: bool = False, seed: int = 0, local: bool = False, resume: bool = False,
+              verbose: bool = False) -> Reproduction:
     sweep = load_repro(name, smoke=smoke, seed=seed)  # every input check before anything runs
     if local and resume:
         raise ConfigError("--resume continues a reproduction on Ray; a --local one runs again from the start")
@@ -231,7 +232,7 @@ def reproduce(name: str, *, smoke: bool = False, seed: int = 0, local: bool = Fa
     if local:
         trials, failed, parent, uri = _run_local(sweep)
     else:
-        trials, failed, parent, uri = _run_ray(sweep, resume)
+        trials, failed, parent, uri = _run_ray(sweep, resume, verbose)
     results = evaluate(workload.claims, trials) if trials else []
     rep = Reproduction(name, sweep, trials, results, failed, parent, uri, time.monotonic() - started)
     if parent:

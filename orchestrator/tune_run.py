@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from orchestrator import outbox, tracking, zero
 from orchestrator.config import apply_overrides, flatten, redacted, to_dict, to_json
+from orchestrator.console import quiet_tune
 from orchestrator.ray_train import RayReports
 from orchestrator.sweep import Sweep, SweepError
 
@@ -206,6 +207,7 @@ def _fit_train(meta: Mapping[str, Any], cfg: Any, trial_id: str, run_id: str | N
             "spool": True,
             "wandb": {"project": f"ladder-{meta['sweep']}", "name": f"{meta['sweep']}-{trial_id}",
                       "group": meta["sweep_id"]} if meta.get("wandb") else None,
+            "verbose": bool(meta.get("verbose")),
         },
         # NCCL between GPU workers; gloo on CPU.
         torch_config=TorchConfig(backend="nccl" if meta.get("gpus_per_worker") else "gloo"),
@@ -338,10 +340,12 @@ def _state_file(sweep: Sweep) -> Path:
     return sweep_storage(sweep) / sweep.name / "sweep.json"
 
 
-def run_sweep(sweep: Sweep, *, resume: bool = False, progress: bool = True, wandb: bool = False) -> SweepResult:
+def run_sweep(sweep: Sweep, *, resume: bool = False, progress: bool = True, wandb: bool = False,
+              verbose: bool = False) -> SweepResult:
     """Check, then run `sweep` on the local Ray (or `RAY_ADDRESS`), resuming when asked; with
     `wandb`, every trial also logs to a Weights & Biases run (project ladder-<sweep>, grouped by
-    sweep invocation)."""
+    sweep invocation). `progress` shows the sweep's view (`console.SweepView`); Ray's own tables,
+    hints and per-report lines show only when `verbose`."""
     from orchestrator.launch import local_cpus
 
     if wandb:
@@ -437,6 +441,7 @@ def run_sweep(sweep: Sweep, *, resume: bool = False, progress: bool = True, wand
         "storage": str(sweep_storage(sweep) / sweep.name / "train"),
         "outbox_dir": str(runs_root() / "outbox" if os.environ.get(RUNS_DIR_ENV) else outbox.default_dir()),
         "wandb": bool(wandb),
+        "verbose": bool(verbose),
     }
     status = "FAILED"
     try:
@@ -453,22 +458,63 @@ def run_sweep(sweep: Sweep, *, resume: bool = False, progress: bool = True, wand
             _end_open_runs(meta, status)
 
 
-def _console_callback(metric: str) -> Any:
-    """One line per trial start and end, instead of Tune's periodic status tables."""
-    import sys
-
+def _console_callback(sweep: Sweep, scheduler: Any) -> Any:
+    """The sweep's live view (`console.SweepView`) fed from Tune's trials, instead of Tune's tables."""
     from ray import tune
 
+    from orchestrator.console import SweepView, stop_reason, trial_state
+
+    metric, mode = sweep.objective
+    kind, options = sweep.scheduler, dict(sweep.scheduler_options)
+
     class Console(tune.Callback):
+        view: Any = None
+
+        def __getstate__(self) -> dict:
+            return {}  # Tune pickles its callbacks; a resumed sweep gets a new view (_use_console)
+
+        def _show(self, trial: Any, result: dict | None = None, status: str | None = None) -> None:
+            if self.view is None:
+                self.view = SweepView(sweep.name, sweep.trial_count(), metric, mode, scheduler=kind)
+            last = result or trial.last_result or {}
+            d = getattr(scheduler, "decisions", {}).get(trial.trial_id)
+            # Tune calls on_trial_complete and on_trial_error before it changes the trial's status.
+            state = trial_state(status or trial.status, last.get("progress", float("nan")), decision=d, scheduler=kind)
+            why = stop_reason(kind, d, options) if state in ("stopped", "diverged") else ""
+            if state == "failed":
+                try:
+                    error = str(trial.get_error() or "").strip().splitlines()
+                except Exception:  # the error file is Tune's; the state alone still says failed
+                    error = []
+                why = error[-1][:120] if error else "failed"
+            self.view.update(trial.trial_id, params=trial.config.get("params", {}), state=state,
+                             progress=last.get("progress"), objective=last.get(metric),
+                             predicted=(d or {}).get("predicted"), why=why)
+
+        def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
+            if self.view is None:  # the trials a resumed sweep starts with, ended ones included
+                for trial in trials:
+                    self._show(trial)
+
         def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            print(f"ladder: trial {trial.trial_id} started {trial.config.get('params')}", file=sys.stderr, flush=True)
+            self._show(trial, status="RUNNING")
+
+        def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+            self._show(trial, result)
 
         def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            last = trial.last_result or {}
-            value = last.get(metric, float("nan"))
-            print(f"ladder: trial {trial.trial_id} ended at {last.get('progress', 0):.0%} of training, "
-                  f"{metric} {value:.4f} ({sum(t.is_finished() or t is trial for t in trials)}/{len(trials)} done)",
-                  file=sys.stderr, flush=True)
+            self._show(trial, status="TERMINATED")
+
+        def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            self._show(trial, status="ERROR")
+
+        def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+            if self.view is not None:
+                self.view.tick()
+
+        def on_experiment_end(self, trials: list, **info: Any) -> None:
+            if self.view is not None:
+                self.view.close()
 
     return Console()
 
@@ -499,9 +545,14 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
     storage = str(sweep_storage(sweep) / sweep.name)
     started = time.monotonic()
     tune_path = os.path.join(storage, "tune")
+    verbose = bool(meta.get("verbose"))
+    callbacks = [_console_callback(sweep, scheduler)] if progress else []
+    if progress and hasattr(scheduler, "announce"):
+        scheduler.announce = False  # the view says why each trial stopped
     if resume and tune.Tuner.can_restore(tune_path):
         tuner = tune.Tuner.restore(tune_path, trainable, resume_unfinished=True, resume_errored=True)
         _use_scheduler(tuner, scheduler)
+        _use_console(tuner, callbacks, verbose)
     else:
         tuner = tune.Tuner(
             trainable,
@@ -511,11 +562,12 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
             tune_config=tune.TuneConfig(metric=None if sweep.scheduler == "fifo" else metric,
                                         mode=None if sweep.scheduler == "fifo" else mode, scheduler=scheduler,
                                         max_concurrent_trials=concurrency, reuse_actors=bool(meta["in_trial"])),
-            run_config=tune.RunConfig(name="tune", storage_path=storage, verbose=0,
-                                      callbacks=[_console_callback(metric)] if progress else [],
+            run_config=tune.RunConfig(name="tune", storage_path=storage, verbose=1 if verbose else 0,
+                                      callbacks=callbacks,
                                       failure_config=tune.FailureConfig(max_failures=sweep.max_failures)),
         )
-    results = tuner.fit()
+    with quiet_tune(not verbose):
+        results = tuner.fit()
     if diagnostics is not None:
         diagnostics.flush()
     decisions = getattr(scheduler, "decisions", {})
@@ -574,6 +626,14 @@ def _use_scheduler(tuner: Any, scheduler: Any) -> None:
     config = getattr(internal, "_tune_config", None)
     if config is not None:
         config.scheduler = scheduler
+
+
+def _use_console(tuner: Any, callbacks: list, verbose: bool) -> None:
+    """A restored Tuner runs this invocation's console and verbosity, not those pickled when the sweep began."""
+    run_config = getattr(getattr(tuner, "_local_tuner", None), "_run_config", None)
+    if run_config is not None:
+        run_config.callbacks = callbacks
+        run_config.verbose = 1 if verbose else 0
 
 
 def _end_open_runs(meta: Mapping[str, Any], status: str) -> None:

@@ -103,6 +103,8 @@ class CollapseScheduler(FIFOScheduler):
         self.decisions: dict[str, dict[str, Any]] = {}
         self.on_decision = on_decision
         self.diagnostics = diagnostics
+        self.announce = True
+        """Print a line when a trial is stopped (off while the sweep's view shows why)."""
         self._load()
 
     @property
@@ -184,7 +186,7 @@ class CollapseScheduler(FIFOScheduler):
         self.decisions[tid] = record
         if changed:
             self._persist(tid)
-            if decision.stop:
+            if decision.stop and getattr(self, "announce", True):
                 why = "non-finite loss: diverged" if decision.diverged else (
                     f"predicted final {self._metric} {decision.predicted:.4f} > kept-quantile cutoff {decision.cutoff:.4f}")
                 print(f"ladder: stopped trial {tid} at {decision.progress:.0%} of training ({why})", file=sys.stderr, flush=True)

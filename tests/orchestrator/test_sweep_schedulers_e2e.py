@@ -97,9 +97,16 @@ def assert_whole_curves(c, runs, resumed: bool = False) -> tuple[int, int]:
 
 
 @pytest.mark.slow
-def test_median_sweep_runs_end_to_end_and_logs_each_trial_to_wandb(shared):
+def test_median_sweep_runs_end_to_end_and_logs_each_trial_to_wandb(shared, capfd):
     started = time.monotonic()
-    result = run_sweep(load_sweep_file(write_sweep(shared.work, "median", "median")), progress=False, wandb=True)
+    result = run_sweep(load_sweep_file(write_sweep(shared.work, "median", "median")), wandb=True)
+    # The sweep's view, in plain lines (no terminal here): one per trial end, counted against all
+    # six trials from the start (Tune creates them as it goes), and none of Ray Tune's own output.
+    out = capfd.readouterr()
+    ends = [line for line in out.err.splitlines() if line.startswith("ladder: trial ")]
+    assert len(ends) == TRIALS and ends[0].endswith("[1/6 done]") and ends[-1].endswith("[6/6 done]"), out.err
+    assert out.err.splitlines()[-1].startswith("ladder: sweep median: 6/6 done ("), out.err
+    assert "tensorboard" not in (out.out + out.err).lower() and "Configuration for experiment" not in out.out + out.err
     assert not [t for t in result.trials if t["error"]], result.trials
     runs = children(shared.client, "median")
     assert len(runs) == TRIALS
@@ -143,7 +150,7 @@ def test_asha_sweep_resumes_after_its_driver_dies(shared, monkeypatch):
     sweep = load_sweep_file(write_sweep(shared.work, "asha", "asha"))
     armed = shared.work / "asha.armed"
     armed.touch()
-    monkeypatch.setattr(tune_run, "_console_callback", lambda metric: dies_at_third_trial(armed))
+    monkeypatch.setattr(tune_run, "_console_callback", lambda *args: dies_at_third_trial(armed))
     with pytest.raises(TuneError, match="DriverDies: the driver died"):  # Tune wraps what its loop raised
         run_sweep(sweep)
     before = children(shared.client, "asha")
