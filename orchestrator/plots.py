@@ -257,6 +257,59 @@ def plot_audit(result: Any, path: str | os.PathLike, *, target: tuple[float, flo
     return _save(fig, path)
 
 
+_TRIAL_MARK = {"stopped": ("x", "stopped"), "diverged": ("X", "diverged"), "failed": ("s", "failed")}
+
+
+def plot_sweep_curves(
+    curves: Curves,
+    path: str | os.PathLike,
+    *,
+    states: Mapping[str, str],
+    metric: str,
+    labels: Mapping[str, str] | None = None,
+    best: str | None = None,
+    title: str = "",
+) -> str:
+    """Every trial's objective over training fraction: trials that trained to the end in solid
+    lines, the best one thicker; a trial that was stopped, diverged or failed ends in a marker
+    (x, X, square) where it ended. Returns the PNG's path."""
+    fig = _figure(8.0, 4.8)
+    ax = fig.add_subplot()
+    ids = sorted(curves)
+    color = _colors(ids)
+    named = len(ids) <= 12 and labels is not None
+    marked: set[str] = set()
+    tail: list[float] = []
+    for tid in ids:
+        p, y = (np.asarray(a, dtype=float) for a in curves[tid])
+        ok = np.isfinite(p) & np.isfinite(y)
+        p, y = p[ok], y[ok]
+        if not p.size:
+            continue
+        state = states.get(tid, "finished")
+        ended = state in _TRIAL_MARK
+        ax.plot(p, y, color=color[tid], lw=2.6 if tid == best else (1.0 if ended else 1.5), ls="--" if ended else "-",
+                alpha=0.9, label=((labels or {}).get(tid, tid) + (" (best)" if tid == best else "")) if named else None)
+        if ended:
+            marker, name = _TRIAL_MARK[state]
+            ax.plot(p[-1:], y[-1:], marker=marker, ms=8, mew=2, ls="none", color="black" if state != "diverged" else "red",
+                    label=name if name not in marked else None)
+            marked.add(name)
+        tail.extend(y[p >= 0.1 * p.max()].tolist())
+    if tail:
+        lo, hi = min(tail), max(tail)
+        pad = 0.08 * (hi - lo) + 1e-6
+        ax.set_ylim(lo - pad, hi + pad)  # the first reports' transient would squash the rest
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("training fraction")
+    ax.set_ylabel(metric)
+    ax.set_title(title or f"{len(ids)} trials: {metric} (dashed: ended early)", fontsize=10)
+    ax.grid(alpha=0.3)
+    if named or marked:
+        ax.legend(fontsize=7, loc="upper right")
+    return _save(fig, path)
+
+
 def log_figure(path: str | os.PathLike, run_id: str, *, artifact_path: str | None = None, uri: str | None = None) -> str:
     """Attach a PNG to an MLflow run; returns its artifact path in the run."""
     from orchestrator import tracking

@@ -120,17 +120,26 @@ def new_sqlite_store(path: Path) -> None:
         part.unlink(missing_ok=True)
 
 
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+"""MLflow's experiment kind for model training: its UI shows such an experiment's runs, metrics
+and charts (its "Machine learning" view), not the GenAI view of traces and evaluations."""
+
+
 def ensure_experiment(name: str, uri: str | None = None, base: str | os.PathLike | None = None) -> str:
-    """Id of the experiment `name`, created (with an absolute artifact root) when missing."""
+    """Id of the experiment `name`, created (with an absolute artifact root, of MLflow's
+    model-training kind) when missing."""
     c = client(uri)
     found = c.get_experiment_by_name(name)
     if found is not None:
         if found.lifecycle_stage == "deleted":
             c.restore_experiment(found.experiment_id)
+        if not found.tags.get("mlflow.experimentKind"):  # made by an earlier ladder; a kind chosen in the UI stays
+            for key, value in EXPERIMENT_KIND.items():
+                c.set_experiment_tag(found.experiment_id, key, value)
         return found.experiment_id
     root = artifact_root(base) if (uri is None or uri.startswith("sqlite")) else None
     try:
-        return c.create_experiment(name, artifact_location=root)
+        return c.create_experiment(name, artifact_location=root, tags=EXPERIMENT_KIND)
     except Exception:
         # Another process created it between our lookup and create.
         found = c.get_experiment_by_name(name)

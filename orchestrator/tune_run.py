@@ -17,9 +17,10 @@ from typing import Any, Mapping
 
 from orchestrator import outbox, tracking, zero
 from orchestrator.config import apply_overrides, flatten, redacted, to_dict, to_json
-from orchestrator.console import quiet_tune
+from orchestrator.console import quiet_tune, stop_reason
 from orchestrator.ray_train import RayReports
 from orchestrator.sweep import Sweep, SweepError
+from orchestrator.sweep_summary import log_sweep_summary
 
 SWEEPS_DIR = "ladder-runs/sweeps"
 RUNS_DIR_ENV = "LADDER_RUNS_DIR"
@@ -590,6 +591,7 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
             stopped = short and not r.error
         else:
             stopped = d.get("action") == "stop" and short
+        state = "failed" if r.error else "diverged" if d.get("diverged") else "stopped" if stopped else "finished"
         trials.append(
             {
                 "trial_id": tid,
@@ -600,10 +602,18 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
                 "diverged": bool(d.get("diverged")),
                 "predicted": d.get("predicted"),
                 "error": str(r.error) if r.error else "",
+                "state": state,
+                "why": (stop_reason(sweep.scheduler, d, sweep.scheduler_options) if state in ("stopped", "diverged")
+                        else str(r.error).strip().splitlines()[-1][:200] if r.error else ""),
             }
         )
     if meta["parent_run_id"]:
         _close_child_runs(meta, trials)
+        try:
+            log_sweep_summary(parent_run_id=meta["parent_run_id"], uri=meta["tracking_uri"], experiment=meta["experiment"],
+                              sweep_id=meta["sweep_id"], trials=trials, metric=metric, mode=mode)
+        except Exception as exc:  # the sweep's runs are recorded; only their summary is missing
+            tracking.warn(f"could not log the sweep's summary (trials.csv, trial_curves.png): {type(exc).__name__}: {exc}")
         tracking.log_text(meta["parent_run_id"], json.dumps(trials, indent=2, default=str), "trials.json",
                           uri=meta["tracking_uri"])
         tracking.end_run(meta["parent_run_id"], "FINISHED", uri=meta["tracking_uri"])

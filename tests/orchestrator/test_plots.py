@@ -171,3 +171,13 @@ def test_log_figure_attaches_the_png(store, tmp_path):
     assert plots.log_figure(path, run_id, artifact_path="charts", uri=store.uri) == "charts/chart.png"
     files = {a.path: a.file_size for a in MlflowClient(tracking_uri=store.uri).list_artifacts(run_id, "charts")}
     assert files == {"charts/chart.png": Path(path).stat().st_size}
+
+
+def test_sweep_curves_png_marks_the_trials_that_ended_early(tmp_path):
+    curves = {"a": (T, 3 - T), "b": (T[:12], 3.2 - T[:12]), "c": (T[:8], 3.5 - T[:8])}
+    labels = {"a": "lr=0.01", "b": "lr=0.1", "c": "lr=1"}
+    finished = plots.plot_sweep_curves(curves, tmp_path / "f.png", metric="eval/loss", labels=labels,
+                                       states={"a": "finished", "b": "finished", "c": "finished"})
+    marked = plots.plot_sweep_curves(curves, tmp_path / "m.png", metric="eval/loss", labels=labels, best="a",
+                                     states={"a": "finished", "b": "stopped", "c": "diverged"})
+    assert 0 < differ(finished, marked) < 0.2

@@ -11,6 +11,7 @@ rung and the schedulers have something to stop.
 
 from __future__ import annotations
 
+import csv
 import os
 import subprocess
 import sys
@@ -113,6 +114,18 @@ def test_median_sweep_runs_end_to_end_and_logs_each_trial_to_wandb(shared, capfd
     stopped, points = assert_whole_curves(shared.client, runs)
     assert stopped == sum(t["stopped"] for t in result.trials) >= 1, "the median rule stopped no trial"
     assert shared.client.get_run(result.parent_run_id).info.status == "FINISHED"
+    # What the parent run shows first: the best finished objective under the children's metric
+    # name, a row per trial in trials.csv, the trials' curves; the experiment opens in MLflow's
+    # model-training view.
+    parent = shared.client.get_run(result.parent_run_id)
+    finished = [t for t in result.trials if t["state"] == "finished"]
+    assert parent.data.metrics["eval/loss"] == pytest.approx(min(t["objective"] for t in finished))
+    assert all("eval/loss" in r.data.metrics for r in runs)
+    assert {"trials.csv", "trial_curves.png", "trials.json"} <= {a.path for a in shared.client.list_artifacts(parent.info.run_id)}
+    rows = list(csv.DictReader(open(shared.client.download_artifacts(parent.info.run_id, "trials.csv", str(shared.work)))))
+    assert sorted((r["trial"], r["state"]) for r in rows) == sorted((t["trial_id"], t["state"]) for t in result.trials)
+    assert {r["why"] for r in rows if r["state"] == "stopped"} == {"median rule: worse than the other trials' median"}
+    assert shared.client.get_experiment_by_name("median").tags["mlflow.experimentKind"] == "custom_model_development"
     # --wandb: an offline wandb run per trial (two for a trial that the median rule paused and resumed).
     logs = [p.read_bytes() for p in (shared.work / "wandb").glob("offline-run-*/run-*.wandb")]
     assert len(logs) >= TRIALS

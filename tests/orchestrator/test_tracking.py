@@ -141,3 +141,18 @@ def test_a_new_sqlite_store_is_a_copy_of_the_migrated_empty_one(workdir, ladder_
     before = ours.read_bytes()
     tracking.new_sqlite_store(ours)
     assert ours.read_bytes() == before
+
+
+def test_experiments_are_of_mlflows_model_training_kind(workdir):
+    """MLflow 3's UI opens an experiment without a kind in its GenAI view (traces); ladder's are
+    training experiments. One made before gets the kind; one whose kind was chosen in the UI keeps it."""
+    uri = tracking.tracking_uri()
+    c = tracking.client(uri)
+    tracking.start_run("made_now", run_name="r", tags={}, uri=uri)
+    assert c.get_experiment_by_name("made_now").tags["mlflow.experimentKind"] == "custom_model_development"
+    older = c.create_experiment("made_before")
+    chosen = c.create_experiment("chosen", tags={"mlflow.experimentKind": "genai_development"})
+    tracking.start_run("made_before", run_name="r", tags={}, uri=uri)
+    tracking.start_run("chosen", run_name="r", tags={}, uri=uri)
+    assert c.get_experiment(older).tags["mlflow.experimentKind"] == "custom_model_development"
+    assert c.get_experiment(chosen).tags["mlflow.experimentKind"] == "genai_development"
