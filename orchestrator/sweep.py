@@ -181,8 +181,9 @@ class Sweep:
                         raise SweepError(f"{key}: low ({domain.low}) must be below high ({domain.high})")
                     if isinstance(domain, LogUniform) and domain.low <= 0:
                         raise SweepError(f"{key}: loguniform needs positive bounds, got {domain.low}")
-                for value in values:
-                    w.validate(apply_overrides(base, {key: value}), world_size=self.workers)
+                for value in values:  # with points, on the first (a point may complete the base)
+                    point = dict(self.points[0]) if self.points else {}
+                    w.validate(apply_overrides(base, {**point, key: value}), world_size=self.workers)
         except ConfigError as exc:
             raise SweepError(f"sweep {self.name!r}: {exc}") from None
         if self.num_samples < 1:
@@ -222,7 +223,7 @@ class Sweep:
         base = self.base_config()
         seen = set()
         try:
-            for params in [{}] + self.trial_params():
+            for params in ([] if self.points else [{}]) + self.trial_params():  # a point may complete the base
                 cfg = apply_overrides(base, params)
                 key = repr(cfg)
                 if key not in seen:

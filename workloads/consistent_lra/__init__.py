@@ -3,16 +3,20 @@
 consistent_lra: rows of A arrive one at a time and after each row the algorithm outputs a rank-k
 subspace V^(t). Two things are measured at every t: the cost ||A^(t) - A^(t) P_V||_F^2 over the
 optimal rank-k cost OPT_t of the prefix, and the recourse, the running sum of ||P_V(t) -
-P_V(t-1)||_F^2. Three algorithms: recompute the best subspace at every row (the baseline), the
+P_V(t-1)||_F^2. Four algorithms: recompute the best subspace at every row (the baseline), the
 additive-error lazy rule (recompute only when ||A^(t)||_F^2 has grown by a factor 1 + eps; cost
-<= OPT + eps ||A||_F^2), and the multiplicative variant (an online ridge-leverage-score sample of
-the rows, recomputed from when it finds the current subspace more than (1 + a) times its optimum;
-cost <= (1 + eps) OPT). Streams: 'flip' (k interleaved alternating pairs, the best subspace changes
-at every row), 'gaussian' (i.i.d. rows with a near tie), 'emerging' (nearly rank k, a new direction
-at the onset) and 'randint' (the paper's random integers). `train/loss` is cost/||A^(t)||_F^2.
+<= OPT + eps ||A||_F^2), the multiplicative variant (an online ridge-leverage-score sample of the
+rows, recomputed from when it finds the current subspace more than (1 + a) times its optimum;
+cost <= (1 + eps) OPT), and its refinement 'heavy_light' (the paper's Algorithm 2, reconstructed:
+only the bottom sqrt(k) directions are recomputed while that keeps the bound). Streams: 'flip'
+(k interleaved alternating pairs, the best subspace changes at every row), 'gaussian' (i.i.d.
+rows with a near tie), 'emerging' (nearly rank k, a new direction at the onset), 'randint' (the
+paper's random integers) and 'file' (the first rows of a table in its published format: the
+paper's UCI Rice and Skin, SuiteSparse's Landmark; `data.py`). `train/loss` is
+cost/||A^(t)||_F^2.
 """
 
 from workloads.consistent_lra.claims import CLAIMS, plot
-from workloads.consistent_lra.workload import Config, smoke, train, validate
+from workloads.consistent_lra.workload import Config, preflight, smoke, train, validate
 
-__all__ = ["CLAIMS", "Config", "plot", "smoke", "train", "validate"]
+__all__ = ["CLAIMS", "Config", "plot", "preflight", "smoke", "train", "validate"]

@@ -1,4 +1,5 @@
-"""The row streams: generated in full from the seed, so a restarted run replays the same rows.
+"""The row streams: generated in full from the seed (or read from a file, `data.py`), so a
+restarted run replays the same rows.
 
 Every stream is a float64 [n, d] matrix, fed to the algorithms one row at a time. Where a stream is
 built in coordinates (flip, emerging), a seeded random rotation is applied last: cost and recourse
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-STREAMS = ("flip", "gaussian", "emerging", "randint")
+STREAMS = ("flip", "gaussian", "emerging", "randint", "file")
 
 
 def _rotation(d: int, gen: torch.Generator) -> torch.Tensor:
@@ -78,6 +79,10 @@ def make_stream(cfg) -> torch.Tensor:
         return emerging(cfg.n, cfg.d, cfg.k, cfg.weak, cfg.onset, cfg.noise, gen)
     if cfg.stream == "randint":
         return randint(cfg.n, cfg.d, cfg.normalize, gen)
+    if cfg.stream == "file":
+        from workloads.consistent_lra.data import read_rows
+
+        return read_rows(cfg.data_path, cfg.n, cfg.columns, cfg.standardize)
     raise ValueError(f"unknown stream {cfg.stream!r}; known: {', '.join(STREAMS)}")
 
 

@@ -11,8 +11,9 @@ from typing import Any, Iterator, Literal
 import numpy as np
 import torch
 
-from workloads.consistent_lra.algorithms import ConsistentLRA
-from workloads.consistent_lra.streams import make_stream, uniforms
+from workloads.consistent_lra.algorithms import ALGORITHMS, ConsistentLRA
+from workloads.consistent_lra.data import check_format, table_shape
+from workloads.consistent_lra.streams import STREAMS, make_stream, uniforms
 
 # A prefix whose optimum is below this fraction of ||A^(t)||_F^2 has rank <= k up to rounding:
 # cost/OPT is not defined there, and the additive excess (cost - OPT)/||A||_F^2 says all there is.
@@ -23,14 +24,18 @@ MAX_CURVE_POINTS = 60
 
 @dataclass(frozen=True)
 class Config:
-    stream: Literal["flip", "gaussian", "emerging", "randint"] = "flip"
-    """Row stream: 'flip' (best subspace changes every row), 'gaussian' (i.i.d.), 'emerging', 'randint'."""
-    algorithm: Literal["every", "additive", "multiplicative"] = "additive"
-    """'every' (recompute each row), 'additive' (lazy, on Frobenius growth), 'multiplicative'."""
+    stream: Literal["flip", "gaussian", "emerging", "randint", "file"] = "flip"
+    """Row stream: 'flip' (best subspace changes every row), 'gaussian' (i.i.d.), 'emerging', 'randint',
+    or 'file' (the first n rows of the table at data_path: CSV/TSV, ARFF, Matrix Market or .npy)."""
+    algorithm: Literal["every", "additive", "multiplicative", "heavy_light"] = "additive"
+    """'every' (recompute each row), 'additive' (lazy, on Frobenius growth), 'multiplicative', or
+    'heavy_light' (multiplicative, recomputing only the bottom sqrt(k) directions when that keeps
+    the (1 + a) bound: the paper's Algorithm 2, reconstructed)."""
     n: int = 100_000
     """Rows in the stream."""
     d: int = 50
-    """Columns (the flip stream needs d >= 2k, the emerging stream d >= k + 1)."""
+    """Columns (the flip stream needs d >= 2k, the emerging stream d >= k + 1); a 'file' stream has
+    its file's column count, which d=0 takes (another value must match it)."""
     k: int = 25
     """Rank of the output subspace."""
     eps: float = 0.1
@@ -47,12 +52,18 @@ class Config:
     """emerging: fraction of the stream after which the new strong direction appears."""
     normalize: bool = False
     """randint: divide each column by its norm (the paper's text) instead of raw integers (its code)."""
+    data_path: str = ""
+    """file: the table of rows (.csv/.tsv/.txt/.data, .arff, .mtx, .npy; relative to the run's folder)."""
+    columns: str = ""
+    """file: comma-separated column names or 0-based indices to stream (default: every numeric column)."""
+    standardize: bool = False
+    """file: centre and scale each column over the n streamed rows, as the paper does for Rice and Skin."""
     sketch: Literal["leverage", "exact"] = "leverage"
-    """multiplicative: online ridge-leverage-score sample of the rows, or every row (no sampling)."""
+    """multiplicative, heavy_light: online ridge-leverage-score sample of the rows, or every row (no sampling)."""
     oversample: float = 1.0
-    """multiplicative: sampling constant c in p = min(1, c * ridge score / a^2) [reconstructed]."""
+    """multiplicative, heavy_light: sampling constant c in p = min(1, c * ridge score / a^2) [reconstructed]."""
     trigger: Literal["check", "kept"] = "check"
-    """multiplicative: recompute when the sketch finds V's cost above (1 + a) OPT, or at every kept row."""
+    """multiplicative, heavy_light: recompute when the sketch finds V's cost above (1 + a) OPT, or at every kept row."""
     curve_points: int = 20
     """Log-spaced steps at which recourse and the segment's worst cost/OPT are kept for the plot."""
     log_every: int = 1000
@@ -72,7 +83,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     """Checks that need no data: raised before anything is launched."""
     if world_size != 1:
         raise ValueError(f"consistent_lra follows one stream on one worker; got {world_size} workers: set workers=1")
-    for name in ("n", "d", "k", "curve_points", "log_every", "checkpoint_every"):
+    for name in ("n", "k", "curve_points", "log_every", "checkpoint_every") + (() if cfg.stream == "file" else ("d",)):
         if getattr(cfg, name) < 1:
             raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
     if cfg.curve_points > MAX_CURVE_POINTS:
@@ -80,7 +91,11 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError(f"curve_points={cfg.curve_points} is too many for the final metrics: use at most {MAX_CURVE_POINTS}")
     if cfg.n < 2:
         raise ValueError(f"n must be at least 2 rows to have any recourse, got {cfg.n}")
-    if not cfg.k < cfg.d:
+    if cfg.stream == "file":
+        check_format(cfg.data_path)  # the file itself is checked where the run starts (`preflight`)
+        if cfg.d < 0:
+            raise ValueError(f"d must be the file's column count or 0 (read from the file), got {cfg.d}")
+    elif not cfg.k < cfg.d:
         raise ValueError(f"k={cfg.k} must be below d={cfg.d}: a rank-d subspace never changes")
     if not (cfg.eps > 0 and math.isfinite(cfg.eps)):
         raise ValueError(f"eps must be a positive number, got {cfg.eps}")
@@ -101,11 +116,26 @@ def validate(cfg: Config, world_size: int = 1) -> None:
             raise ValueError(f"the emerging stream needs k >= 2 and d >= k + 1, got k={cfg.k}, d={cfg.d}")
         if not 0 < cfg.onset < 1:
             raise ValueError(f"onset must lie strictly between 0 and 1, got {cfg.onset}")
-    for name, options in (("stream", ("flip", "gaussian", "emerging", "randint")),
-                          ("algorithm", ("every", "additive", "multiplicative")),
+    for name, options in (("stream", STREAMS),
+                          ("algorithm", ALGORITHMS),
                           ("sketch", ("leverage", "exact")), ("trigger", ("check", "kept"))):
         if getattr(cfg, name) not in options:
             raise ValueError(f"{name} must be one of {', '.join(options)}, got {getattr(cfg, name)!r}")
+
+
+def preflight(cfg: Config) -> None:
+    """Checks of the machine that runs it: a 'file' stream's table is there, has n rows and more
+    than k columns (and d of them when d is set). Kept out of `validate` so that a sweep of files
+    on a cluster's storage checks as valid anywhere."""
+    if cfg.stream != "file":
+        return
+    rows, cols = table_shape(cfg.data_path, cfg.columns)
+    if cfg.d and cfg.d != cols:
+        raise ValueError(f"data_path={cfg.data_path!r} streams {cols} columns, not d={cfg.d}: set d={cols} or d=0")
+    if not cfg.k < cols:
+        raise ValueError(f"k={cfg.k} must be below the {cols} columns of {cfg.data_path!r}")
+    if rows < cfg.n:
+        raise ValueError(f"data_path={cfg.data_path!r} has {rows} rows, fewer than n={cfg.n}: set n={rows}")
 
 
 def curve_steps(n: int, points: int) -> list[int]:
@@ -136,8 +166,11 @@ def _fresh_tally() -> dict[str, Any]:
 def train(cfg: Config, run) -> dict[str, float]:
     validate(cfg, run.world_size)
     rows = make_stream(cfg).to(run.device)  # [n, d]
+    d = rows.shape[1]
+    if not cfg.k < d:
+        raise ValueError(f"k={cfg.k} must be below the stream's {d} columns")
     draws = uniforms(cfg.n, cfg.seed).tolist()
-    algo = ConsistentLRA(cfg.d, cfg.k, cfg.algorithm, cfg.eps, sketch=cfg.sketch, oversample=cfg.oversample,
+    algo = ConsistentLRA(d, cfg.k, cfg.algorithm, cfg.eps, sketch=cfg.sketch, oversample=cfg.oversample,
                          trigger=cfg.trigger, device=run.device)
     ends = curve_steps(cfg.n, cfg.curve_points)
     tally = _fresh_tally()
@@ -149,7 +182,7 @@ def train(cfg: Config, run) -> dict[str, float]:
         start = int(state["step"])
 
     began = time.perf_counter()
-    with _few_threads(cfg.d):
+    with _few_threads(d):
         for t in range(start + 1, cfg.n + 1):
             s = algo.update(rows[t - 1], draws[t - 1])
             tally["recourse"] += s.recourse
@@ -184,7 +217,7 @@ def train(cfg: Config, run) -> dict[str, float]:
 def summary(cfg: Config, algo: ConsistentLRA, tally: dict[str, Any], *, rows_per_s: float) -> dict[str, float]:
     """The final metrics: totals, worst cases over t, and the sampled curves (for the plot)."""
     cost, opt, frob = tally["last_cost"], tally["last_opt"], tally["last_frob"]
-    sampled = algo.algorithm == "multiplicative" and algo.sketch == "leverage"
+    sampled = algo.algorithm in ("multiplicative", "heavy_light") and algo.sketch == "leverage"
     out = {
         "train/loss": cost / frob if frob > 0 else 0.0,
         "eval/recourse": float(tally["recourse"]),
@@ -197,6 +230,9 @@ def summary(cfg: Config, algo: ConsistentLRA, tally: dict[str, Any], *, rows_per
         "eval/sketch_rows": float(algo.kept if sampled else cfg.n),
         "perf/rows_per_s": float(rows_per_s),
     }
+    if algo.algorithm == "heavy_light":
+        out["eval/light_updates"] = float(algo.light)
+        out["eval/heavy_updates"] = float(algo.heavy)
     for i, (r, q) in enumerate(zip(tally["curve_recourse"], tally["curve_ratio"])):
         out[f"eval/curve/recourse/{i:02d}"] = float(r)
         out[f"eval/curve/ratio/{i:02d}"] = float(q)
