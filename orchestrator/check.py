@@ -328,12 +328,15 @@ def _not_judged(report: Report, ray: bool, why: str, keep_scheduler: tuple[Any, 
 def _ray_worker(loop_config: dict[str, Any]) -> dict[str, float]:
     """A Ray Train worker that trains the smoke config and, on the group's first attempt, dies one
     report after the first checkpoint on every rank; the restarted group must restore it."""
+    import logging
+
     import ray.train
 
     from orchestrator import zero
     from orchestrator.config import from_dict
     from orchestrator.ray_train import RayTrainRun
 
+    logging.getLogger("ray.train").setLevel(logging.WARNING)  # not a line per report on the console
     workload = registry.load(loop_config["workload"])
     cfg = from_dict(workload.Config, loop_config["config"])
     first_attempt = ray.train.get_checkpoint() is None

@@ -1,9 +1,11 @@
 """`ray job submit` end to end on a real two-node Ray cluster started on this machine.
 
 The head (`ray start --head`) and a second node (`ray start --address`) run with token
-authentication on, bound to 127.0.0.1. An unauthenticated submission is refused; the smoke sweep
-submitted with the token runs as a job, its two one-CPU trials land one on each node (each node
-has one CPU), and their MLflow child runs, in a SQLite store the job was pointed at, carry the
+authentication on, bound to 127.0.0.1. An unauthenticated submission is refused; a sweep of a
+user's own workload (the package `ladder new` writes, in a project folder outside the repo that is
+the job's working directory) submitted with the token runs as a job, its two one-CPU trials land
+one on each node (each node has one CPU) and import the workload from the working directory Ray
+unpacked there, and their MLflow child runs, in a SQLite store the job was pointed at, carry the
 ids of both nodes. The test starts each node as its own process group and stops exactly those
 groups: `ray stop` would stop every Ray on the machine.
 """
@@ -153,8 +155,27 @@ def cluster(tmp_path):
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _ray(args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BIN / "ray"), *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+def _ray(args: list[str], env: dict[str, str], timeout: float, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "ray"), *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+CLUSTER_SWEEP = """
+from orchestrator.sweep import Sweep, seeds
+
+sweep = Sweep(name="sparse_moe_cluster", workload="mylab.sparse_moe", base="smoke", space={"seed": seeds(2)},
+              scheduler="fifo", objective=("eval/loss", "min"))
+"""
+
+
+def _project(tmp_path: Path) -> Path:
+    """A user's project outside the repo: the package `ladder new` writes, and a two-trial sweep of it."""
+    from orchestrator import scaffold
+
+    project = tmp_path / "project"
+    folder, module = scaffold.new("sparse_moe", project / "mylab", cwd=project)
+    assert module == "mylab.sparse_moe"
+    (folder / "cluster.py").write_text(CLUSTER_SWEEP)
+    return project
 
 
 def test_submitted_sweep_runs_on_both_nodes_and_lands_in_mlflow(cluster, tmp_path):
@@ -168,24 +189,26 @@ def test_submitted_sweep_runs_on_both_nodes_and_lands_in_mlflow(cluster, tmp_pat
 
     db = tmp_path / "mlflow.db"
     runtime_env = {"env_vars": {"MLFLOW_TRACKING_URI": f"sqlite:///{db}", "LADDER_RUNS_DIR": str(tmp_path / "runs")}}
+    # The job's working directory is the user's project, not ladder's checkout: each node unpacks it
+    # and imports the workload mylab.sparse_moe from there (docs/cluster.md, "Your own workload").
     submit = _ray(["job", "submit", "--address", cluster.url, "--submission-id", "ladder-smoke", "--working-dir", ".",
-                   "--runtime-env-json", json.dumps(runtime_env), "--", "ladder", "sweep", "sweeps/cluster_smoke.py"],
-                  cluster.env(), timeout=400)
+                   "--runtime-env-json", json.dumps(runtime_env), "--", "ladder", "sweep", "mylab/sparse_moe/cluster.py"],
+                  cluster.env(), timeout=400, cwd=_project(tmp_path))
     assert submit.returncode == 0, (submit.stdout + submit.stderr)[-4000:]
     code, job = _get(f"{cluster.url}/api/jobs/ladder-smoke", cluster.token)
     assert code == 200 and job["status"] == "SUCCEEDED", job
-    assert "sweep 'cluster_smoke' finished" in submit.stdout + submit.stderr
+    assert "sweep 'sparse_moe_cluster' finished" in submit.stdout + submit.stderr
 
     with sqlite3.connect(db) as con:
         runs = con.execute(
             "select r.run_uuid, r.status from runs r join experiments e on r.experiment_id = e.experiment_id "
-            "join tags t on t.run_uuid = r.run_uuid where e.name = 'cluster_smoke' and t.key = 'mlflow.parentRunId'"
+            "join tags t on t.run_uuid = r.run_uuid where e.name = 'sparse_moe_cluster' and t.key = 'mlflow.parentRunId'"
         ).fetchall()
         nodes = {row[0] for row in con.execute("select value from tags where key = 'ladder.node_id'")}
-        losses = con.execute("select count(*) from latest_metrics where key = 'eval/loss'").fetchone()[0]
+        losses = {row[0] for row in con.execute("select run_uuid from latest_metrics where key = 'eval/loss'")}
     assert len(runs) == 2 and all(status == "FINISHED" for _, status in runs), runs
     assert nodes == set(cluster.nodes_ids), f"trials ran on {nodes}, the cluster's nodes are {cluster.nodes_ids}"
-    assert losses == 2
-    assert (tmp_path / "runs" / "sweeps" / "cluster_smoke" / "sweep.json").is_file()
+    assert {run for run, _ in runs} <= losses  # every trial's curve (the parent run may hold a summary too)
+    assert (tmp_path / "runs" / "sweeps" / "sparse_moe_cluster" / "sweep.json").is_file()
     print(f"two-node job test: {time.monotonic() - started:.0f} s after the cluster was up; "
           f"the cluster's processes used {cluster.cpu_seconds():.0f} s of CPU")
