@@ -345,3 +345,94 @@ def test_smoke_reproduction(workdir):
         assert t["eval/blind_band_persistence/x4"] > 1.0, t["eval/blind_band_persistence/x4"]
     fno_base = [t for t in rep.trials if t["backbone"] == "fno" and C.is_baseline(t)]
     assert fno_base and fno_base[0]["eval/blind_band_transmit/x4"] > 0.5
+
+
+# --- PDEBench-format files ---------------------------------------------------------------------
+
+
+def _pdebench_burgers(path, trajectories: int, n: int = 128, dt: float = 0.1, steps: int = 16) -> torch.Tensor:
+    """A 1-D Burgers file laid out as PDEBench's: `tensor` [N, T, X] (float32), `x-coordinate` on
+    [0, 1), `t-coordinate` with one stamp more than the stored steps."""
+    import h5py
+
+    solver = Burgers(n, 0.02, 5e-3)
+    u = burgers_initial(trajectories, n, 8, torch.Generator().manual_seed(7))
+    frames = [u]
+    for _ in range(steps - 1):
+        u = solver.evolve(u, dt)
+        frames.append(u)
+    tensor = torch.stack(frames, 1).float()
+    with h5py.File(path, "w") as f:
+        f["tensor"] = tensor.numpy()
+        f["x-coordinate"] = (torch.arange(n) / n).numpy()
+        f["t-coordinate"] = (torch.arange(steps + 1) * dt).numpy()
+    return tensor
+
+
+def test_a_pdebench_burgers_file_trains_through_the_workload(workdir):
+    """The smoke on a PDEBench-format file: pairs read at the file's time stamps from disjoint
+    trajectories, truncated to the reference grid, and a loss that goes down."""
+    from orchestrator import launch, registry
+    from workloads.frl.data import make_dataset
+
+    tensor = _pdebench_burgers(workdir / "1D_Burgers_Sols_Nu0.02.hdf5", trajectories=30)
+    cfg = dataclasses.replace(W.smoke(), data_path="1D_Burgers_Sols_Nu0.02.hdf5", ref_n=128, t_starts=(0.2, 0.4, 0.6),
+                              lag=0.5, n_train=60, n_test=24, steps=60, log_every=10)
+    registry.load("frl").preflight(cfg)
+    data = make_dataset(W.data_spec(cfg))
+    assert data.x_train.shape == (60, 128) and data.x_test.shape == (24, 128)
+    # Trajectory-major: the first pairs are trajectory 0 at t = 0.2 and 0.4; test starts after the 20 training ones.
+    assert torch.allclose(data.x_train[1], truncate(tensor[0, 4].double(), 128), atol=1e-12)
+    assert torch.allclose(data.y_train[0], truncate(tensor[0, 7].double(), 128), atol=1e-12)
+    assert torch.allclose(data.x_test[0], truncate(tensor[20, 2].double(), 128), atol=1e-12)
+    result = launch.run_local("frl", cfg, progress=False, track=False)
+    losses = [m["train/loss"] for _, m in result.history if "train/loss" in m]
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < 0.5 * losses[0], losses
+    assert math.isfinite(result.metrics["eval/rel_l2/x4"]) and "eval/solver_rel_l2/x1" not in result.metrics
+
+
+def test_vorticity_is_derived_from_a_periodic_velocity_file(tmp_path):
+    """2-D: Taylor-Green velocity (Vx = sin x cos y, Vy = -cos x sin y on [0, 1)^2 scaled to
+    2 pi) stored as PDEBench's CFD files store it gives the vorticity 2 (2 pi) sin x sin y."""
+    import h5py
+
+    from workloads.frl.files import read_pairs
+
+    n = 32
+    s = torch.arange(n, dtype=torch.float64) / n
+    x, y = torch.meshgrid(2 * math.pi * s, 2 * math.pi * s, indexing="ij")
+    vx, vy = torch.sin(x) * torch.cos(y), -torch.cos(x) * torch.sin(y)
+    with h5py.File(tmp_path / "2D_CFD_periodic.hdf5", "w") as f:
+        f["Vx"] = torch.stack([vx * (1 + 0.1 * i) for i in range(3)]).unsqueeze(1).expand(3, 4, n, n).numpy()
+        f["Vy"] = torch.stack([vy * (1 + 0.1 * i) for i in range(3)]).unsqueeze(1).expand(3, 4, n, n).numpy()
+        f["x-coordinate"] = s.numpy()
+        f["t-coordinate"] = torch.arange(5, dtype=torch.float64).numpy() * 0.5
+    x_tr, y_tr, x_te, _ = read_pairs(str(tmp_path / "2D_CFD_periodic.hdf5"), "vorticity", 2, (0.5,), 1.0, 2, 1, 32, truncate)
+    expected = 2 * (2 * math.pi) * torch.sin(x) * torch.sin(y)
+    assert torch.allclose(x_tr[0], expected, atol=1e-9) and torch.allclose(x_tr[1], 1.1 * expected, atol=1e-9)
+    assert torch.allclose(x_te[0], 1.2 * expected, atol=1e-9) and torch.allclose(y_tr[0], expected, atol=1e-9)
+
+
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        ({"data_path": "burgers.npz"}, "is not an HDF5 file .*darus"),
+        ({"data_path": "missing.hdf5"}, "does not exist .* PDEBench"),
+        ({"data_field": "density"}, "data_field='density' is not in the file; it holds t-coordinate, tensor, x-coordinate"),
+        ({"pde": "navier_stokes", "rho0": 8, "modes": 4}, r"has shape \(6, 16, 64\); pde=navier_stokes needs"),
+        ({"lag": 0.55}, "time 0.75 is not among the file's stamps"),
+        ({"n_train": 50}, "has 6 trajectories; n_train=50 and n_test=10 at 5 pairs each need 12"),
+        ({"ref_n": 128, "rho0": 32}, "has 64 grid points per axis, below ref_n=128"),
+    ],
+)
+def test_bad_trajectory_files_are_refused_before_the_run_naming_the_fix(workdir, changes, match):
+    from orchestrator import registry
+    from orchestrator.config import ConfigError
+
+    _pdebench_burgers(workdir / "burgers.hdf5", trajectories=6, n=64, steps=16)
+    cfg = dataclasses.replace(W.smoke(), **{"data_path": "burgers.hdf5", "ref_n": 64, "rho0": 16, "modes": 8,
+                                            "n_train": 20, "n_test": 10, "lag": 0.5, **changes})
+    w = registry.load("frl")
+    with pytest.raises(ConfigError, match=match):
+        w.validate(cfg)
+        w.preflight(cfg)

@@ -24,6 +24,6 @@ each resolution. `claims.py` says when the baseline is anchored and when it is n
 """
 
 from workloads.frl.claims import CLAIMS, plot
-from workloads.frl.workload import Config, smoke, train, validate
+from workloads.frl.workload import Config, preflight, smoke, train, validate
 
-__all__ = ["CLAIMS", "Config", "plot", "smoke", "train", "validate"]
+__all__ = ["CLAIMS", "Config", "plot", "preflight", "smoke", "train", "validate"]

@@ -1,4 +1,5 @@
-"""The one-step forecasting data: DNS pairs (u(t0), u(t0 + lag)) stored on the reference grid.
+"""The one-step forecasting data: DNS pairs (u(t0), u(t0 + lag)) stored on the reference grid, or
+the same pairs read from a PDEBench-format HDF5 file (`files.py`).
 
 The DNS runs at `dns_n` points per axis and is stored truncated to `ref_n` (|k| < ref_n/2): every
 resolution the workload trains or evaluates at is a further truncation of it, and the fixed-
@@ -32,6 +33,8 @@ class DataSpec:
     seed: int
     ns_forcing: float
     ns_drag: float
+    data_path: str = ""
+    data_field: str = "tensor"
 
     @property
     def dims(self) -> int:
@@ -78,6 +81,12 @@ def _pairs(spec: DataSpec, count: int, seed: int) -> tuple[torch.Tensor, torch.T
 
 @lru_cache(maxsize=4)
 def make_dataset(spec: DataSpec) -> Dataset:
+    if spec.data_path:  # a PDEBench-format file instead of the DNS
+        from workloads.frl.files import read_pairs
+
+        x_tr, y_tr, x_te, y_te = read_pairs(spec.data_path, spec.data_field, spec.dims, spec.t_starts, spec.lag,
+                                            spec.n_train, spec.n_test, spec.ref_n, truncate)
+        return Dataset(spec, x_tr, y_tr, x_te, y_te)
     # Train and test come from disjoint initial conditions: separate generator streams.
     x_tr, y_tr = _pairs(spec, spec.n_train, 1_000_003 * spec.seed + 1)
     x_te, y_te = _pairs(spec, spec.n_test, 1_000_003 * spec.seed + 2)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from workloads.frl.data import DataSpec, make_dataset, solver_for
+from workloads.frl.files import check_path, describe
 from workloads.frl.losses import cross_scale_loss, rel_mse, spectral_loss
 from workloads.frl.model import CNN, FNO
 from workloads.frl.solver import truncate, upsample
@@ -102,6 +103,12 @@ class Config:
     """Test pairs per forward pass during evaluation."""
     threads: int = 1
     """CPU threads for torch during the trial (0: leave the process setting); small FFTs gain nothing from more."""
+    data_path: str = ""
+    """A PDEBench-format HDF5 file of trajectories to read the pairs from instead of the DNS (its grid
+    takes dns_n's place; t_starts and lag are in its time units; the solver control is not run)."""
+    data_field: str = "tensor"
+    """The file's field to forecast: 'tensor' (PDEBench 1-D), a 2-D field such as 'density', or
+    'vorticity' (derived from Vx/Vy or velocity on a periodic grid)."""
     seed: int = 0
     """Seed of the data (initial conditions), the initialisation and the batch order."""
 
@@ -125,7 +132,8 @@ def smoke() -> Config:
 
 def data_spec(cfg: Config) -> DataSpec:
     return DataSpec(cfg.pde, cfg.nu, cfg.dns_n, cfg.dns_dt, cfg.ref_n, cfg.ic_modes, tuple(cfg.t_starts),
-                    cfg.lag, cfg.n_train, cfg.n_test, cfg.seed, cfg.ns_forcing, cfg.ns_drag)
+                    cfg.lag, cfg.n_train, cfg.n_test, cfg.seed, cfg.ns_forcing, cfg.ns_drag,
+                    data_path=cfg.data_path, data_field=cfg.data_field)
 
 
 def train_resolutions(cfg: Config) -> list[int]:
@@ -161,7 +169,12 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     if 1 not in cfg.eval_factors or any(f < 1 for f in cfg.eval_factors):
         raise ValueError(f"eval_factors must be integers >= 1 and include 1 (the training resolution), got {cfg.eval_factors}")
     top = max(cfg.eval_factors) * cfg.rho0
-    if not (top <= cfg.ref_n <= cfg.dns_n):
+    if cfg.data_path:
+        check_path(cfg.data_path)  # the file itself is checked where the run starts (`preflight`)
+        if top > cfg.ref_n:
+            raise ValueError(f"need rho0 * max(eval_factors) = {top} <= ref_n = {cfg.ref_n}: the reference grid must "
+                             f"hold every evaluation grid")
+    elif not (top <= cfg.ref_n <= cfg.dns_n):
         raise ValueError(
             f"need rho0 * max(eval_factors) = {top} <= ref_n = {cfg.ref_n} <= dns_n = {cfg.dns_n}: "
             f"the reference grid must hold every evaluation grid and be a truncation of the DNS"
@@ -174,6 +187,25 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError(f"t_starts must be non-empty and non-negative, got {cfg.t_starts}")
     if cfg.spectral_weight < 0 or cfg.cross_scale_weight < 0 or cfg.weight_decay < 0:
         raise ValueError("spectral_weight, cross_scale_weight and weight_decay must be >= 0")
+
+
+def preflight(cfg: Config) -> None:
+    """Checks of the machine that runs it: a `data_path` file is there, holds `data_field` with the
+    PDE's dimensions, the times t_starts and t_starts + lag, enough trajectories for n_train and
+    n_test, and a grid of at least ref_n points. Kept out of `validate` so that a sweep of files on
+    a cluster's storage checks as valid anywhere."""
+    if not cfg.data_path:
+        return
+    dims = 1 if cfg.pde == "burgers" else 2
+    facts = describe(cfg.data_path, cfg.data_field, dims, tuple(cfg.t_starts), cfg.lag)
+    per = len(facts["pairs"])
+    need = math.ceil(cfg.n_train / per) + math.ceil(cfg.n_test / per)
+    if need > facts["trajectories"]:
+        raise ValueError(f"data_path={cfg.data_path!r} has {facts['trajectories']} trajectories; n_train={cfg.n_train} "
+                         f"and n_test={cfg.n_test} at {per} pairs each need {need}: lower them")
+    if facts["grid"] < cfg.ref_n:
+        raise ValueError(f"data_path={cfg.data_path!r} has {facts['grid']} grid points per axis, below ref_n={cfg.ref_n}: "
+                         f"lower ref_n")
 
 
 def build_model(cfg: Config) -> torch.nn.Module:
@@ -254,6 +286,8 @@ def solver_errors(cfg: Config, x: torch.Tensor, y: torch.Tensor) -> dict[str, fl
     for f in sorted(cfg.eval_factors):
         rho = f * cfg.rho0
         out[f"eval/floor_rel_l2/x{f}"] = float(_rel(upsample(truncate(y, rho, dims), cfg.ref_n, dims), y).mean())
+        if cfg.data_path:
+            continue  # the file's PDE, domain and units are its own: the solver control would not be its solver
         pred = solver_for(spec, rho).evolve(truncate(x, rho, dims), cfg.lag)
         out[f"eval/solver_rel_l2/x{f}"] = float(_rel(upsample(pred, cfg.ref_n, dims), y).mean())
     return out
