@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -137,8 +136,11 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         return 0
     result = tune_run.run_sweep(definition, resume=args.resume, wandb=args.wandb, verbose=args.verbose)
     print(tune_run.format_trials(result))
+    from orchestrator.sweep_summary import experiment_page
+
     print(f"sweep {result.name!r} finished in {result.wall_s:.0f} s; MLflow experiment {result.name!r}, parent run "
           f"{result.parent_run_id} — open it with `ladder ui`")
+    print(f"its trials side by side in the UI: /{experiment_page(result.tracking_uri, result.name)}")
     return 0
 
 
@@ -198,21 +200,13 @@ def _cmd_ui(args: argparse.Namespace) -> int:
 
     uri = tracking.tracking_uri()
     if uri.startswith(("http://", "https://")):
-        print(f"MLFLOW_TRACKING_URI points at a server: open {uri} in a browser")
+        print(f"MLFLOW_TRACKING_URI points at a server: open {uri.rstrip('/')}/{tracking.UI_PAGE} in a browser")
         return 0
-    # One web worker and no GenAI job runners (scorers, trace jobs): a personal UI over a local
-    # store needs neither, and MLflow's defaults start over a dozen processes.
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port),
-           "--workers", "1"]
-    root = tracking.artifact_root()
-    if root:
-        cmd += ["--default-artifact-root", root]
-    env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ}
-    print(f"serving {uri} at http://{args.host}:{args.port} (Ctrl-C stops)", flush=True)
-    try:
-        return subprocess.call(cmd, env=env)
-    except KeyboardInterrupt:
-        return 0
+    cmd, env = tracking.ui_command(uri, args.host, args.port)
+    print(f"serving {uri}: open http://{args.host}:{args.port}/{tracking.UI_PAGE} in a browser "
+          "once it answers (Ctrl-C stops)", flush=True)
+    os.execve(cmd[0], cmd, env)  # the server takes this process's place: one process, Ctrl-C goes to it
+    return 0  # not reached
 
 
 def _cmd_sync(args: argparse.Namespace) -> int:

@@ -6,6 +6,8 @@
 - The parent run has the best objective of the trials that trained to the end, under the same
   metric name (its row in the runs table shows the sweep's best in the children's column), and
   the tags `ladder.best_trial` and `ladder.best_params`.
+- The experiment carries a view of its runs table for the MLflow UI (`experiment_page`): sorted
+  by the objective, with the objective, the swept params and where stopped trials stopped as columns.
 - Artifacts of the parent run: `trials.csv` (one row per trial: state, training fraction reached,
   objective, the collapse scheduler's predicted final, why it was stopped, then its params) and
   `trial_curves.png` (every trial's objective over training fraction; the stopped ones end in a
@@ -30,6 +32,24 @@ from orchestrator.console import format_params
 
 CSV_NAME = "trials.csv"
 PLOT_NAME = "trial_curves.png"
+VIEW_KEY = "ladder"
+"""The sweep's view in the MLflow UI: the experiment tag `mlflow.sharedViewState.ladder`, which
+the UI opens with `viewStateShareKey=ladder` in the page's address (see `experiment_page`)."""
+
+
+def shared_view(metric: str, mode: str, params: Sequence[str]) -> dict[str, Any]:
+    """The runs table sorted by the objective, best first (sorted by a metric, the UI lists the
+    trials' runs beside their parent instead of folded under it), with the objective, the swept
+    params and the fraction a stopped trial reached as columns."""
+    return {"orderByKey": f"metrics.`{metric}`", "orderByAsc": mode == "min",
+            "selectedColumns": [f"metrics.`{metric}`", *(f"params.`{p}`" for p in params), "tags.`ladder.stopped_at`"]}
+
+
+def experiment_page(uri: str, experiment: str) -> str:
+    """The sweep's page in the MLflow UI, relative to the server's address: its runs, in the
+    model-training view, with the sweep's columns."""
+    exp = tracking.client(uri).get_experiment_by_name(experiment)
+    return f"#/experiments/{exp.experiment_id}/runs?workflowType=machine_learning&viewStateShareKey={VIEW_KEY}"
 
 
 def _finite(x: Any) -> bool:
@@ -99,6 +119,8 @@ def log_sweep_summary(*, parent_run_id: str, uri: str, experiment: str, sweep_id
                                           "ladder.best_params": json.dumps(best.get("params", {}), default=str)[:5000]},
                           uri=uri)
     tracking.log_text(parent_run_id, trials_csv(trials, metric), CSV_NAME, uri=uri)
+    keys = list(dict.fromkeys(k for t in trials for k in t.get("params", {})))
+    c.set_experiment_tag(exp.experiment_id, f"mlflow.sharedViewState.{VIEW_KEY}", json.dumps(shared_view(metric, mode, keys)))
     if curves:
         with tempfile.TemporaryDirectory(prefix="ladder-summary-") as tmp:
             path = plots.plot_sweep_curves(

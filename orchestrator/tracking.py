@@ -148,6 +148,45 @@ def ensure_experiment(name: str, uri: str | None = None, base: str | os.PathLike
         return found.experiment_id
 
 
+UI_PAGE = "#/experiments?workflowType=machine_learning"
+"""The MLflow UI's experiment list in its model-training view (MLflow 3's UI starts in its GenAI
+view, whatever an experiment's kind, until the GenAI/ML switch is flipped in that browser)."""
+
+
+def ui_command(uri: str, host: str, port: int, *, base: str | os.PathLike | None = None) -> tuple[list[str], dict[str, str]]:
+    """The command serving the MLflow UI on the local store `uri`, and its environment.
+
+    MLflow's web app runs under uvicorn with one worker, in one process started directly: `mlflow
+    ui` would first import MLflow's whole command line (half of the start-up on 2 cores) and stay
+    beside the server as a second process of ~250 MB. The server reads its store from the
+    variables `mlflow ui` sets, whose names come from MLflow's own `server/constants.py`; an
+    MLflow without that file gets `mlflow server` instead. No GenAI job runners (scorers, trace
+    jobs): a training store has no use for them."""
+    import importlib.util
+    import runpy
+
+    env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ}
+    root = artifact_root(base)
+    package = Path(importlib.util.find_spec("mlflow").origin).parent  # found, not imported: that costs seconds
+    constants = package / "server" / "constants.py"
+    names = runpy.run_path(str(constants)) if constants.is_file() else {}
+    keys = ("BACKEND_STORE_URI_ENV_VAR", "ARTIFACT_ROOT_ENV_VAR", "SERVE_ARTIFACTS_ENV_VAR", "ARTIFACTS_DESTINATION_ENV_VAR")
+    if not all(isinstance(names.get(k), str) for k in keys):
+        cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", host, "--port", str(port),
+               "--workers", "1"]
+        return cmd + (["--default-artifact-root", root] if root else []), env
+    env[names["BACKEND_STORE_URI_ENV_VAR"]] = uri
+    env[names["SERVE_ARTIFACTS_ENV_VAR"]] = "true"
+    if root:
+        env[names["ARTIFACT_ROOT_ENV_VAR"]] = root
+        env[names["ARTIFACTS_DESTINATION_ENV_VAR"]] = root
+    cmd = [sys.executable, "-m", "uvicorn", "--host", host, "--port", str(port), "--workers", "1", "--no-access-log"]
+    log_config = package / "server" / "uvicorn_log_config.yaml"
+    if log_config.is_file():
+        cmd += ["--log-config", str(log_config)]
+    return cmd + ["mlflow.server.fastapi_app:app"], env
+
+
 class TrackingUnavailable(ConfigError):
     """The tracking server does not answer when a run or sweep is about to start."""
 

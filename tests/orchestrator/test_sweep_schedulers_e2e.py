@@ -12,6 +12,7 @@ rung and the schedulers have something to stop.
 from __future__ import annotations
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -106,7 +107,8 @@ def test_median_sweep_runs_end_to_end_and_logs_each_trial_to_wandb(shared, capfd
     out = capfd.readouterr()
     ends = [line for line in out.err.splitlines() if line.startswith("ladder: trial ")]
     assert len(ends) == TRIALS and ends[0].endswith("[1/6 done]") and ends[-1].endswith("[6/6 done]"), out.err
-    assert out.err.splitlines()[-1].startswith("ladder: sweep median: 6/6 done ("), out.err
+    status = [line for line in out.err.splitlines() if line.startswith("ladder: sweep median: ")]
+    assert status[-1].startswith("ladder: sweep median: 6/6 done ("), out.err  # trials' own lines may come later
     assert "tensorboard" not in (out.out + out.err).lower() and "Configuration for experiment" not in out.out + out.err
     assert not [t for t in result.trials if t["error"]], result.trials
     runs = children(shared.client, "median")
@@ -125,7 +127,10 @@ def test_median_sweep_runs_end_to_end_and_logs_each_trial_to_wandb(shared, capfd
     rows = list(csv.DictReader(open(shared.client.download_artifacts(parent.info.run_id, "trials.csv", str(shared.work)))))
     assert sorted((r["trial"], r["state"]) for r in rows) == sorted((t["trial_id"], t["state"]) for t in result.trials)
     assert {r["why"] for r in rows if r["state"] == "stopped"} == {"median rule: worse than the other trials' median"}
-    assert shared.client.get_experiment_by_name("median").tags["mlflow.experimentKind"] == "custom_model_development"
+    tags = shared.client.get_experiment_by_name("median").tags
+    assert tags["mlflow.experimentKind"] == "custom_model_development"
+    view = json.loads(tags["mlflow.sharedViewState.ladder"])  # the runs table's columns for the UI
+    assert view["orderByKey"] == "metrics.`eval/loss`" and {"metrics.`eval/loss`", "params.`lr`"} <= set(view["selectedColumns"])
     # --wandb: an offline wandb run per trial (two for a trial that the median rule paused and resumed).
     logs = [p.read_bytes() for p in (shared.work / "wandb").glob("offline-run-*/run-*.wandb")]
     assert len(logs) >= TRIALS
