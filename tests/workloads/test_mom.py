@@ -20,6 +20,7 @@ from workloads.mom.memory import chunked, load_balancing_loss, recurrent_referen
 from workloads.mom.model import LM, MemoryMixer, param_count, state_bytes
 from workloads.mom.workload import build_model, count_params, matched_mlp_hidden, measure_state
 from conftest import DiesAtSave, assert_claims_hold
+from orchestrator.config import ConfigError
 
 f64 = torch.float64
 
@@ -245,6 +246,50 @@ def test_lm_task_trains_on_the_byte_corpus(tmp_path):
     cfg = tiny(task="lm", vocab=256, max_bytes=200_000, eval_tokens=256, steps=4)
     out = train(cfg, LocalRun(tmp_path))
     assert 0 < out["eval/loss"] < math.log(256) + 0.5 and out["eval/bits_per_byte"] == pytest.approx(out["eval/loss"] / math.log(2))
+
+
+def test_lm_task_trains_on_a_tokenized_dataset_folder(workdir):
+    """The paper's LM setting reads a pre-tokenized corpus (celerity_lm's `tokens.json` + shards,
+    what `python -m workloads.celerity_lm.tokens` writes from text with a real tokenizer): the
+    same loader, a vocabulary from its header, a loss that goes down."""
+    import numpy as np
+
+    from orchestrator import launch, registry
+    from workloads.celerity_lm.tokens import write_dataset
+
+    rng = np.random.default_rng(0)
+    # A small "language": 600-token documents of a repeating 5-gram pattern over 1,000 ids, with noise.
+    docs = [np.array([(i * 7 + j * 13) % 1000 if rng.random() > 0.1 else rng.integers(1000) for j in range(600)])
+            for i in range(12)]
+    write_dataset(workdir / "tok", docs[:10], docs[10:], vocab_size=1000)
+    cfg = tiny(task="lm", data="tok", vocab=1000, eval_tokens=256, steps=30, lr=1e-2, log_every=5)
+    w = registry.load("mom")
+    w.validate(cfg)
+    w.preflight(cfg)
+    result = launch.run_local("mom", cfg, progress=False, track=False)
+    losses = [m["train/loss"] for _, m in result.history if "train/loss" in m]
+    assert losses[-1] < losses[0] - 0.3, losses  # ln(1000) = 6.9 at the start; 5.8 after 30 steps here
+    assert math.isfinite(result.metrics["eval/bits_per_token"]) and "eval/bits_per_byte" not in result.metrics
+    with pytest.raises(ConfigError, match="vocab_size 1000: set vocab=1000, got 256"):
+        w.preflight(dataclasses.replace(cfg, vocab=256))
+    with pytest.raises(ConfigError, match="missing"):
+        w.preflight(dataclasses.replace(cfg, data="missing"))
+
+
+def test_the_expanded_single_memory_holds_the_state_a_mom_token_reads():
+    """Table 4's control: one memory whose value dimension is that of the topk + shared memories a
+    MoM token reads, so its memory holds as many numbers as they do; its state stays constant in
+    length like MoM's."""
+    cfg = dataclasses.replace(smoke(), num_memories=4, topk=2, shared_memory=True)
+    mom = build_model(dataclasses.replace(cfg, mixer="mom")).blocks[0].mixer
+    expanded_model = build_model(dataclasses.replace(cfg, mixer="single_expanded"))
+    expanded = expanded_model.blocks[0].mixer
+    read_by_a_token = (cfg.topk + 1) * mom.dk * mom.dv
+    assert expanded.dk == mom.dk and expanded.dk * expanded.dv == read_by_a_token
+    sizes = measure_state(expanded_model, (8, 32, 128), 32, gen(), "cpu")
+    assert len(set(sizes.values())) == 1, sizes
+    with pytest.raises(ValueError, match="mixer must be one of"):
+        validate(dataclasses.replace(cfg, mixer="expanded"))
 
 
 # --- the loop ---------------------------------------------------------------------------------

@@ -25,6 +25,6 @@ model's key/value cache grows with it.
 """
 
 from workloads.mom.claims import CLAIMS, plot
-from workloads.mom.workload import Config, smoke, train, validate
+from workloads.mom.workload import Config, preflight, smoke, train, validate
 
-__all__ = ["CLAIMS", "Config", "plot", "smoke", "train", "validate"]
+__all__ = ["CLAIMS", "Config", "plot", "preflight", "smoke", "train", "validate"]

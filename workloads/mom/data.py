@@ -7,8 +7,9 @@ repeats), then T - 2P query tokens, blank (0) except for the P keys, each querie
 even offsets chosen uniformly [Zoology draws the offsets from a power law favouring short gaps].
 The target at a query position is its key's value; every other position is ignored (-100).
 
-The byte corpus is `celerity_lm`'s: the Python standard library's source, split by a hash of each
-file's path (see `workloads.celerity_lm.data`); it is imported, not copied.
+The language-model data is `celerity_lm`'s: the Python standard library's source or a folder of
+text files (bytes), split by a hash of each file's path, or a tokenized dataset folder (token-id
+shards, `workloads.celerity_lm.tokens`); it is imported, not copied.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from workloads.celerity_lm.data import BatchSampler, heldout_batches, load_corpus
+from workloads.celerity_lm.data import BatchSampler, check_data, data_vocab, heldout_batches, load_corpus, load_data
 
-__all__ = ["BatchSampler", "heldout_batches", "load_corpus", "generator", "key_count", "mqar", "IGNORE"]
+__all__ = ["BatchSampler", "check_data", "data_vocab", "heldout_batches", "load_corpus", "load_data", "generator",
+           "key_count", "mqar", "IGNORE"]
 
 ORDERS = ("vk", "kv")
 """Order within a context pair: value then key, or key then value (Zoology's)."""

@@ -8,6 +8,9 @@ RMSNorm, output head); only the token mixer differs:
   memory every token uses; the query projection is shared by all of them.
 - 'single': the same layer with one memory and no router (single-memory linear attention with the
   same update rule, per-memory state and head sizes).
+- 'single_expanded': one memory whose value dimension is expanded to hold as much state as the
+  memories a MoM token reads (topk routed + the shared one): the paper's Table 4 control, which
+  separates MoM's routing from its larger state.
 - 'softmax': causal softmax attention over a growing key/value cache.
 
 All three put a short causal depthwise convolution (SiLU) on q, k and v: it is the only positional
@@ -29,7 +32,7 @@ import torch.nn.functional as F
 
 from workloads.mom.memory import chunked, load_balancing_loss, recurrent_reference, route
 
-MIXERS = ("mom", "single", "softmax")
+MIXERS = ("mom", "single", "single_expanded", "softmax")
 
 
 class ShortConv(nn.Module):
@@ -192,8 +195,9 @@ class LM(nn.Module):
             if mixer == "softmax":
                 return SoftmaxMixer(d_model, heads, head_dim, conv_size=conv_size)
             many = mixer == "mom"
+            expand = expand_v * (topk + int(shared_memory)) if mixer == "single_expanded" else expand_v
             return MemoryMixer(
-                d_model, heads, head_dim, expand_v, num_memories=num_memories if many else 1,
+                d_model, heads, head_dim, expand, num_memories=num_memories if many else 1,
                 topk=topk if many else 1, shared_memory=shared_memory and many, update=update,
                 conv_size=conv_size, chunk=chunk, impl=impl,
             )

@@ -27,7 +27,9 @@ class Config:
     task: str = "mqar"
     """'mqar' (multi-query associative recall, generated) or 'lm' (byte-level LM on the corpus)."""
     mixer: str = "mom"
-    """Token mixer: 'mom' (mixture of memories), 'single' (one memory, no router) or 'softmax'."""
+    """Token mixer: 'mom' (mixture of memories), 'single' (one memory, no router), 'single_expanded'
+    (one memory holding as much state as the topk + shared memories a MoM token reads: the paper's
+    Table 4 control) or 'softmax'."""
     update: str = "gated_delta"
     """Memory update of 'mom' and 'single': 'gated_delta' (the paper's backend) or 'linear' (S += k v^T)."""
     num_memories: int = 4
@@ -79,7 +81,9 @@ class Config:
     eval_examples: int = 2000
     """MQAR evaluation sequences per length (a fixed set per seed)."""
     data: str = "stdlib"
-    """Task 'lm': 'stdlib' (the Python standard library's source) or a folder of text files."""
+    """Task 'lm': 'stdlib' (the Python standard library's source), a folder of text files (bytes), or
+    a tokenized dataset folder (`tokens.json` and token-id shards, celerity_lm's format; set vocab to
+    its vocab_size)."""
     heldout_frac: float = 0.1
     """Task 'lm': fraction of files held out for evaluation."""
     max_bytes: int = 4_000_000
@@ -132,6 +136,19 @@ def eval_pairs(cfg: Config, length: int) -> int:
     return max(1, int(length * cfg.eval_pair_frac))
 
 
+def preflight(cfg: Config) -> None:
+    """Checks of the machine that runs it: task 'lm' reads its data here (a text folder, or a
+    tokenized dataset whose vocab_size the model's vocab must equal). Kept out of `validate` so
+    that a sweep of data on a cluster's storage checks as valid anywhere."""
+    if cfg.task != "lm":
+        return
+    data.check_data(cfg.data)
+    need = data.data_vocab(cfg.data)
+    if cfg.vocab != need:
+        what = "a tokenized dataset of vocab_size" if need != BYTE_VOCAB else "bytes: vocab"
+        raise ValueError(f"data={cfg.data!r} is {what} {need}: set vocab={need}, got {cfg.vocab}")
+
+
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Checks that need no training: raised before anything is launched."""
     if world_size != 1:
@@ -160,8 +177,8 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     if not cfg.state_lens or min(cfg.state_lens) < 1:
         raise ValueError(f"state_lens must be non-empty positive lengths, got {cfg.state_lens}")
     if cfg.task == "lm":
-        if cfg.vocab != BYTE_VOCAB:
-            raise ValueError(f"task='lm' reads bytes: set vocab={BYTE_VOCAB}, got {cfg.vocab}")
+        if cfg.data == "stdlib" and cfg.vocab != BYTE_VOCAB:  # other data: checked by `preflight`
+            raise ValueError(f"task='lm' on data='stdlib' reads bytes: set vocab={BYTE_VOCAB}, got {cfg.vocab}")
         if not 0 < cfg.heldout_frac < 1 or cfg.eval_tokens < cfg.seq_len:
             raise ValueError(f"task='lm' needs heldout_frac in (0, 1) and eval_tokens >= seq_len; got "
                              f"{cfg.heldout_frac}, {cfg.eval_tokens}")
@@ -273,7 +290,7 @@ def _train(cfg: Config, run) -> dict[str, float]:
         next_batch = lambda: data.mqar(cfg.batch_size, cfg.seq_len, tuple(cfg.train_pairs), cfg.vocab, gen, cfg.mqar_order)  # noqa: E731
         get_data_state, set_data_state = gen.get_state, gen.set_state
     else:
-        train_bytes, held_bytes = data.load_corpus(cfg.data, heldout_frac=cfg.heldout_frac, max_bytes=cfg.max_bytes)
+        train_bytes, held_bytes = data.load_data(cfg.data, heldout_frac=cfg.heldout_frac, max_bytes=cfg.max_bytes)
         sampler = data.BatchSampler(train_bytes, cfg.seq_len, cfg.batch_size, seed=cfg.seed, rank=0)
         next_batch, get_data_state, set_data_state = sampler.next, sampler.state, sampler.load_state
 
@@ -328,7 +345,8 @@ def _train(cfg: Config, run) -> dict[str, float]:
                       for x, y in data.heldout_batches(held_bytes, cfg.seq_len, cfg.eval_tokens, cfg.batch_size)]
         n = (cfg.eval_tokens // cfg.seq_len) * cfg.seq_len
         final["eval/loss"] = sum(losses) / n
-        final["eval/bits_per_byte"] = final["eval/loss"] / math.log(2)
+        # Bits per byte on a byte corpus; on a tokenized dataset a token is not a byte.
+        final["eval/bits_per_byte" if cfg.vocab == BYTE_VOCAB else "eval/bits_per_token"] = final["eval/loss"] / math.log(2)
     probe = data.generator(cfg.seed, PROBE_STREAM)
     for length, size in measure_state(model, tuple(cfg.state_lens), cfg.vocab, probe, device).items():
         final[f"eval/state_bytes_T{length}"] = float(size)
