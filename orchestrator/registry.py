@@ -188,8 +188,8 @@ def resolve(name: str) -> Source:
     hint = closest(name, names) or closest(name, names, cutoff=0.0)
     did_you_mean = f" Closest match: {hint!r}." if hint else ""
     raise UnknownWorkload(
-        f"unknown workload {name!r}: no built-in workload, plugin or importable module has that name.{did_you_mean} "
-        f"Known workloads: {', '.join(sorted(names))}. {HOW_TO_NAME}"
+        f"unknown workload {name!r}.{did_you_mean} No built-in workload, plugin or importable module has that name; "
+        f"known workloads: {', '.join(sorted(names))}. {HOW_TO_NAME}"
     )
 
 
