@@ -121,3 +121,25 @@ def test_a_claim_not_judged_at_this_size_is_shown_as_such_and_never_counts_as_ho
     only_unjudged = reproduce.evaluate([needs_the_full_size], trials)
     rep = reproduce.Reproduction("demo", Sweep(name="x", workload="mx_anomaly"), trials, only_unjudged, [], None, None, 1.0)
     assert not rep.holds  # nothing judged: nothing reproduced
+
+
+def test_a_workload_of_ones_own_reproduces_from_repro_py_in_its_package(tmp_path, monkeypatch):
+    from orchestrator import scaffold
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    folder, module = scaffold.new("repro_moe", tmp_path / "lab")
+    assert module == "lab.repro_moe"
+    with (folder / "__init__.py").open("a") as fh:
+        fh.write("\n\ndef lower_lr_is_worse(trials):\n    '''The smaller learning rate ends with the higher loss.'''\n"
+                 "    by_lr = {t['lr']: t['eval/loss'] for t in trials}\n"
+                 "    return by_lr[min(by_lr)] > by_lr[max(by_lr)], by_lr\n\n\nCLAIMS = [lower_lr_is_worse]\n")
+    with pytest.raises(ConfigError, match=r"no reproduction sweep: write .*lab/repro_moe/repro\.py"):
+        reproduce.load_repro(module, smoke=True)
+    (folder / "repro.py").write_text(
+        "from orchestrator.sweep import Sweep, grid\n"
+        "def build(*, smoke=False, seed=0):\n"
+        "    return Sweep(name='x', workload='lab.repro_moe', base='smoke' if smoke else 'default',\n"
+        "                 overrides={'seed': seed}, space={'lr': grid(1e-3, 1e-2)})\n")
+    sweep = reproduce.load_repro(module, smoke=True, seed=2)
+    assert sweep.name == "repro-lab.repro_moe-smoke" and sweep.trial_count() == 2 and sweep.base_config().seed == 2
