@@ -149,14 +149,17 @@ def compare_resumed(uninterrupted: list[tuple[int, dict[str, float]]], resumed: 
 FIFO_ONLY = "fifo only"
 
 
-def scheduler_verdict(history: list[tuple[int, dict[str, float]]], objective: str) -> tuple[bool | None, str]:
+def scheduler_verdict(history: list[tuple[int, dict[str, float]]], objective: str,
+                      final: Mapping[str, float] | None = None) -> tuple[bool | None, str]:
     """Whether Tune's schedulers can rank this run on `objective`, replaying the reports that
     reach Ray (`forward_to_ray`, each carrying the latest value of every metric, as `RayReports`
     sends them): (True, "") when every one carries the objective and `progress` and some come
     before the end, so that ASHA, the median rule and collapse can stop it early at rungs of
     progress; (None, why) when the objective comes only at the end (fifo sweeps rank it, the
-    others cannot: Tune refuses a report without the metric it schedules on); (False, why) when
-    no scheduler can rank it (the objective never reported, or a report without `progress`)."""
+    others cannot: Tune refuses a report without the metric it schedules on), also when the
+    objective is only among `train`'s returned `final` metrics (recorded on the trial's MLflow run
+    and judged by claims, never reported); (False, why) when nothing carries the objective, or a
+    report reaches Ray without `progress`."""
     from orchestrator.ray_train import forward_to_ray
 
     last: dict[str, float] = {}
@@ -165,6 +168,9 @@ def scheduler_verdict(history: list[tuple[int, dict[str, float]]], objective: st
         last.update(metrics)
         if forward_to_ray(metrics):
             sent.append((step, dict(last)))
+    if (not sent or objective not in sent[-1][1]) and objective in (final or {}):
+        return None, (f"{FIFO_ONLY}: {objective} is only in what train returns, never reported: fifo sweeps record "
+                      f"it on each trial's MLflow run; report it (run.report) for asha, median and collapse")
     if not sent or objective not in sent[-1][1]:
         return False, (f"no report that reaches the schedulers carries {objective} (an eval/ metric, or the final "
                        f"report at progress 1): report it, or check with --objective METRIC")
@@ -265,14 +271,14 @@ def check(name: str, folder: str | Path, *, objective: str | None = None, ray: b
         died = True
     except Exception as exc:
         report.add("checkpoints before the end", False, _error(exc))
-        _not_judged(report, ray, "the run to be killed failed", keep_scheduler=(history, objective))
+        _not_judged(report, ray, "the run to be killed failed", keep_scheduler=(history, objective, final))
         return report
     if not died or not first.saved_step:
         report.add("checkpoints before the end", False,
                    "smoke() never checkpointed before its last report: call run.save({'step': step, ...}) during "
                    "training (e.g. every checkpoint_every steps)" if first.saved_step is None or died else
                    f"the only checkpoint is at step {first.saved_step}, the end")
-        _not_judged(report, ray, "no checkpoint to resume from", keep_scheduler=(history, objective))
+        _not_judged(report, ray, "no checkpoint to resume from", keep_scheduler=(history, objective, final))
         return report
     report.add("checkpoints before the end", True, f"first at step {first.saved_step}")
     second = LocalRun(folder / "killed", identity=ident)
@@ -300,7 +306,7 @@ def check(name: str, folder: str | Path, *, objective: str | None = None, ray: b
             report.add("resumed run matches an uninterrupted one", differs is None, differs or "")
         else:
             report.add("resumed run matches an uninterrupted one", None, "it did not resume")
-    report.add(f"reports usable by every scheduler ({objective})", *scheduler_verdict(history, objective))
+    report.add(f"reports usable by every scheduler ({objective})", *scheduler_verdict(history, objective, final))
     if ray:
         report.results.append(ray_restore(workload, cfg, folder / "ray", workers=workers))
     else:
@@ -309,7 +315,7 @@ def check(name: str, folder: str | Path, *, objective: str | None = None, ray: b
     return report
 
 
-def _not_judged(report: Report, ray: bool, why: str, keep_scheduler: tuple[Any, str] | None = None) -> None:
+def _not_judged(report: Report, ray: bool, why: str, keep_scheduler: tuple[Any, str, Any] | None = None) -> None:
     names = ["smoke() returns a Config", "smoke run finishes", "reports train/loss", "progress reaches 1",
              "steps increase", "checkpoints before the end", "killed run resumes from its checkpoint",
              "resumed run matches an uninterrupted one"]
@@ -318,8 +324,8 @@ def _not_judged(report: Report, ray: bool, why: str, keep_scheduler: tuple[Any, 
         if n not in done:
             report.add(n, None, why)
     if keep_scheduler is not None:
-        history, objective = keep_scheduler
-        report.add(f"reports usable by every scheduler ({objective})", *scheduler_verdict(history, objective))
+        history, objective, final = keep_scheduler
+        report.add(f"reports usable by every scheduler ({objective})", *scheduler_verdict(history, objective, final))
     elif not any(r.check.startswith("reports usable") for r in report.results):
         report.add("reports usable by every scheduler", None, why)
     report.add("restores under Ray Train", None, why if ray else "not run (ladder check --ray)")

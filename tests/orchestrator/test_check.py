@@ -89,3 +89,6 @@ def test_scheduler_check_replays_what_reaches_tune():
     assert holds is None and why.startswith("fifo only") and "step 20" in why
     report = check.Report("w", [check.Result("reports usable by every scheduler (eval/loss)", holds, why)])
     assert report.ok and "  limit  reports usable" in check.format_report(report)
+    # Only in what train returns: recorded on the trial's run for fifo sweeps and claims, seen by no scheduler.
+    holds, why = check.scheduler_verdict(only_final, "eval/f1", final={"eval/f1": 0.9})
+    assert holds is None and "only in what train returns" in why
