@@ -488,3 +488,134 @@ def test_smoke_reproduction(workdir):
     accuracy = claims["accuracy_within_one_point"].measured
     assert accuracy["eps0.8_r16x8x16/acc"] > 0.9, accuracy
     assert accuracy["eps0.8_r16x8x16/gap_pts"] < 3.0, accuracy
+
+
+# --- the paper's setting: datasets through Hugging Face `datasets`, a ViT by `from_pretrained` --------
+
+
+def _picture(label: int, rng, side: int = 12):
+    """An RGB picture whose dominant channel is its class (a learnable task for a few steps)."""
+    from PIL import Image
+
+    pixels = rng.random((side, side, 3)) * 0.3
+    pixels[..., label % 3] += 0.6
+    return Image.fromarray((pixels * 255).astype("uint8"))
+
+
+def _cifar_layout(folder, train: int = 64, test: int = 16, classes: int = 4) -> None:
+    """CIFAR-10's published layout as `datasets` saves it: 'img' and 'label' columns, train/test splits."""
+    import datasets
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    features = datasets.Features({"img": datasets.Image(), "label": datasets.ClassLabel(num_classes=classes)})
+    split = lambda n: datasets.Dataset.from_dict(  # noqa: E731
+        {"img": [_picture(i % classes, rng) for i in range(n)], "label": [i % classes for i in range(n)]}, features=features)
+    datasets.DatasetDict({"train": split(train), "test": split(test)}).save_to_disk(str(folder))
+
+
+def _tiny_vit(folder) -> None:
+    """A ViT of ViT-B/32's kind, hidden size 32, 2 layers, written by save_pretrained (a few KB)."""
+    from transformers import ViTConfig, ViTModel
+
+    torch.manual_seed(0)
+    ViTModel(ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                       image_size=16, patch_size=8)).save_pretrained(str(folder))
+
+
+def _losses(result) -> list[float]:
+    return [m["train/loss"] for _, m in result.history if "train/loss" in m]
+
+
+def test_cifar10_layout_fine_tunes_a_pretrained_vit_with_wasi_through_the_workload(workdir):
+    """The smoke of the paper's setting (`sweeps/repro/wasi_real.py`): a save_to_disk folder in
+    CIFAR-10's layout and a transformers ViT folder, through the same loaders, WASI in its linears."""
+    from orchestrator import launch, registry
+
+    _cifar_layout(workdir / "cifar10")
+    _tiny_vit(workdir / "vit")
+    cfg = dataclasses.replace(smoke(), data_path="cifar10", model="vit", transfer="none", pretrain_steps=0,
+                              image_size=12, batch_size=16, finetune_steps=30, log_every=5, act_ranks=(8, 4, 8),
+                              probe_thresholds=(0.8,), probe_act_scales=(1.0,), test_views=2)
+    w = registry.load("wasi")
+    w.validate(cfg)
+    w.preflight(cfg)
+    result = launch.run_local("wasi", cfg, progress=False, track=False)
+    losses = _losses(result)
+    assert len(losses) == 6 and all(math.isfinite(x) for x in losses) and losses[-1] < 0.8 * losses[0]
+    out = result.metrics
+    assert out["eval/test_size"] == 16 and out["eval/acc"] > 0.5  # four classes: chance is 0.25
+    assert out["diag/rank_mean"] >= 1 and out["diag/orth_err_max"] < 1e-4
+    # every encoder linear of the transformers ViT (q, k, v, o, fc1, fc2 per layer) became a WASI layer
+    assert out["perf/saved_linear_bytes"] > 0 and out["perf/flops_refresh"] > 0
+
+
+def test_an_image_folder_trains_the_local_vit_with_class_transfer(workdir):
+    """A folder of PNGs, one subfolder per class, no test split (held out by test_frac), read by
+    load_dataset('imagefolder'), pretraining on two classes and fine-tuning on the other two."""
+    import numpy as np
+    from orchestrator import launch, registry
+
+    rng = np.random.default_rng(1)
+    for label, name in enumerate(("cat", "dog", "frog", "ship")):
+        (workdir / "pets" / name).mkdir(parents=True)
+        for i in range(24):
+            _picture(label, rng, side=10).save(workdir / "pets" / name / f"{i}.png")
+    cfg = dataclasses.replace(smoke(), data_path="pets", pretrain_classes=(0, 1), image_size=12, patch=4, dim=24,
+                              heads=2, pretrain_steps=12, pretrain_batch_size=16, finetune_steps=24, batch_size=16,
+                              log_every=4, act_ranks=(8, 4, 8), probe_thresholds=(0.8,), probe_act_scales=(1.0,),
+                              test_views=2)
+    registry.load("wasi").preflight(cfg)
+    result = launch.run_local("wasi", cfg, progress=False, track=False)
+    finetune = [m["train/loss"] for step, m in result.history if "train/loss" in m and step > 12]
+    assert all(math.isfinite(x) for x in finetune) and finetune[-1] < finetune[0]
+    assert result.metrics["eval/test_size"] == 24  # half of the two fine-tuning classes' 48 images
+    assert 0 <= result.metrics["eval/pretrain_acc"] <= 1 and result.metrics["eval/acc"] > 0.5
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"data_path": "nowhere"}, r"data_path='nowhere' does not exist .*save_to_disk.*uoft-cs/cifar10"),
+    ({"model": "no_vit"}, r"model='no_vit' is neither a folder with config.json nor .*vit-base-patch32-224-in21k"),
+    ({"model": "google/vit-base-patch32-224-in21k"}, r"nothing is downloaded at run time.*hf download"),
+    ({"model": "gpt"}, r"model='gpt' is a 'gpt2' model, not a ViT"),
+    ({"label_column": "fine_label"}, r"no label column 'fine_label' among \['img', 'label'\]"),
+    ({"batch_size": 100}, r"holds 64 fine-tuning training images, fewer than batch_size=100"),
+    ({"transfer": "classes", "pretrain_steps": 5, "model": "", "pretrain_classes": (0, 7)}, r"classes \[0, 1, 2, 3\]"),
+])
+def test_missing_or_wrong_files_are_refused_before_the_run_naming_the_fix(workdir, monkeypatch, change, match):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from orchestrator import registry
+    from orchestrator.config import ConfigError
+
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(workdir / "empty-cache"))  # a hub id is looked up there, never fetched
+    _cifar_layout(workdir / "cifar10")
+    _tiny_vit(workdir / "vit")
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=16, n_positions=8)).save_pretrained(str(workdir / "gpt"))
+    cfg = dataclasses.replace(smoke(), **{"data_path": "cifar10", "model": "vit", "transfer": "none", "pretrain_steps": 0,
+                                          "batch_size": 16, **change})
+    w = registry.load("wasi")
+    w.validate(cfg)
+    with pytest.raises(ConfigError, match=match):
+        w.preflight(cfg)
+
+
+def test_a_pretrained_model_needs_no_pretraining_here():
+    with pytest.raises(ValueError, match="set transfer='none' and pretrain_steps=0"):
+        validate(dataclasses.replace(smoke(), model="vit"))
+    with pytest.raises(ValueError, match="pretrain_steps must be 0 exactly when transfer='none'"):
+        validate(dataclasses.replace(smoke(), transfer="none"))
+
+
+def test_the_real_sweep_is_valid_anywhere_and_names_what_it_needs(workdir, monkeypatch):
+    from conftest import REPO
+    from orchestrator.sweep import load_sweep_file
+    from orchestrator.tune_run import launch_problems
+
+    monkeypatch.setenv("LADDER_DATA", str(workdir / "data"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(workdir / "empty-cache"))
+    sweep = load_sweep_file(REPO / "sweeps" / "repro" / "wasi_real.py")
+    sweep.check()
+    (problem,) = [p for p in launch_problems(sweep) if "data_path" in p]
+    assert "model='google/vit-base-patch32-224-in21k' is neither a folder" in problem
+    assert f"data_path='{workdir / 'data' / 'cifar10'}' does not exist" in problem and "uoft-cs/cifar10" in problem
+    assert sweep.gpus_per_worker == 1 and sweep.trial_count() == 6

@@ -17,9 +17,13 @@ split into the linear layers' activations and weights and the rest) and the flop
 backward and the subspace refresh (FlopCounterMode, QR by formula). The claims: the linear
 layers' saved activation+weight bytes at least 10x below vanilla, test accuracy within 1 point
 of vanilla (mean over the seeds of a reproduction), step flops not above vanilla's.
+
+The paper's setting is a config away: `data_path` reads CIFAR-10 (a `datasets` save_to_disk
+folder) or any image folder through Hugging Face `datasets`, and `model` fine-tunes a transformers
+ViT loaded by `from_pretrained` (ViT-B/32 in `sweeps/repro/wasi_real.py`) instead of the local one.
 """
 
 from workloads.wasi.claims import CLAIMS, plot
-from workloads.wasi.workload import Config, smoke, train, validate
+from workloads.wasi.workload import Config, preflight, smoke, train, validate
 
-__all__ = ["CLAIMS", "Config", "plot", "smoke", "train", "validate"]
+__all__ = ["CLAIMS", "Config", "plot", "preflight", "smoke", "train", "validate"]

@@ -49,26 +49,29 @@ def _stratified(y: torch.Tensor, test_frac: float, generator: torch.Generator) -
     return torch.cat(train), torch.cat(test)
 
 
-TRANSFERS = ("classes", "rotated")
+TRANSFERS = ("classes", "rotated", "none")
 
 
 def make_splits(transfer: str, pretrain_classes: tuple[int, ...], test_frac: float, image_size: int,
-                seed: int, pretrain_seed: int | None = None) -> tuple[Split, Split]:
+                seed: int, pretrain_seed: int | None = None) -> tuple[Split | None, Split]:
     """(pretraining split, fine-tuning split); labels renumbered 0.. in ascending class order.
 
     transfer='classes': pretrain on `pretrain_classes` (80/20), fine-tune on the other classes.
     transfer='rotated': fine-tune on all ten classes, upright; pretrain on the fine-tuning
     training images rotated by 90 degrees (80/20): a shifted domain, and no test image is ever
-    seen in any orientation. The fine-tuning split is drawn from `seed`, the pretraining split of
-    'classes' from `pretrain_seed` (default: `seed`)."""
+    seen in any orientation. transfer='none': no pretraining split (None), the fine-tuning split
+    of 'rotated'. The fine-tuning split is drawn from `seed`, the pretraining split of 'classes'
+    from `pretrain_seed` (default: `seed`)."""
     x, y = load_digits()
     if image_size != 8:
         x = F.interpolate(x[:, None], size=(image_size, image_size), mode="bilinear", align_corners=False)[:, 0]
     generator = torch.Generator().manual_seed(10_007 * seed + 17)
     pre_generator = torch.Generator().manual_seed(10_007 * (seed if pretrain_seed is None else pretrain_seed) + 29)
-    if transfer == "rotated":
+    if transfer in ("rotated", "none"):
         tr, te = _stratified(y, test_frac, generator)
         fine = Split(x[tr].contiguous(), y[tr], x[te].contiguous(), y[te])
+        if transfer == "none":
+            return None, fine
         rotated = torch.rot90(fine.x_train, 1, dims=(1, 2))
         ptr, pte = _stratified(fine.y_train, 0.2, generator)
         return Split(rotated[ptr].contiguous(), fine.y_train[ptr], rotated[pte].contiguous(), fine.y_train[pte]), fine
@@ -87,7 +90,8 @@ def make_splits(transfer: str, pretrain_classes: tuple[int, ...], test_frac: flo
 
 def augment_batch(x: torch.Tensor, strength: float, generator: torch.Generator) -> torch.Tensor:
     """A random affine warp per image: rotation up to 12*strength degrees, scale 1 +- 0.1*strength,
-    translation up to 0.1*strength of the side (bilinear, zero fill). strength 0 returns x."""
+    translation up to 0.1*strength of the side (bilinear, zero fill). x is [B, H, W] or
+    [B, C, H, W]; strength 0 returns x."""
     if strength == 0:
         return x
     b = x.shape[0]
@@ -97,5 +101,7 @@ def augment_batch(x: torch.Tensor, strength: float, generator: torch.Generator) 
     cos, sin = torch.cos(angle) / scale, torch.sin(angle) / scale
     theta = torch.stack([torch.stack([cos, -sin, 0.2 * strength * u[:, 2]], 1),
                          torch.stack([sin, cos, 0.2 * strength * u[:, 3]], 1)], 1)  # [b, 2, 3]
-    grid = F.affine_grid(theta, (b, 1, *x.shape[1:]), align_corners=False)
-    return F.grid_sample(x[:, None], grid, mode="bilinear", padding_mode="zeros", align_corners=False)[:, 0]
+    images = x[:, None] if x.dim() == 3 else x  # [B, C, H, W]
+    grid = F.affine_grid(theta.to(x.device), tuple(images.shape), align_corners=False)
+    out = F.grid_sample(images, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+    return out[:, 0] if x.dim() == 3 else out

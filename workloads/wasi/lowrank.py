@@ -122,7 +122,9 @@ def tucker_power_step(
         yn = unfold(src, mode)  # [I_n, rest]
         prev = None if previous is None else previous[mode]
         if prev is None or prev.shape != (size, rank):
-            g = torch.randn(yn.shape[1], rank, generator=generator, dtype=x.dtype, device=x.device)
+            # Drawn where the generator lives (the CPU), so that every device starts from the same G.
+            g = torch.randn(yn.shape[1], rank, generator=generator, dtype=x.dtype,
+                            device=generator.device if generator is not None else x.device).to(x.device)
             u = orthonormalize(yn @ g, fix_signs=False)
         else:
             u = orthonormalize(yn @ (yn.t() @ prev), fix_signs=False)

@@ -198,7 +198,7 @@ def subspace_diagnostics(layers: list[WASILinear]) -> dict[str, float]:
     """Ranks, orthonormality of L, and how much of W the rank-k forward leaves out."""
     if not layers:
         return {}
-    orth = max(float(torch.linalg.matrix_norm(l.left.t() @ l.left - torch.eye(l.rank))) for l in layers)
+    orth = max(float(torch.linalg.matrix_norm(l.left.t() @ l.left - torch.eye(l.rank, device=l.left.device))) for l in layers)
     residual = [float(torch.linalg.matrix_norm(l.weight.detach() - l.left @ l.right) / torch.linalg.matrix_norm(l.weight.detach())) for l in layers]
     fracs = [l.rank / min(l.in_features, l.out_features) for l in layers]
     return {

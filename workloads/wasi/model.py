@@ -79,7 +79,7 @@ class WASILinear(Dense):
         # The factors' shapes are known only once k is chosen: take them from the checkpoint.
         for name in ("left", "right"):
             if prefix + name in state_dict:
-                setattr(self, name, torch.empty_like(state_dict[prefix + name]))
+                setattr(self, name, torch.empty_like(state_dict[prefix + name], device=self.weight.device))
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
@@ -109,11 +109,11 @@ class ViT(nn.Module):
     blocks, and a linear head on the normalised class token."""
 
     def __init__(self, image: int, patch: int, dim: int, depth: int, heads: int, mlp_ratio: int,
-                 classes: int, init_std: float) -> None:
+                 classes: int, init_std: float, channels: int = 1) -> None:
         super().__init__()
         self.patch = patch
         tokens = (image // patch) ** 2
-        self.embed = Dense(patch * patch, dim)
+        self.embed = Dense(patch * patch * channels, dim)
         self.cls = nn.Parameter(torch.zeros(1, 1, dim))
         self.pos = nn.Parameter(torch.zeros(1, tokens + 1, dim))
         self.blocks = nn.ModuleList(Block(dim, heads, mlp_ratio) for _ in range(depth))
@@ -126,9 +126,13 @@ class ViT(nn.Module):
         nn.init.trunc_normal_(self.cls, std=init_std, a=-2 * init_std, b=2 * init_std)
 
     def patches(self, images: torch.Tensor) -> torch.Tensor:
-        """[B, H, W] -> [B, (H/p)(W/p), p*p]."""
-        b, h, w = images.shape
+        """[B, H, W] -> [B, (H/p)(W/p), p*p]; [B, C, H, W] -> [B, (H/p)(W/p), C*p*p]."""
         p = self.patch
+        if images.dim() == 4:
+            b, c, h, w = images.shape
+            x = images.reshape(b, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5)
+            return x.reshape(b, (h // p) * (w // p), c * p * p)
+        b, h, w = images.shape
         x = images.reshape(b, h // p, p, w // p, p).permute(0, 1, 3, 2, 4)
         return x.reshape(b, (h // p) * (w // p), p * p)
 
@@ -138,6 +142,44 @@ class ViT(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(self.norm(x[:, 0]))
+
+
+class PretrainedViT(nn.Module):
+    """A transformers ViT backbone (loaded by `from_pretrained`) with a `Dense` head on its
+    normalised class token, fed the same images as the local ViT: [B, H, W] or [B, C, H, W] in
+    [0, 1], resized (bilinear) to the checkpoint's image size, grey images repeated over its
+    channels, and scaled to [-1, 1] as the image processor of Google's ViT checkpoints does."""
+
+    def __init__(self, backbone: nn.Module, classes: int, init_std: float) -> None:
+        super().__init__()
+        self.vit = backbone
+        self.size = int(backbone.config.image_size)
+        self.channels = int(backbone.config.num_channels)
+        self.head = new_head(int(backbone.config.hidden_size), classes, init_std)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = images[:, None] if images.dim() == 3 else images  # [B, C, H, W]
+        if x.shape[1] != self.channels:
+            x = x.mean(1, keepdim=True).expand(-1, self.channels, -1, -1)
+        if x.shape[-2:] != (self.size, self.size):
+            x = F.interpolate(x, size=(self.size, self.size), mode="bilinear", align_corners=False)
+        hidden = self.vit(pixel_values=(x - 0.5) / 0.5).last_hidden_state  # [B, N, D], layer-normed
+        return self.head(hidden[:, 0])
+
+    def block_linears(self) -> list[tuple[str, nn.Linear]]:
+        """Every linear layer of the encoder blocks (attention q/k/v/output, MLP in/out)."""
+        return [(f"vit.{name}", m) for name, m in self.vit.named_modules() if isinstance(m, nn.Linear)]
+
+
+def load_pretrained(model: str, classes: int, init_std: float) -> PretrainedViT:
+    """`ViTModel.from_pretrained(model)` (a folder, or a hub id already in the local Hugging Face
+    cache: nothing is downloaded), its pooler dropped; eager attention, so that its saved tensors
+    and flops are those of the written-out attention, as in the local ViT."""
+    from transformers import ViTModel
+
+    backbone = ViTModel.from_pretrained(model, add_pooling_layer=False, local_files_only=True,
+                                        attn_implementation="eager", dtype=torch.float32)
+    return PretrainedViT(backbone, classes, init_std)
 
 
 def _init_dense(layer: Dense, std: float) -> None:
@@ -152,13 +194,15 @@ def new_head(dim: int, classes: int, init_std: float) -> Dense:
     return head
 
 
-def block_linears(model: ViT) -> list[tuple[str, Dense]]:
+def block_linears(model: nn.Module) -> list[tuple[str, nn.Linear]]:
     """(name, layer) of the linear layers inside the blocks, the ones WASI replaces."""
+    if isinstance(model, PretrainedViT):
+        return model.block_linears()
     return [(f"blocks.{i}.{name}", getattr(b, name)) for i, b in enumerate(model.blocks)
             for name in ("qkv", "proj", "fc1", "fc2")]
 
 
-def to_wasi(model: ViT, act_ranks: tuple[int, int, int], r_from: str, seed: int,
+def to_wasi(model: nn.Module, act_ranks: tuple[int, int, int], r_from: str, seed: int,
             sequential: bool = False) -> list[WASILinear]:
     """Swap every block linear for a WASILinear sharing its parameters (in place)."""
     layers = []

@@ -4,16 +4,19 @@ package docstring)."""
 from __future__ import annotations
 
 import copy
+import json
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from workloads.wasi import files
 from workloads.wasi.data import TRANSFERS, Split, augment_batch, load_digits, make_splits
 from workloads.wasi.measure import measure_step, probe_ranks, subspace_diagnostics
-from workloads.wasi.model import ViT, WASILinear, new_head, to_wasi
+from workloads.wasi.model import ViT, WASILinear, load_pretrained, new_head, to_wasi
 from orchestrator.run import fraction_steps, pinned_threads
 
 METHODS = ("vanilla", "wasi")
@@ -38,8 +41,24 @@ class Config:
     r_from: str = "new"
     """WASI: R after the subspace step. 'new': R = L^T W, the projection onto the new subspace
     (a reconstruction: sign- and rotation-safe); 'previous': R = L_prev^T W as in the paper's code."""
+    data_path: str = ""
+    """Images from files: a folder written by Hugging Face datasets' `save_to_disk` (CIFAR-10's
+    layout: 'img' and 'label' columns, 'train' and 'test' splits; read with `load_from_disk`) or an
+    image folder (CLASS/IMAGE.png, optionally under train/ and test/; read with
+    `load_dataset('imagefolder')`), as RGB resized to image_size. Empty: scikit-learn's 8x8 digits."""
+    image_column: str = ""
+    """data_path: the image column ('' finds 'img', CIFAR-10's, or 'image', an image folder's)."""
+    label_column: str = "label"
+    """data_path: the integer class column."""
+    model: str = ""
+    """A transformers ViT fine-tuned instead of the local small ViT: a folder written by
+    `save_pretrained` or a hub id already in the local Hugging Face cache (e.g.
+    'google/vit-base-patch32-224-in21k', the paper's ViT-B/32), loaded by `ViTModel.from_pretrained`
+    with a new head; images are resized to its own size. Needs transfer='none' and pretrain_steps=0
+    (it was pretrained elsewhere); patch, dim, depth, heads, mlp_ratio do not apply. Empty: the local ViT."""
     image_size: int = 16
-    """Image side: 8 is the digits' own resolution, larger sizes upsample bilinearly."""
+    """Image side: 8 is the digits' own resolution, larger sizes upsample bilinearly (files: every
+    image is resized to it; with `model`, the model resizes it again to its own size)."""
     patch: int = 2
     """Patch side in pixels; (image_size / patch)^2 tokens plus a class token."""
     dim: int = 192
@@ -55,9 +74,11 @@ class Config:
     transfer: str = "classes"
     """Pretrained-then-fine-tuned setting. 'classes': pretrain on `pretrain_classes`, fine-tune on
     the other digits. 'rotated': pretrain on the fine-tuning training images rotated by 90 degrees
-    (a shifted domain), fine-tune on all ten classes upright (twice the test images)."""
+    (a shifted domain), fine-tune on all ten classes upright (twice the test images). 'none': no
+    pretraining here (pretrain_steps=0), fine-tune on every class: the paper's setting with `model`."""
     pretrain_classes: tuple[int, ...] = (0, 1, 2, 3, 4)
-    """transfer='classes': digit classes of the vanilla pretraining; the others are fine-tuned on."""
+    """transfer='classes': classes (digits, or a dataset's label values) of the vanilla pretraining;
+    the others are fine-tuned on."""
     test_frac: float = 0.5
     """Fraction of each fine-tuning class held out as the test set (the accuracy claim's noise
     falls with its size: 0.5 gives about 450 test images)."""
@@ -157,24 +178,34 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError(f"threshold is an explained-variance fraction in (0, 1], got {cfg.threshold}")
     if len(cfg.act_ranks) != 3 or any(int(r) < 0 for r in cfg.act_ranks):
         raise ValueError(f"act_ranks must be three ranks >= 0 (batch, token, channel; 0 keeps the mode whole), got {cfg.act_ranks}")
-    for name in ("image_size", "patch", "dim", "depth", "heads", "mlp_ratio", "pretrain_steps",
-                 "finetune_steps", "batch_size", "pretrain_batch_size", "log_every"):
+    for name in ("image_size", "patch", "dim", "depth", "heads", "mlp_ratio", "finetune_steps", "batch_size",
+                 "pretrain_batch_size", "log_every"):
         if getattr(cfg, name) <= 0:
             raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
-    if cfg.image_size < 8 or cfg.image_size % cfg.patch:
+    if (cfg.pretrain_steps == 0) != (cfg.transfer == "none"):
+        raise ValueError(f"pretrain_steps must be 0 exactly when transfer='none' (no pretraining here), got "
+                         f"pretrain_steps={cfg.pretrain_steps}, transfer={cfg.transfer!r}")
+    if cfg.image_size < 8 or (not cfg.model and cfg.image_size % cfg.patch):
         raise ValueError(f"image_size={cfg.image_size} must be >= 8 (the digits' side) and divisible by patch={cfg.patch}")
+    if cfg.model and (cfg.transfer != "none" or cfg.pretrain_steps != 0):
+        raise ValueError(f"model={cfg.model!r} was pretrained elsewhere: set transfer='none' and pretrain_steps=0, "
+                         f"got transfer={cfg.transfer!r}, pretrain_steps={cfg.pretrain_steps}")
     if cfg.dim % cfg.heads:
         raise ValueError(f"dim={cfg.dim} must be divisible by heads={cfg.heads}")
     if cfg.transfer not in TRANSFERS:
         raise ValueError(f"transfer must be one of {TRANSFERS}, got {cfg.transfer!r}")
     classes = set(cfg.pretrain_classes)
-    if not classes <= set(range(10)) or len(classes) != len(cfg.pretrain_classes) or not 2 <= len(classes) <= 8:
+    if not cfg.data_path and (not classes <= set(range(10)) or len(classes) != len(cfg.pretrain_classes)
+                              or not 2 <= len(classes) <= 8):
         raise ValueError(f"pretrain_classes must be 2..8 distinct digits, leaving at least 2 to fine-tune on; got {cfg.pretrain_classes}")
+    if len(classes) != len(cfg.pretrain_classes) or any(c < 0 for c in classes):
+        raise ValueError(f"pretrain_classes must be distinct class labels >= 0, got {cfg.pretrain_classes}")
     if not 0.1 <= cfg.test_frac <= 0.8:
         raise ValueError(f"test_frac must lie in [0.1, 0.8] (both the training and the test set need images), got {cfg.test_frac}")
-    train_n = finetune_train_size(cfg)
-    if cfg.batch_size > train_n:
-        raise ValueError(f"batch_size={cfg.batch_size} exceeds the ~{train_n} fine-tuning training images: lower batch_size or test_frac")
+    if not cfg.data_path:  # a dataset's files are counted by preflight, on the machine that reads them
+        train_n = finetune_train_size(cfg)
+        if cfg.batch_size > train_n:
+            raise ValueError(f"batch_size={cfg.batch_size} exceeds the ~{train_n} fine-tuning training images: lower batch_size or test_frac")
     for name in ("pretrain_lr", "lr"):
         if not getattr(cfg, name) > 0:
             raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
@@ -191,8 +222,84 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError(f"threads must be >= 0 (0: torch's own setting), got {cfg.threads}")
 
 
-def build_model(cfg: Config, classes: int) -> ViT:
-    return ViT(cfg.image_size, cfg.patch, cfg.dim, cfg.depth, cfg.heads, cfg.mlp_ratio, classes, cfg.init_std)
+MODEL_SOURCES = ("a folder written by transformers' save_pretrained (config.json with model_type 'vit' and its weights), or "
+                 "a hub id fetched once beforehand into the Hugging Face cache, e.g. `hf download "
+                 "google/vit-base-patch32-224-in21k` (https://huggingface.co/google/vit-base-patch32-224-in21k)")
+
+
+def _model_config(model: str) -> str:
+    """The config.json of `model` on this machine: the folder's, or the cached hub id's."""
+    folder = Path(model)
+    if folder.is_dir():
+        found = folder / "config.json"
+        return str(found) if found.is_file() else ""
+    if folder.is_absolute() or model.startswith(".") or model.count("/") > 1:
+        return ""  # a path that is not there
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(model, "config.json")
+    return cached if isinstance(cached, str) else ""
+
+
+def preflight(cfg: Config) -> None:
+    """Checks of the machine that runs it: `model` is a ViT folder or a cached hub id, the
+    `data_path` folder reads as a dataset with a train split, and the pretraining and fine-tuning
+    classes are there and hold a batch (every problem found, in one error). Kept out of
+    `validate`, so that a sweep of files on a cluster's storage checks as valid anywhere."""
+    problems = []
+    if cfg.model:
+        found = _model_config(cfg.model)
+        kind = json.loads(Path(found).read_text()).get("model_type") if found else None
+        if not found:
+            problems.append(f"model={cfg.model!r} is neither a folder with config.json nor in the local Hugging Face "
+                            f"cache (nothing is downloaded at run time): expected {MODEL_SOURCES}")
+        elif kind != "vit":
+            problems.append(f"model={cfg.model!r} is a {kind!r} model, not a ViT (model_type 'vit'): expected {MODEL_SOURCES}")
+    if cfg.data_path:
+        try:
+            _check_files(cfg)
+        except ValueError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+def _check_files(cfg: Config) -> None:
+    facts = files.describe(cfg.data_path, cfg.image_column, cfg.label_column)
+    train = facts["train"]
+    present = train["classes"]
+    if cfg.transfer == "classes":
+        missing = sorted(set(cfg.pretrain_classes) - set(present))
+        if missing or len(present) - len(cfg.pretrain_classes) < 2:
+            raise ValueError(f"data_path={cfg.data_path!r} has classes {present}: pretrain_classes={cfg.pretrain_classes} "
+                             f"must be among them and leave at least 2 to fine-tune on")
+    fine = [c for c in present if cfg.transfer != "classes" or c not in cfg.pretrain_classes]
+    counts = train["counts"]
+    held = 0.0 if "test" in facts else cfg.test_frac
+    fine_n = sum(counts[c] - round(held * counts[c]) for c in fine)
+    if cfg.batch_size > fine_n:
+        raise ValueError(f"data_path={cfg.data_path!r} holds {fine_n} fine-tuning training images, fewer than "
+                         f"batch_size={cfg.batch_size}: lower batch_size")
+    if cfg.transfer == "classes":
+        pre_n = sum(counts[c] - round(0.2 * counts[c]) for c in cfg.pretrain_classes)
+        if cfg.pretrain_batch_size > pre_n:
+            raise ValueError(f"data_path={cfg.data_path!r} holds {pre_n} pretraining images, fewer than "
+                             f"pretrain_batch_size={cfg.pretrain_batch_size}: lower it")
+
+
+def splits(cfg: Config) -> tuple[Split | None, Split]:
+    """(pretraining split, None with transfer='none'; fine-tuning split) of the digits or the files."""
+    if cfg.data_path:
+        return files.file_splits(cfg.data_path, cfg.image_column, cfg.label_column, cfg.image_size, cfg.transfer,
+                                 tuple(cfg.pretrain_classes), cfg.test_frac, cfg.seed, pretrain_seed(cfg))
+    return make_splits(cfg.transfer, tuple(cfg.pretrain_classes), cfg.test_frac, cfg.image_size, cfg.seed,
+                       pretrain_seed(cfg))
+
+
+def build_model(cfg: Config, classes: int, channels: int = 1) -> torch.nn.Module:
+    if cfg.model:
+        return load_pretrained(cfg.model, classes, cfg.init_std)
+    return ViT(cfg.image_size, cfg.patch, cfg.dim, cfg.depth, cfg.heads, cfg.mlp_ratio, classes, cfg.init_std, channels)
 
 
 def cosine(step: int, steps: int, warmup: int = 0) -> float:
@@ -224,9 +331,11 @@ class Batches:
 
 
 @torch.no_grad()
-def accuracy(model: ViT, x: torch.Tensor, y: torch.Tensor, batch: int = 512) -> float:
+def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 512) -> float:
     model.eval()
-    correct = sum(int((model(x[i : i + batch]).argmax(-1) == y[i : i + batch]).sum()) for i in range(0, len(y), batch))
+    dev = next(model.parameters()).device
+    correct = sum(int((model(x[i : i + batch].to(dev)).argmax(-1).cpu() == y[i : i + batch]).sum())
+                  for i in range(0, len(y), batch))
     model.train()
     return correct / len(y)
 
@@ -239,9 +348,9 @@ def test_set(data: Split, cfg: Config) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat(views), data.y_test.repeat(cfg.test_views)
 
 
-def to_finetune(model: ViT, cfg: Config, classes: int) -> list[WASILinear]:
+def to_finetune(model: torch.nn.Module, cfg: Config, classes: int) -> list[WASILinear]:
     """A fresh head for the fine-tuning classes; for WASI the block linears become WASI layers."""
-    model.head = new_head(cfg.dim, classes, cfg.init_std)
+    model.head = new_head(model.head.in_features, classes, cfg.init_std).to(model.head.weight.device)
     if cfg.method == "vanilla":
         return []
     return to_wasi(model, tuple(cfg.act_ranks), cfg.r_from, cfg.seed, sequential=cfg.tucker == "sequential")
@@ -249,7 +358,7 @@ def to_finetune(model: ViT, cfg: Config, classes: int) -> list[WASILinear]:
 
 _PRETRAINED: dict[tuple, dict] = {}
 """Pretrained states by the fields that determine them: trials of one seed pretrain once."""
-PRETRAIN_FIELDS = ("transfer", "test_frac", "image_size", "patch", "dim", "depth", "heads", "mlp_ratio", "init_std",
+PRETRAIN_FIELDS = ("data_path", "image_column", "label_column", "transfer", "test_frac", "image_size", "patch", "dim", "depth", "heads", "mlp_ratio", "init_std",
                    "pretrain_classes", "pretrain_steps", "pretrain_lr", "pretrain_weight_decay", "pretrain_batch_size", "augment")
 
 
@@ -269,13 +378,16 @@ def train(cfg: Config, run) -> dict[str, float]:
 
 
 def _train(cfg: Config, run) -> dict[str, float]:
-    pre, fine = make_splits(cfg.transfer, tuple(cfg.pretrain_classes), cfg.test_frac, cfg.image_size, cfg.seed,
-                            pretrain_seed(cfg))
+    pre, fine = splits(cfg)
     total = cfg.pretrain_steps + cfg.finetune_steps
     state = run.restore()
-    phase = state["phase"] if state is not None else "pretrain"
     torch.manual_seed(pretrain_seed(cfg))
-    model = build_model(cfg, pre.classes)
+    channels = 1 if fine.x_train.dim() == 3 else fine.x_train.shape[1]
+    if pre is None:  # transfer='none': fine-tune the model as loaded (or as initialised)
+        model = build_model(cfg, fine.classes, channels).to(run.device)
+        return _finetune(cfg, run, model, fine, state, total, {})
+    phase = state["phase"] if state is not None else "pretrain"
+    model = build_model(cfg, pre.classes, channels).to(run.device)
     key = _pretrain_key(cfg)
     if phase == "pretrain" and state is None and key in _PRETRAINED:
         model.load_state_dict(_PRETRAINED[key]["model"])
@@ -310,7 +422,8 @@ def _pretrain(cfg: Config, run, model: ViT, data: Split, state: dict | None, tot
         for group in optimizer.param_groups:
             group["lr"] = cfg.pretrain_lr * cosine(step, steps, warmup=max(1, steps // 20))
         idx = batches.next()
-        loss = F.cross_entropy(model(augment_batch(data.x_train[idx], cfg.augment, shifts)), data.y_train[idx])
+        x = augment_batch(data.x_train[idx], cfg.augment, shifts).to(run.device)
+        loss = F.cross_entropy(model(x), data.y_train[idx].to(run.device))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -362,7 +475,8 @@ def _finetune(cfg: Config, run, model: ViT, data: Split, state: dict | None, tot
         for group in optimizer.param_groups:
             group["lr"] = cfg.lr * cosine(step - cfg.pretrain_steps, steps)
         idx = batches.next()
-        loss = F.cross_entropy(model(augment_batch(data.x_train[idx], cfg.augment, shifts)), data.y_train[idx])
+        x = augment_batch(data.x_train[idx], cfg.augment, shifts).to(run.device)
+        loss = F.cross_entropy(model(x), data.y_train[idx].to(run.device))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.grad_clip > 0:
@@ -393,9 +507,10 @@ def _finetune(cfg: Config, run, model: ViT, data: Split, state: dict | None, tot
     if math.isnan(test_acc):
         test_acc = accuracy(model, x_test, y_test)
     probe = torch.arange(cfg.batch_size)  # the same first training batch for every method
-    measured = measure_step(model, data.x_train[probe], data.y_train[probe])
+    x_probe, y_probe = data.x_train[probe].to(run.device), data.y_train[probe].to(run.device)
+    measured = measure_step(model, x_probe, y_probe)
     if layers:
-        measured.update(probe_ranks(model, data.x_train[probe], data.y_train[probe], tuple(cfg.probe_thresholds),
+        measured.update(probe_ranks(model, x_probe, y_probe, tuple(cfg.probe_thresholds),
                                     tuple(cfg.act_ranks), tuple(cfg.probe_act_scales)))
     return {
         **pretrain_metrics,
