@@ -246,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--objective", help="the metric sweeps will rank it on; default: its reproduction sweep's, else eval/loss")
     p.add_argument("--ray", action="store_true",
                    help="also kill a Ray Train run (2 workers when the workload accepts them) after a checkpoint "
-                        "and check that it restores it (starts a local Ray: tens of seconds)")
+                        "and check that it restores it (starts a local Ray: a minute or two on two cores)")
     p.set_defaults(func=_cmd_check)
 
     p = sub.add_parser("show", help="show a workload's config fields, defaults and docs")

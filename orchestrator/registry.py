@@ -188,8 +188,8 @@ def resolve(name: str) -> Source:
     hint = closest(name, names) or closest(name, names, cutoff=0.0)
     did_you_mean = f" Closest match: {hint!r}." if hint else ""
     raise UnknownWorkload(
-        f"unknown workload {name!r}.{did_you_mean} No built-in workload, plugin or importable module has that name; "
-        f"known workloads: {', '.join(sorted(names))}. {HOW_TO_NAME}"
+        f"unknown workload {name!r}.{did_you_mean} Known workloads: {', '.join(sorted(names))}. No built-in workload, "
+        f"plugin or importable module has that name: {HOW_TO_NAME[0].lower()}{HOW_TO_NAME[1:]}"
     )
 
 

@@ -32,7 +32,7 @@ def test_bad_input_is_named_before_anything_starts(args, expected, workdir, caps
 
 
 def test_help_for_each_command(workdir):
-    for command in ([], ["run"], ["ui"], ["list"], ["show"]):
+    for command in ([], ["run"], ["ui"], ["list"], ["show"], ["new"], ["check"]):
         out = run_cli(command + ["--help"], workdir, timeout=60)
         assert out.returncode == 0 and "usage: ladder" in out.stdout
 
