@@ -162,7 +162,10 @@ def _ray(args: list[str], env: dict[str, str], timeout: float, cwd: Path = REPO)
 CLUSTER_SWEEP = """
 from orchestrator.sweep import Sweep, seeds
 
+# 4,000 steps (a few seconds): long enough that the second trial starts on the other node while the
+# first still trains, instead of reusing the first one's process when it is done.
 sweep = Sweep(name="sparse_moe_cluster", workload="mylab.sparse_moe", base="smoke", space={"seed": seeds(2)},
+              overrides={"steps": 4000, "eval_every": 400, "checkpoint_every": 2000},
               scheduler="fifo", objective=("eval/loss", "min"))
 """
 
