@@ -92,3 +92,15 @@ def test_scheduler_check_replays_what_reaches_tune():
     # Only in what train returns: recorded on the trial's run for fifo sweeps and claims, seen by no scheduler.
     holds, why = check.scheduler_verdict(only_final, "eval/f1", final={"eval/f1": 0.9})
     assert holds is None and "only in what train returns" in why
+
+
+def test_a_module_path_runs_and_resumes_by_its_run_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    scaffold.new("ck_resumed", tmp_path / "lab")
+    assert main(["run", "lab.ck_resumed", "--smoke", "--local", "--no-track", "--set", "steps=40"]) == 0
+    [run_dir] = (tmp_path / "ladder-runs" / "lab.ck_resumed").iterdir()
+    assert "lab.ck_resumed: finished" in capsys.readouterr().out
+    # --resume finds the workload from the run's record: the module path, resolved again.
+    assert main(["run", "--resume", str(run_dir), "--local", "--no-track"]) == 0
+    assert "lab.ck_resumed: finished" in capsys.readouterr().out
