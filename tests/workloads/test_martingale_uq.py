@@ -386,3 +386,121 @@ def test_smoke_reproduction_holds(workdir):
     for t in rep.trials:  # the coverage-vs-n plot has its points
         assert {f"eval/coverage/{v}/n{n}" for v in ("exact", "shortcut", "bootstrap", "horizon")
                 for n in (5, 10, 20, 50)} <= set(t)
+
+
+# --- the paper's text setting: a frozen LM by from_pretrained, a text file ---------------------------
+
+
+WORDS = ("the river valley was settled by farmers in the early century and the town grew around a mill "
+         "later a railway reached it and the station became the centre of trade for the region").split()
+
+
+def _wiki(n_lines: int = 120, seed: int = 0) -> list[str]:
+    """WikiText-2-raw-like lines: headings and paragraphs of words."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    lines = []
+    for i in range(n_lines):
+        if i % 20 == 0:
+            lines.append(f" = Section {i // 20} = ")
+        lines.append(" " + " ".join(rng.choice(WORDS, size=12)) + " . ")
+    return lines
+
+
+def _tiny_gpt2(folder, lines: list[str]) -> None:
+    """GPT-2's architecture (hidden size 32, 2 layers) and a byte-level BPE tokenizer trained on the
+    lines, both written by save_pretrained: the folder `from_pretrained` reads for 'gpt2'."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(lines, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<|endoftext|>", eos_token="<|endoftext|>")
+    tokenizer.save_pretrained(str(folder))
+    torch.manual_seed(0)
+    eot = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_layer=2, n_embd=32, n_head=2, n_positions=64,
+                               bos_token_id=eot, eos_token_id=eot)).save_pretrained(str(folder))
+
+
+def _causal_lm_smoke(**change) -> Config:
+    fields = dict(generator="causal_lm", metric="nll", model="gpt2-tiny", text_len=12, real_texts=80, prior_draws=200,
+                  lm_batch=100, horizon=20)
+    return dataclasses.replace(smoke(), **{**fields, **change})
+
+
+@pytest.mark.parametrize("layout", ["txt", "saved"])
+def test_a_frozen_pretrained_lm_on_a_text_file_runs_through_the_workload(workdir, layout):
+    """The smoke of the paper's text setting (`sweeps/repro/martingale_uq_real.py`): a GPT-2 folder
+    and WikiText-2 raw as a .txt file or a datasets save_to_disk folder, through the same loaders."""
+    import datasets
+    from orchestrator import launch, registry
+
+    lines = _wiki()
+    _tiny_gpt2(workdir / "gpt2-tiny", lines)
+    if layout == "txt":
+        (workdir / "wiki.test.raw").write_text("\n".join(lines) + "\n")
+        path = "wiki.test.raw"
+    else:
+        datasets.DatasetDict({"test": datasets.Dataset.from_dict({"text": lines})}).save_to_disk(str(workdir / "wikitext"))
+        path = "wikitext"
+    cfg = _causal_lm_smoke(text_path=path)
+    w = registry.load("martingale_uq")
+    w.validate(cfg)
+    w.preflight(cfg)
+    result = launch.run_local("martingale_uq", cfg, progress=False, track=False)
+    out = result.metrics
+    # An untrained 300-token LM: about log(300) = 5.7 nats per token, on real and generated texts alike.
+    assert 4.0 < out["train/loss"] < 7.0 and 4.0 < out["eval/theta_prior"] < 7.0
+    assert math.isfinite(out["eval/theta_true"]) and out["eval/prior_sd"] > 0
+    for n in cfg.ns:
+        assert 0 <= out[f"eval/coverage/exact/n{n}"] <= 1 and out[f"eval/width/exact/n{n}"] > 0
+    again = launch.run_local("martingale_uq", cfg, progress=False, track=False).metrics  # seeded: the same draws
+    assert again["eval/theta_prior"] == out["eval/theta_prior"] and again["eval/theta_true"] == out["eval/theta_true"]
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"model": "no-such-folder"}, r"model='no-such-folder' is neither a folder with config.json nor .*hf download gpt2"),
+    ({"model": "gpt2"}, r"nothing is downloaded at run time"),
+    ({"text_path": "wiki.missing.raw"}, r"text_path='wiki.missing.raw' is neither a text file .*wikitext-2-raw-v1"),
+    ({"text_len": 80}, r"text_len=80 tokens \(\+1 start token\) exceed model='gpt2-tiny''s 64 positions"),
+    ({"text_path": "wikitext", "text_split": "validation"}, r"has splits \['test'\], not text_split='validation'"),
+])
+def test_a_missing_model_or_text_is_refused_before_the_run_naming_the_fix(workdir, monkeypatch, change, match):
+    import datasets
+    from orchestrator import registry
+    from orchestrator.config import ConfigError
+
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(workdir / "empty-cache"))
+    lines = _wiki(20)
+    _tiny_gpt2(workdir / "gpt2-tiny", lines)
+    (workdir / "wiki.test.raw").write_text("\n".join(lines))
+    datasets.DatasetDict({"test": datasets.Dataset.from_dict({"text": lines})}).save_to_disk(str(workdir / "wikitext"))
+    cfg = _causal_lm_smoke(**{"text_path": "wiki.test.raw", **change})
+    w = registry.load("martingale_uq")
+    w.validate(cfg)
+    with pytest.raises(ConfigError, match=match):
+        w.preflight(cfg)
+
+
+def test_causal_lm_needs_a_model_and_a_text():
+    with pytest.raises(ValueError, match="generator='causal_lm' needs model"):
+        validate(dataclasses.replace(smoke(), generator="causal_lm", metric="nll"))
+
+
+def test_the_real_sweep_is_valid_anywhere_and_names_what_it_needs(workdir, monkeypatch):
+    from conftest import REPO
+    from orchestrator.sweep import load_sweep_file
+    from orchestrator.tune_run import launch_problems
+
+    monkeypatch.setenv("LADDER_DATA", str(workdir / "data"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(workdir / "empty-cache"))
+    sweep = load_sweep_file(REPO / "sweeps" / "repro" / "martingale_uq_real.py")
+    sweep.check()
+    (problem,) = [p for p in launch_problems(sweep) if "text_path" in p]
+    assert "model='gpt2' is neither a folder" in problem
+    assert f"text_path='{workdir / 'data' / 'wikitext-2-raw'}' is neither" in problem and "Salesforce/wikitext" in problem

@@ -18,7 +18,9 @@ sits `shift` sd above the deployed one (metrics: alert rate over a threshold, me
 tiny autoregressive byte model trained on the standard-library corpus (metrics: NLL per byte of
 a held-out text, and the rate of texts above an NLL threshold). A trial fits the generator, then
 for every n runs `repetitions` repetitions and reports each interval's coverage of the true
-metric of the deployed distribution.
+metric of the deployed distribution. The paper's own text setting is a third generator,
+'causal_lm': a pretrained LM loaded by transformers' `from_pretrained` (GPT-2), frozen, scoring the
+texts of a text file (WikiText-2 raw) and its own generations (`sweeps/repro/martingale_uq_real.py`).
 
 The claims: for a rare alert rate (3.7%) at n = 20, with a prior that does not under-state it,
 the exact intervals cover >= 85% and the bootstrap's < 60%; the shortcut's posterior is wider
@@ -28,6 +30,6 @@ interval's upper end is about the prior's own rate, so a prior that under-states
 """
 
 from workloads.martingale_uq.claims import CLAIMS, plot
-from workloads.martingale_uq.workload import Config, smoke, train, validate
+from workloads.martingale_uq.workload import Config, preflight, smoke, train, validate
 
-__all__ = ["CLAIMS", "Config", "plot", "smoke", "train", "validate"]
+__all__ = ["CLAIMS", "Config", "plot", "preflight", "smoke", "train", "validate"]

@@ -11,20 +11,22 @@ import numpy as np
 import torch
 from orchestrator.run import pinned_threads
 
-from workloads.martingale_uq import bytemodel, tabular
+from workloads.martingale_uq import bytemodel, tabular, textlm
 from workloads.martingale_uq.coverage import evaluate_chunk, summarize
 
-METRICS = {"gmm": ("alert_rate", "mean_score"), "bytes": ("nll", "alert_rate")}
+METRICS = {"gmm": ("alert_rate", "mean_score"), "bytes": ("nll", "alert_rate"), "causal_lm": ("nll", "alert_rate")}
 
 
 @dataclass(frozen=True)
 class Config:
-    generator: Literal["gmm", "bytes"] = "gmm"
-    """Frozen generator Q: 'gmm' (a Gaussian mixture fitted on historical tabular records) or
-    'bytes' (a tiny autoregressive byte model trained on the standard-library corpus)."""
+    generator: Literal["gmm", "bytes", "causal_lm"] = "gmm"
+    """Frozen generator Q: 'gmm' (a Gaussian mixture fitted on historical tabular records),
+    'bytes' (a tiny autoregressive byte model trained on the standard-library corpus) or
+    'causal_lm' (the pretrained LM `model`, e.g. GPT-2, frozen as loaded, on the texts of `text_path`)."""
     metric: Literal["alert_rate", "mean_score", "nll"] = "alert_rate"
     """Deployed metric theta = E[h(x)]: gmm: 'alert_rate' (h = 1{score > threshold}) or 'mean_score';
-    bytes: 'nll' (NLL per byte of a text) or 'alert_rate' (h = 1{NLL per byte > nll_threshold})."""
+    bytes: 'nll' (NLL per byte of a text) or 'alert_rate' (h = 1{NLL per byte > nll_threshold});
+    causal_lm: the same per token."""
     ns: tuple[int, ...] = (5, 10, 20, 50, 100)
     """Real sample sizes n at which coverage is measured (the plot's x axis)."""
     repetitions: int = 1000
@@ -94,7 +96,7 @@ class Config:
     lr: float = 3e-3
     """Byte model: Adam learning rate."""
     text_len: int = 64
-    """Bytes per text (a text starts a line)."""
+    """Bytes per text (a text starts a line); tokens per text with generator='causal_lm'."""
     real_texts: int = 2000
     """Deployed texts in the population (held-out files); theta(F) is their mean metric."""
     temperature: float = 1.0
@@ -105,6 +107,19 @@ class Config:
     """Bytes read from the corpus (training part; the held-out part gets heldout_frac of it)."""
     heldout_frac: float = 0.25
     """Share of corpus files held out as the deployed distribution."""
+    # --- pretrained-LM text scenario (generator='causal_lm') ---
+    model: str = ""
+    """generator='causal_lm': the frozen LM, loaded by transformers' AutoModelForCausalLM.from_pretrained
+    with its tokenizer: a folder written by save_pretrained or a hub id already in the local Hugging
+    Face cache ('gpt2', the paper's); nothing is downloaded. Its train/loss is its mean NLL per token
+    of the deployed texts (nothing is fitted)."""
+    text_path: str = ""
+    """generator='causal_lm': the deployed texts: a UTF-8 text file (WikiText-2 raw's wiki.test.raw)
+    or a datasets save_to_disk folder with a 'text' column, cut into windows of text_len tokens."""
+    text_split: str = "test"
+    """generator='causal_lm': the split of a saved DatasetDict at text_path (WikiText-2's 'test')."""
+    lm_batch: int = 64
+    """generator='causal_lm': texts generated or scored per forward pass."""
     # --- run ---
     log_every: int = 10
     """Report every this many fitting steps (the coverage loop reports after every chunk)."""
@@ -122,7 +137,7 @@ def smoke() -> Config:
 
 
 def fit_steps(cfg: Config) -> int:
-    return cfg.em_iters if cfg.generator == "gmm" else cfg.byte_steps
+    return {"gmm": cfg.em_iters, "bytes": cfg.byte_steps}.get(cfg.generator, 0)
 
 
 def validate(cfg: Config, world_size: int = 1) -> None:
@@ -130,7 +145,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     if world_size != 1:
         raise ValueError(f"martingale_uq runs on one worker; got world_size={world_size}: use workers=1")
     if cfg.generator not in METRICS:
-        raise ValueError(f"generator must be 'gmm' or 'bytes', got {cfg.generator!r}")
+        raise ValueError(f"generator must be 'gmm', 'bytes' or 'causal_lm', got {cfg.generator!r}")
     if cfg.metric not in METRICS[cfg.generator]:
         raise ValueError(f"metric {cfg.metric!r} is not defined for generator={cfg.generator!r}: use one of {', '.join(METRICS[cfg.generator])}")
     if not cfg.ns:
@@ -140,7 +155,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     if len(set(cfg.ns)) != len(cfg.ns):
         raise ValueError(f"ns repeats a sample size: {cfg.ns}")
     for name in ("repetitions", "chunk", "checkpoint_every", "log_every", "history", "components", "em_iters", "dim", "context",
-                 "embed", "hidden", "byte_steps", "byte_batch", "text_len", "real_texts"):
+                 "embed", "hidden", "byte_steps", "byte_batch", "text_len", "real_texts", "lm_batch"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
     if cfg.draws < 20:
@@ -178,8 +193,43 @@ def validate(cfg: Config, world_size: int = 1) -> None:
                              "texts per repetition: raise real_texts or lower them")
         if not cfg.temperature > 0 or not cfg.lr > 0:
             raise ValueError(f"temperature and lr must be positive, got {cfg.temperature}, {cfg.lr}")
+        if cfg.generator == "causal_lm":
+            if not cfg.model or not cfg.text_path:
+                raise ValueError(f"generator='causal_lm' needs model (e.g. 'gpt2') and text_path (WikiText-2 raw), got "
+                                 f"model={cfg.model!r}, text_path={cfg.text_path!r}")
+            return
         if not 0 < cfg.heldout_frac < 1 or cfg.corpus_bytes < 10_000:
             raise ValueError(f"heldout_frac must lie in (0, 1) and corpus_bytes be >= 10000, got {cfg.heldout_frac}, {cfg.corpus_bytes}")
+
+
+def preflight(cfg: Config) -> None:
+    """Checks of the machine that runs it (generator='causal_lm'): the model is a folder or a cached
+    hub id with a tokenizer and room for a text, and text_path reads. Every problem in one error."""
+    if cfg.generator != "causal_lm":
+        return
+    import json
+    from pathlib import Path
+
+    problems = []
+    found = textlm.model_config(cfg.model)
+    if not found:
+        problems.append(f"model={cfg.model!r} is neither a folder with config.json nor in the local Hugging Face cache "
+                        f"(nothing is downloaded at run time): expected {textlm.MODEL_SOURCES}")
+    else:
+        config = json.loads(Path(found).read_text())
+        room = config.get("n_positions") or config.get("max_position_embeddings")
+        if room and cfg.text_len + 1 > int(room):
+            problems.append(f"text_len={cfg.text_len} tokens (+1 start token) exceed model={cfg.model!r}'s {room} positions")
+        folder = Path(found).parent
+        if not any((folder / f).is_file() for f in ("tokenizer.json", "vocab.json", "tokenizer.model", "tokenizer_config.json")):
+            problems.append(f"model={cfg.model!r} has no tokenizer files beside its config.json: save the tokenizer "
+                            "with save_pretrained into the same folder")
+    try:
+        textlm.check_text(cfg.text_path, cfg.text_split)
+    except ValueError as exc:
+        problems.append(str(exc))
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 def train(cfg: Config, run) -> dict[str, float]:
@@ -232,6 +282,29 @@ def _fit_bytes(cfg: Config, run) -> dict[str, Any]:
             "theta_true": float(real.mean())}
 
 
+def _fit_causal_lm(cfg: Config, run) -> dict[str, Any]:
+    """Nothing is trained: the frozen LM scores the deployed texts and its own generations."""
+    device = torch.device(run.device)
+    lm, tokenizer, start = textlm.load(cfg.model, device)
+    ids = textlm.tokenize(tokenizer, textlm.read_text(cfg.text_path, cfg.text_split))
+    gen = torch.Generator().manual_seed(cfg.seed)
+    windows = textlm.real_windows(ids, start, cfg.text_len, cfg.real_texts, gen)
+    if len(windows) < cfg.real_texts:
+        raise ValueError(f"text_path={cfg.text_path!r} holds {len(ids)} tokens, {len(windows)} disjoint texts of "
+                         f"text_len={cfg.text_len}, fewer than real_texts={cfg.real_texts}: lower real_texts or text_len")
+    h = lambda nll: tabular.metric_values(nll.numpy().astype(float), cfg.metric, cfg.nll_threshold)  # noqa: E731
+    nll_real = textlm.nll_per_token(lm, windows, cfg.lm_batch, device)
+    sampler = torch.Generator(device=device).manual_seed(cfg.seed + 1)
+    texts = textlm.generate(lm, start, cfg.prior_draws, cfg.text_len, cfg.temperature, sampler, cfg.lm_batch, device)
+    nll_generated = textlm.nll_per_token(lm, texts, cfg.lm_batch, device)
+    prior, real = h(nll_generated), h(nll_real)
+    loss = float(nll_real.mean())
+    # The frozen LM's NLL per token of the deployed texts and of its own: the prior's misspecification.
+    run.report({"train/loss": loss, "eval/nll_generated": float(nll_generated.mean()), "progress": 0.0}, step=0)
+    return {"fit_loss": loss, "prior": torch.from_numpy(prior), "real": torch.from_numpy(real),
+            "theta_true": float(real.mean())}
+
+
 def _real_sampler(cfg: Config, fitted: dict[str, Any]):
     """(rng, reps, count) -> deployed metric values: fresh records from F, or texts drawn without
     replacement from the held-out population."""
@@ -253,7 +326,7 @@ def _train(cfg: Config, run) -> dict[str, float]:
     total = fit + len(cfg.ns) * cfg.repetitions
     state = run.restore()
     if state is None:
-        fitted = _fit_gmm(cfg, run) if cfg.generator == "gmm" else _fit_bytes(cfg, run)
+        fitted = {"gmm": _fit_gmm, "bytes": _fit_bytes, "causal_lm": _fit_causal_lm}[cfg.generator](cfg, run)
         state = {"step": fit, **fitted, "records": {}}
         run.save(state)
     prior = state["prior"].numpy()
