@@ -170,3 +170,96 @@ def test_reproduce_mx_anomaly_on_ray(workdir):
     assert len(trials) == 4 and curves[:3] == [1, 1, 1] and curves[3] > 1, curves
     assert len({json.loads(r.data.tags["ladder.final"])["eval/lm_loss_fp"] for r in trials}) == 1
     assert validate(m.smoke()) is None
+
+
+# --- the paper's observation: a pretrained LLM by from_pretrained ------------------------------------
+
+
+def _tiny_llama(folder, lines: list[str]) -> None:
+    """A Llama-architecture LLM (hidden size 32, 2 layers) and a byte-level BPE tokenizer trained on
+    the lines, written by save_pretrained: the folder AutoModelForCausalLM reads for a hub id."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(lines, trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>"],
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>")
+    tokenizer.save_pretrained(str(folder))
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                 num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128)
+                     ).save_pretrained(str(folder))
+
+
+def _lines(n: int = 200) -> list[str]:
+    words = "the model was trained on a large corpus of text and its weights were quantized to four bits".split()
+    g = torch.Generator().manual_seed(0)
+    return [" ".join(words[int(i)] for i in torch.randint(len(words), (14,), generator=g)) + " ." for _ in range(n)]
+
+
+def _llm_smoke(**change) -> m.Config:
+    return dataclasses.replace(m.smoke(), **{"hf_model": "llama-tiny", "text_path": "wiki.test.raw", "hf_seq_len": 32,
+                                             "eval_tokens": 256, **change})
+
+
+def test_a_pretrained_llm_is_quantized_through_the_workload(workdir):
+    """The smoke of the paper's observation (`sweeps/repro/mx_anomaly_real.py`): a Llama folder and a
+    text file through the same loaders; every linear but the head quantized, W4 and W4A4."""
+    from orchestrator import launch
+
+    lines = _lines()
+    _tiny_llama(workdir / "llama-tiny", lines)
+    (workdir / "wiki.test.raw").write_text("\n".join(lines))
+    cfg = _llm_smoke()
+    w = registry.load("mx_anomaly")
+    w.validate(cfg)
+    w.preflight(cfg)
+    result = launch.run_local("mx_anomaly", cfg, progress=False, track=False)
+    out = result.metrics
+    assert 4.0 < out["eval/llm_loss_fp"] < 7.0  # an untrained 300-token LM: about log(300) = 5.7 nats
+    for b in cfg.block_sizes:
+        for key in (f"eval/rel_mse/llm_weights/b{b}", f"eval/rel_mse/llm_acts/b{b}"):
+            assert 0 < out[key] < 0.5, key
+        assert math.isfinite(out[f"eval/llm_dloss_w4/b{b}"]) and math.isfinite(out[f"eval/llm_dloss_w4a4/b{b}"])
+    assert 0.01 < out["eval/llm_weight_std"] < 0.03  # Llama's initialisation, std 0.02
+    assert out["eval/llm_dloss_w4a4/b8"] != 0 and "eval/lm_loss_fp" not in out  # quantized; no celerity_lm trained
+    losses = [mm["train/loss"] for _, mm in result.history if "train/loss" in mm]
+    assert len(losses) == len(cfg.block_sizes) and all(math.isfinite(x) for x in losses)
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"hf_model": "nowhere"}, r"hf_model='nowhere' is neither a folder with config.json nor .*Qwen/Qwen2.5-0.5B"),
+    ({"hf_model": "Qwen/Qwen2.5-0.5B"}, r"nothing is downloaded at run time"),
+    ({"text_path": "missing.raw"}, r"text_path='missing.raw' is neither a text file .*wikitext-2-raw-v1"),
+])
+def test_a_missing_llm_or_text_is_refused_before_the_run_naming_the_fix(workdir, monkeypatch, change, match):
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(workdir / "empty-cache"))
+    _tiny_llama(workdir / "llama-tiny", _lines(20))
+    (workdir / "wiki.test.raw").write_text("x")
+    cfg = _llm_smoke(**change)
+    w = registry.load("mx_anomaly")
+    w.validate(cfg)
+    with pytest.raises(ConfigError, match=match):
+        w.preflight(cfg)
+
+
+def test_hf_model_and_lm_checkpoint_exclude_each_other():
+    with pytest.raises(ValueError, match="set one"):
+        validate(dataclasses.replace(m.smoke(), hf_model="x", lm_checkpoint="y"))
+
+
+def test_the_real_sweep_is_valid_anywhere_and_names_what_it_needs(workdir, monkeypatch):
+    from conftest import REPO
+    from orchestrator.sweep import load_sweep_file
+    from orchestrator.tune_run import launch_problems
+
+    monkeypatch.setenv("LADDER_DATA", str(workdir / "data"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(workdir / "empty-cache"))
+    sweep = load_sweep_file(REPO / "sweeps" / "repro" / "mx_anomaly_real.py")
+    sweep.check()
+    (problem,) = [p for p in launch_problems(sweep) if "hf_model" in p]
+    assert "hf_model='Qwen/Qwen2.5-0.5B' is neither a folder" in problem
+    assert f"text_path='{workdir / 'data' / 'wikitext-2-raw'}' is neither" in problem

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import mx
+from workloads.mx_anomaly import pretrained
 
 LINEARS = ("qkv", "proj", "fc", "out")  # every hidden matrix; embeddings and readout stay high precision
 LM_PRESETS = ("default", "smoke")
@@ -59,6 +60,20 @@ class Config:
     compensating, so the function is unchanged (large LLMs' weights are this narrow; 0 skips it)."""
     eval_tokens: int = 32768
     """Held-out tokens for the loss of the quantized LM."""
+    hf_model: str = ""
+    """A pretrained LLM measured instead of the celerity_lm (the paper's observation): any Llama or
+    Qwen checkpoint loaded by transformers' AutoModelForCausalLM.from_pretrained, in float32, from a
+    folder written by save_pretrained or a hub id already in the local Hugging Face cache (e.g.
+    'Qwen/Qwen2.5-0.5B'); nothing is downloaded. Every linear layer but the output head is quantized;
+    its metrics are named 'llm' (eval/rel_mse/llm_weights/b32, eval/llm_dloss_w4a4/b32, ...). The
+    lm_* fields do not apply. Empty: the celerity_lm."""
+    text_path: str = ""
+    """hf_model: the held-out text of its loss, a UTF-8 text file (WikiText-2 raw's wiki.test.raw) or a
+    datasets save_to_disk folder with a 'text' column; empty: celerity_lm's held-out standard-library files."""
+    text_split: str = "test"
+    """hf_model: the split of a saved DatasetDict at text_path."""
+    hf_seq_len: int = 512
+    """hf_model: tokens per held-out window (each scored from its start)."""
     seed: int = 0
     """Seed of the synthetic tensors and of the LM trained here."""
 
@@ -98,12 +113,45 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError(f"ue5m3_bias must lie in 1..30, got {cfg.ue5m3_bias}")
     if cfg.lm_narrow_std < 0:
         raise ValueError(f"lm_narrow_std must be >= 0 (0 skips the narrowed LM), got {cfg.lm_narrow_std}")
-    if cfg.lm_checkpoint:
+    if cfg.hf_seq_len < 2:
+        raise ValueError(f"hf_seq_len must be >= 2, got {cfg.hf_seq_len}")
+    if cfg.hf_model:
+        if cfg.lm_checkpoint:
+            raise ValueError("hf_model and lm_checkpoint both name the model to quantize: set one")
+    elif cfg.lm_checkpoint:
         _find_lm(cfg.lm_checkpoint)  # raises naming what is missing
     else:
         from workloads import celerity_lm
 
         celerity_lm.validate(lm_config(cfg), 1)
+
+
+def preflight(cfg: Config) -> None:
+    """Checks of the machine that runs it (hf_model): the model is a folder or a cached hub id with
+    its tokenizer, and text_path reads. Every problem in one error."""
+    if not cfg.hf_model:
+        return
+    problems = []
+    found = pretrained.model_config(cfg.hf_model)
+    if not found:
+        problems.append(f"hf_model={cfg.hf_model!r} is neither a folder with config.json nor in the local Hugging Face "
+                        f"cache (nothing is downloaded at run time): expected {pretrained.MODEL_SOURCES}")
+    elif not any((Path(found).parent / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        problems.append(f"hf_model={cfg.hf_model!r} has no tokenizer beside its config.json: save it there with save_pretrained")
+    if cfg.text_path:
+        try:
+            pretrained.check_text(cfg.text_path, cfg.text_split)
+        except ValueError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+def linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    """The hidden matrices quantized: a celerity_lm's LINEARS per block, or a pretrained LLM's linears."""
+    if isinstance(model, pretrained.CausalLM):
+        return model.linears()
+    return [getattr(block, name) for block in model.blocks for name in LINEARS]
 
 
 def quant_options(cfg: Config, block_size: int) -> dict[str, Any]:
@@ -212,9 +260,7 @@ class ActivationQuant:
 
     def __init__(self, model: torch.nn.Module, opts: dict[str, Any]) -> None:
         self.err = self.power = 0.0
-        self.handles = [
-            getattr(block, name).register_forward_pre_hook(self._hook) for block in model.blocks for name in LINEARS
-        ]
+        self.handles = [layer.register_forward_pre_hook(self._hook) for layer in linears(model)]
         self.opts = opts
 
     def _hook(self, module, args):
@@ -276,16 +322,16 @@ def measure_lm(cfg: Config, opts: dict[str, Any], name: str, model, batches, dev
     """Weight and activation error of one LM and its held-out loss increase, weights quantized in place
     and restored afterwards."""
     out: dict[str, float] = {}
-    originals = {}
+    originals = []
     errors = []
+    layers = linears(model)
     with torch.no_grad():
-        for i, block in enumerate(model.blocks):
-            for lin in LINEARS:
-                w = getattr(block, lin).weight
-                originals[(i, lin)] = w.detach().clone()
-                w_hat = mx.fake_quant(w, **opts)
-                errors.append(rel_mse(w, w_hat))
-                w.copy_(w_hat)
+        for layer in layers:
+            w = layer.weight
+            originals.append(w.detach().to("cpu", copy=True))  # kept off the device: an LLM's weights twice may not fit
+            w_hat = mx.fake_quant(w, **opts)
+            errors.append(rel_mse(w, w_hat))
+            w.copy_(w_hat)
     # Each matrix counts alike: pooled power would let the widest matrices hide the narrow ones.
     out[f"eval/rel_mse/{name}_weights/{b}"] = sum(errors) / len(errors)
     try:
@@ -298,8 +344,8 @@ def measure_lm(cfg: Config, opts: dict[str, Any], name: str, model, batches, dev
                 out[f"eval/rel_mse/{name}_acts/{b}"] = hooks.remove()
     finally:
         with torch.no_grad():
-            for (i, lin), w in originals.items():
-                getattr(model.blocks[i], lin).weight.copy_(w)
+            for layer, w in zip(layers, originals):
+                layer.weight.copy_(w)
     return out
 
 
@@ -358,7 +404,7 @@ def pretrain(lm_cfg, run, state: dict[str, Any] | None, *, cache: bool) -> tuple
 
 
 def weight_std(model) -> float:
-    ws = torch.cat([getattr(b, n).weight.detach().flatten() for b in model.blocks for n in LINEARS])
+    ws = torch.cat([layer.weight.detach().flatten().cpu() for layer in linears(model)])
     return float(ws.std())
 
 
@@ -367,6 +413,8 @@ def train(cfg: Config, run) -> dict[str, float]:
     from workloads.celerity_lm.data import heldout_batches, load_corpus
 
     validate(cfg, run.world_size)
+    if cfg.hf_model:
+        return _train_pretrained(cfg, run)
     state = run.restore()
     results: dict[str, float] = {}
     step = 0
@@ -394,7 +442,16 @@ def train(cfg: Config, run) -> dict[str, float]:
         # The narrowing must not change the function; measured, not assumed.
         results["eval/lm_narrow_loss_change"] = heldout_loss(models["lm_narrow"], batches, run.device) - loss_fp
 
-    done = {int(k.rsplit("/b", 1)[1]) for k in results if k.startswith("eval/rel_mse/lm_weights/")}
+    return _measure_blocks(cfg, run, models, batches, loss_fp, results, step, share, "lm")
+
+
+def _measure_blocks(cfg: Config, run, models: dict[str, Any], batches, loss_fp: float, results: dict[str, float],
+                    step: int, share: float, name: str, extra_state: dict[str, Any] | None = None) -> dict[str, float]:
+    """Every block size not yet measured (a restarted trial skips those in `results`), a report and
+    a checkpoint after each."""
+    model = models[name]
+    extra_state = {"lm": model.state_dict()} if extra_state is None else extra_state
+    done = {int(k.rsplit("/b", 1)[1]) for k in results if k.startswith(f"eval/rel_mse/{name}_weights/")}
     todo = [b for b in cfg.block_sizes if b not in done]
     for i, block_size in enumerate(cfg.block_sizes):
         if block_size not in todo:
@@ -403,9 +460,28 @@ def train(cfg: Config, run) -> dict[str, float]:
         metrics = measure_block(cfg, block_size, models, batches, run.device, loss_fp)
         results.update(metrics)
         progress = share + (1 - share) * (i + 1) / len(cfg.block_sizes)
-        loss_key = f"eval/lm_dloss_w4a4/b{block_size}" if cfg.quantize_activations else f"eval/lm_dloss_w4/b{block_size}"
+        loss_key = f"eval/{name}_dloss_w4a4/b{block_size}" if cfg.quantize_activations else f"eval/{name}_dloss_w4/b{block_size}"
         # train/loss here is the quantized model's held-out loss: what this trial optimizes for.
         run.report({**metrics, "train/loss": loss_fp + metrics[loss_key], "eval/block_size": float(block_size),
                     "progress": min(1.0, progress)}, step=step)
-        run.save({"step": step, "phase": "quant", "lm": model.state_dict(), "results": results})
+        run.save({"step": step, "phase": "quant", "results": results, **extra_state})
     return {k: float(v) for k, v in results.items()}
+
+
+def _train_pretrained(cfg: Config, run) -> dict[str, float]:
+    """The pretrained LLM's weights and activations: nothing is trained; a restarted trial reloads
+    the model and skips the block sizes already measured."""
+    from workloads.celerity_lm.data import heldout_batches
+
+    state = run.restore()
+    results = dict(state["results"]) if state is not None else {}
+    device = torch.device(run.device)
+    model, tokenizer = pretrained.load(cfg.hf_model, device)
+    ids = pretrained.token_ids(tokenizer, pretrained.read_text(cfg.text_path, cfg.text_split),
+                               2 * cfg.eval_tokens + cfg.hf_seq_len + 1)
+    batches = heldout_batches(ids, cfg.hf_seq_len, cfg.eval_tokens, batch=8)
+    loss_fp = heldout_loss(model, batches, device)
+    results.update({"eval/llm_loss_fp": loss_fp, "eval/llm_weight_std": weight_std(model)})
+    step = int(state["step"]) if state is not None else 0
+    # A checkpoint holds the measurements only: the weights are hf_model's, reloaded on a restart.
+    return _measure_blocks(cfg, run, {"llm": model}, batches, loss_fp, results, step, 0.0, "llm", extra_state={})
