@@ -426,3 +426,81 @@ def test_smoke_reproduction_holds(workdir):
     assert rep.holds, rep.failures()
     for claim in rep.claims:
         assert claim.measured and all(math.isfinite(v) for v in claim.measured.values()), claim
+
+
+# --- real frames: an image folder per subject through a frozen backbone -------------------------
+
+
+def _frames_and_backbone(root, subjects: int = 4, per_class: int = 20):
+    """Frames in the BioVid/StressID layout (subject/expression/frame.png): a subject is a colour
+    tint, 'pain' a bright band across the face; and a tiny ViT saved as a pretrained folder."""
+    import numpy as np
+    from PIL import Image
+    from transformers import ViTConfig, ViTImageProcessor, ViTModel
+
+    rng = np.random.default_rng(0)
+    for s in range(subjects):
+        tint = rng.uniform(0, 30, size=3)
+        for expression in ("neutral", "pain"):
+            folder = root / "frames" / f"subject{s:02d}" / expression
+            folder.mkdir(parents=True)
+            for i in range(per_class):
+                img = rng.normal(100, 20, size=(32, 32, 3)) + tint
+                if expression == "pain":
+                    img[8:24] += 120
+                Image.fromarray(np.clip(img, 0, 255).astype("uint8")).save(folder / f"{i:04d}.png")
+    torch.manual_seed(0)
+    config = ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                       intermediate_size=64)
+    ViTModel(config).save_pretrained(root / "vit")
+    ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(root / "vit")
+    return root / "frames", root / "vit"
+
+
+REAL = dict(classes=2, dim=0, source_subjects=3, frames_per_class=12, source_eval_per_class=4, target_neutral_frames=10,
+            target_eval_per_class=8, hidden=32, feat=16, translator_hidden=32, batch=16, target_batch=8, source_steps=150,
+            translator_steps=30, target_steps=30, log_every=10, source_lr=3e-3)
+
+
+def test_real_frames_train_through_a_frozen_backbone_and_are_extracted_once(workdir, ladder_cache):
+    from orchestrator import launch, registry
+
+    frames_dir, vit = _frames_and_backbone(workdir)
+    cfg = dataclasses.replace(smoke(), data_dir=str(frames_dir), backbone=str(vit), **REAL)
+    w = registry.load("pft")
+    w.validate(cfg)
+    w.preflight(cfg)
+    result = launch.run_local("pft", cfg, progress=False, track=False)
+    losses = [m["train/loss"] for step, m in result.history if "train/loss" in m and step <= cfg.source_steps]
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0], losses
+    assert 0.0 <= result.metrics["eval/acc/pft"] <= 1.0 and math.isfinite(result.metrics["eval/acc/source"])
+    cached = list((ladder_cache / "pft").glob("features-*.pt"))
+    assert len(cached) >= 1
+    stamp = {p: p.stat().st_mtime_ns for p in cached}
+    launch.run_local("pft", dataclasses.replace(cfg, seed=1), progress=False, track=False)
+    assert {p: p.stat().st_mtime_ns for p in (ladder_cache / "pft").glob("features-*.pt")} == stamp  # read, not redone
+
+
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        ({"backbone": ""}, "data_dir needs backbone"),
+        ({"data_dir": "nowhere"}, "data_dir='nowhere' is not a folder .*BioVid"),
+        ({"neutral_class": "calm"}, "no 'calm' expression folder .*set neutral_class"),
+        ({"classes": 3}, "hold 2 expressions \\(neutral, pain\\): set classes=2"),
+        ({"source_subjects": 4}, "only 3 subjects besides the target: set source_subjects=3"),
+        ({"frames_per_class": 18}, "subject01/neutral has 20 frames; frames_per_class \\+ source_eval_per_class = 22"),
+        ({"target_neutral_frames": 20}, "must leave some to evaluate on"),
+        ({"backbone": "./missing-model"}, "is not a transformers model folder"),
+    ],
+)
+def test_bad_frame_folders_are_refused_before_the_run_naming_the_fix(workdir, changes, match):
+    from orchestrator import registry
+    from orchestrator.config import ConfigError
+
+    frames_dir, vit = _frames_and_backbone(workdir, per_class=20)
+    cfg = dataclasses.replace(smoke(), **{"data_dir": str(frames_dir), "backbone": str(vit), **REAL, **changes})
+    w = registry.load("pft")
+    with pytest.raises(ConfigError, match=match):
+        w.validate(cfg)
+        w.preflight(cfg)

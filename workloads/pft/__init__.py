@@ -17,12 +17,16 @@ the source model reads as that expression, the failure that neutral frames can r
 setting the paper addresses. Without the lean, a subject whose offset makes its expressive
 frames look neutral gives neutral-only adaptation nothing to correct.
 
+With `data_dir` and `backbone` the frames are real: an image folder per subject and expression
+(the paper's BioVid/StressID layout), each frame the pooled feature of a frozen pretrained image
+backbone (`frames.py`).
+
 The claims: on the target, PFT's accuracy beats the unadapted source model's and the plain
 fine-tune's; without L_exp the translator collapses towards 'neutral'; and PFT changes nothing
 but the translator.
 """
 
 from workloads.pft.claims import CLAIMS, plot
-from workloads.pft.workload import Config, smoke, train, validate
+from workloads.pft.workload import Config, preflight, smoke, train, validate
 
-__all__ = ["CLAIMS", "Config", "plot", "smoke", "train", "validate"]
+__all__ = ["CLAIMS", "Config", "plot", "preflight", "smoke", "train", "validate"]

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import torch
 from orchestrator.run import fraction_steps, pinned_threads
 
-from workloads.pft import method
+from workloads.pft import data, frames, method
 from workloads.pft.model import accuracy_report, changed_tensors, freeze, predict
 
 ARMS = ("source", "translator", "finetune", "pft", "scratch", "no_exp")
@@ -22,7 +24,7 @@ without L_exp in the target phase."""
 @dataclass(frozen=True)
 class Config:
     dim: int = 32
-    """Dimension of the latent frames."""
+    """Dimension of the latent frames (with data_dir: the backbone's feature size, which dim=0 takes)."""
     classes: int = 4
     """Expression classes K; class 0 is neutral (needs classes - 1 <= dim)."""
     expr_radius: float = 3.0
@@ -116,6 +118,14 @@ class Config:
     """Save a checkpoint at every multiple of this training fraction, and at every phase's end."""
     threads: int = 1
     """Intra-op CPU threads during the run (0 leaves torch's setting): these tensors are tiny."""
+    data_dir: str = ""
+    """Real frames instead of the synthetic subjects: a folder DATA_DIR/<subject>/<expression>/<frame>
+    (the paper's BioVid/StressID layout, frames extracted), subjects and frames in sorted order."""
+    backbone: str = ""
+    """With data_dir: the frozen ImageNet-pretrained image model (a transformers folder or hub id)
+    whose mean last hidden state is each frame's feature; features are extracted once and cached."""
+    neutral_class: str = "neutral"
+    """With data_dir: the expression folder of the neutral frames (class 0)."""
     seed: int = 0
     """Seed of the prototypes, the source and target subjects, the frames and the initialisation."""
 
@@ -144,14 +154,22 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     """Checks that need no training: raised before anything is launched."""
     if world_size != 1:
         raise ValueError(f"pft runs on one worker (the problem is small); got world_size={world_size}: use workers=1")
-    for name in ("dim", "source_subjects", "frames_per_class", "source_eval_per_class", "target_neutral_frames",
+    if cfg.data_dir:
+        if not cfg.backbone:
+            raise ValueError("data_dir needs backbone: a transformers image model folder or hub id, e.g. "
+                             "google/vit-base-patch16-224-in21k or microsoft/resnet-50")
+        if cfg.dim < 0:
+            raise ValueError(f"dim must be the backbone's feature size or 0 (read from it), got {cfg.dim}")
+    elif cfg.dim <= 0:
+        raise ValueError(f"dim must be positive, got {cfg.dim}")
+    for name in ("source_subjects", "frames_per_class", "source_eval_per_class", "target_neutral_frames",
                  "target_eval_per_class", "hidden", "feat", "translator_hidden", "batch", "source_steps",
                  "translator_steps", "target_steps", "target_batch", "log_every"):
         if getattr(cfg, name) <= 0:
             raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
     if cfg.classes < 2:
         raise ValueError(f"classes must be at least 2 (neutral and one expression), got {cfg.classes}")
-    if cfg.classes - 1 > cfg.dim:
+    if not cfg.data_dir and cfg.classes - 1 > cfg.dim:
         raise ValueError(f"classes={cfg.classes} needs dim >= {cfg.classes - 1} for orthogonal expression prototypes, got dim={cfg.dim}")
     if cfg.source_subjects < 2:
         raise ValueError(f"source_subjects={cfg.source_subjects}: translator pairs need two different subjects, use >= 2")
@@ -178,6 +196,23 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError(f"threads must be >= 0 (0: torch's own setting), got {cfg.threads}")
 
 
+def preflight(cfg: Config) -> None:
+    """Checks of the machine that runs it: with data_dir, the folder tree holds the expressions,
+    subjects and frames the config needs, and a backbone given as a path is a model folder. Kept
+    out of `validate` so that a sweep of data on a cluster's storage checks as valid anywhere."""
+    if not cfg.data_dir:
+        return
+    layout = frames.scan(cfg.data_dir, cfg.neutral_class)
+    frames.check(layout, classes=cfg.classes, target=cfg.target, source_subjects=cfg.source_subjects,
+                 frames_per_class=cfg.frames_per_class, source_eval_per_class=cfg.source_eval_per_class,
+                 target_neutral_frames=cfg.target_neutral_frames)
+    folder = Path(cfg.backbone).expanduser()
+    looks_local = cfg.backbone.startswith((".", "/", "~")) or folder.exists()
+    if looks_local and not (folder / "config.json").is_file():
+        raise ValueError(f"backbone={cfg.backbone!r} is not a transformers model folder (no config.json): "
+                         f"save one with save_pretrained, or give a hub id")
+
+
 def locate(plan: list[tuple[str, int]], step: int) -> tuple[str, int, int]:
     """(phase, step within it counting from 1, its length) of global step `step` (from 1)."""
     for name, n in plan:
@@ -198,9 +233,21 @@ def train(cfg: Config, run) -> dict[str, float]:
 
 
 def _train(cfg: Config, run) -> dict[str, float]:
-    world = method.make_world(cfg)
-    target = method.make_target(cfg, world)
-    neutral = method.neutral_frames(cfg, world, target)  # [n, dim], no labels: the adaptation data
+    if cfg.data_dir:  # real frames through a frozen backbone
+        from orchestrator.cache import cache_root
+
+        real = frames.load(cfg, cache_root())
+        if cfg.dim not in (0, real.dim):
+            raise ValueError(f"backbone {cfg.backbone!r} gives {real.dim}-d features, not dim={cfg.dim}: set dim={real.dim} or 0")
+        cfg = dataclasses.replace(cfg, dim=real.dim)
+        world = data.World(torch.zeros(cfg.classes, real.dim), [], real.source_x, real.source_eval_x, real.source_eval_y)
+        neutral = real.neutral  # [n, dim], no labels: the adaptation data
+        target_frames = lambda: (real.eval_x, real.eval_y)  # noqa: E731
+    else:
+        world = method.make_world(cfg)
+        target = method.make_target(cfg, world)
+        neutral = method.neutral_frames(cfg, world, target)  # [n, dim], no labels: the adaptation data
+        target_frames = lambda: method.eval_frames(cfg, world, target)  # noqa: E731
     nets = method.build_models(cfg)
     plan = phases(cfg)
     total = sum(n for _, n in plan)
@@ -221,7 +268,7 @@ def _train(cfg: Config, run) -> dict[str, float]:
         freeze(nets[name])
 
     def evaluate(arm: str, encoder, classifier, translator=None) -> None:
-        x, y = method.eval_frames(cfg, world, target)  # the only read of target labels
+        x, y = target_frames()  # the only read of target labels
         results[arm] = accuracy_report(predict(x, encoder, classifier, translator), y, cfg.classes)
         run.report({**{f"eval/{k}/{arm}": v for k, v in results[arm].items()}, "progress": step / total}, step=step)
 
