@@ -491,13 +491,15 @@ def test_real_frames_train_through_a_frozen_backbone_and_are_extracted_once(work
         ({"source_subjects": 4}, "only 3 subjects besides the target: set source_subjects=3"),
         ({"frames_per_class": 18}, "subject01/neutral has 20 frames; frames_per_class \\+ source_eval_per_class = 22"),
         ({"target_neutral_frames": 20}, "must leave some to evaluate on"),
-        ({"backbone": "./missing-model"}, "is not a transformers model folder"),
+        ({"backbone": "./missing-model"}, "neither a transformers model folder .* nor a hub id"),
+        ({"backbone": "someone/unknown-model"}, "hf download microsoft/resnet-50"),
     ],
 )
-def test_bad_frame_folders_are_refused_before_the_run_naming_the_fix(workdir, changes, match):
+def test_bad_frame_folders_are_refused_before_the_run_naming_the_fix(workdir, monkeypatch, changes, match):
     from orchestrator import registry
     from orchestrator.config import ConfigError
 
+    monkeypatch.setenv("HF_HUB_CACHE", str(workdir / "hub"))  # an empty Hugging Face cache
     frames_dir, vit = _frames_and_backbone(workdir, per_class=20)
     cfg = dataclasses.replace(smoke(), **{"data_dir": str(frames_dir), "backbone": str(vit), **REAL, **changes})
     w = registry.load("pft")

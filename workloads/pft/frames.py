@@ -7,8 +7,8 @@ are sorted by subject and expression. ladder reads that layout as a folder tree,
 
 with the same expression folders for every subject, one of which is the neutral one
 (`neutral_class`). Each frame goes once through a frozen ImageNet-pretrained backbone loaded with
-transformers' `from_pretrained` (a model folder or a hub id: ViT, ResNet, ConvNeXt, ... with its
-image processor); the mean of its last hidden states (tokens, or a CNN's feature map) is the
+transformers' `from_pretrained` (a model folder, or a hub id already in the Hugging Face cache:
+nothing is downloaded; ViT, ResNet, ConvNeXt, ... with its image processor); the mean of its last hidden states (tokens, or a CNN's feature map) is the
 frame's feature, the `dim`-dimensional frame the
 method adapts. Features are extracted once and cached under `$LADDER_CACHE/pft/`, keyed by the
 backbone and by every image's path, size and modification time.
@@ -32,6 +32,23 @@ import torch
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 WHERE = ("BioVid Heat Pain (https://www.nit.ovgu.de/BioVid.html) and StressID (https://project.inria.fr/stressid/) "
          "are released on request; extract their frames into DATA_DIR/<subject>/<expression>/")
+
+
+BACKBONES = ("point backbone at a folder written by transformers' save_pretrained, or at a hub id fetched once "
+             "beforehand into the Hugging Face cache, e.g. `hf download microsoft/resnet-50` (ImageNet-pretrained)")
+
+
+def backbone_config(backbone: str) -> str:
+    """The config.json of `backbone` on this machine (a folder's, or a cached hub id's), or ''."""
+    folder = Path(backbone).expanduser()
+    if folder.is_dir():
+        return str(folder / "config.json") if (folder / "config.json").is_file() else ""
+    if folder.is_absolute() or backbone.startswith((".", "~")) or backbone.count("/") > 1:
+        return ""  # a path that is not there
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(backbone, "config.json")
+    return found if isinstance(found, str) else ""
 
 
 class FrameDataError(ValueError):
@@ -121,11 +138,10 @@ def _extract(paths: list[Path], backbone: str, batch: int = 32) -> torch.Tensor:
     from transformers import AutoImageProcessor, AutoModel
 
     try:
-        processor = AutoImageProcessor.from_pretrained(backbone)
-        model = AutoModel.from_pretrained(backbone).eval()
+        processor = AutoImageProcessor.from_pretrained(backbone, local_files_only=True)
+        model = AutoModel.from_pretrained(backbone, local_files_only=True).eval()
     except OSError as exc:
-        raise FrameDataError(f"backbone={backbone!r} cannot be loaded ({str(exc).splitlines()[0]}): point it at a "
-                             f"transformers image model folder (save_pretrained) or a hub id this machine may download") from None
+        raise FrameDataError(f"backbone={backbone!r} cannot be loaded ({str(exc).splitlines()[0]}): {BACKBONES}") from None
     out = []
     for i in range(0, len(paths), batch):
         images = [Image.open(p).convert("RGB") for p in paths[i:i + batch]]

@@ -6,7 +6,6 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 import torch
@@ -122,8 +121,9 @@ class Config:
     """Real frames instead of the synthetic subjects: a folder DATA_DIR/<subject>/<expression>/<frame>
     (the paper's BioVid/StressID layout, frames extracted), subjects and frames in sorted order."""
     backbone: str = ""
-    """With data_dir: the frozen ImageNet-pretrained image model (a transformers folder or hub id)
-    whose mean last hidden state is each frame's feature; features are extracted once and cached."""
+    """With data_dir: the frozen ImageNet-pretrained image model (a transformers folder, or a hub id
+    already in the Hugging Face cache) whose mean last hidden state is each frame's feature;
+    features are extracted once and cached."""
     neutral_class: str = "neutral"
     """With data_dir: the expression folder of the neutral frames (class 0)."""
     seed: int = 0
@@ -206,11 +206,9 @@ def preflight(cfg: Config) -> None:
     frames.check(layout, classes=cfg.classes, target=cfg.target, source_subjects=cfg.source_subjects,
                  frames_per_class=cfg.frames_per_class, source_eval_per_class=cfg.source_eval_per_class,
                  target_neutral_frames=cfg.target_neutral_frames)
-    folder = Path(cfg.backbone).expanduser()
-    looks_local = cfg.backbone.startswith((".", "/", "~")) or folder.exists()
-    if looks_local and not (folder / "config.json").is_file():
-        raise ValueError(f"backbone={cfg.backbone!r} is not a transformers model folder (no config.json): "
-                         f"save one with save_pretrained, or give a hub id")
+    if not frames.backbone_config(cfg.backbone):
+        raise ValueError(f"backbone={cfg.backbone!r} is neither a transformers model folder (with config.json) nor a "
+                         f"hub id in this machine's Hugging Face cache: {frames.BACKBONES}")
 
 
 def locate(plan: list[tuple[str, int]], step: int) -> tuple[str, int, int]:
