@@ -110,7 +110,11 @@ def _schema(db: Path) -> tuple[list, list]:
     import sqlite3
 
     with sqlite3.connect(db) as con:
-        tables = sorted(con.execute("SELECT type, name, sql FROM sqlite_master").fetchall(), key=str)
+        # Each statement as the set of its lines: MLflow's migrations recreate tables with their
+        # constraints in an order that differs from one process to the next (two stores MLflow
+        # made itself differ so), which changes nothing in the schema.
+        tables = sorted(((kind, name, tuple(sorted(line.strip().rstrip(",") for line in (sql or "").splitlines())))
+                         for kind, name, sql in con.execute("SELECT type, name, sql FROM sqlite_master")), key=str)
         version = con.execute("SELECT version_num FROM alembic_version").fetchall()
     con.close()
     return tables, version
