@@ -14,7 +14,6 @@ whose lines are joined with newlines.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,54 +26,6 @@ TEXT_SOURCES = ("a UTF-8 text file (WikiText-2 raw's wiki.test.raw) or a dataset
                 "column; WikiText-2 raw: https://huggingface.co/datasets/Salesforce/wikitext, config 'wikitext-2-raw-v1' "
                 "(`datasets.load_dataset('Salesforce/wikitext', 'wikitext-2-raw-v1').save_to_disk(DIR)` once, where "
                 "the internet is reachable)")
-
-
-def model_config(model: str) -> str:
-    """The config.json of `model` on this machine (a folder's, or a cached hub id's), or ''."""
-    folder = Path(model)
-    if folder.is_dir():
-        return str(folder / "config.json") if (folder / "config.json").is_file() else ""
-    if folder.is_absolute() or model.startswith(".") or model.count("/") > 1:
-        return ""
-    from huggingface_hub import try_to_load_from_cache
-
-    found = try_to_load_from_cache(model, "config.json")
-    return found if isinstance(found, str) else ""
-
-
-def _is_saved(path: Path) -> bool:
-    return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
-
-
-def check_text(path: str, split: str) -> None:
-    """Raises naming the field, the format and where WikiText-2 comes from."""
-    p = Path(path)
-    if p.is_file():
-        return
-    if not p.is_dir() or not _is_saved(p):
-        raise ValueError(f"text_path={path!r} is neither a text file nor a datasets save_to_disk folder: expected "
-                         f"{TEXT_SOURCES}")
-    ds = _open_saved(p, split)
-    if "text" not in ds.column_names:
-        raise ValueError(f"text_path={path!r} has columns {ds.column_names}, no 'text' column: expected {TEXT_SOURCES}")
-
-
-def _open_saved(path: Path, split: str) -> Any:
-    import datasets
-
-    loaded = datasets.load_from_disk(str(path))
-    if isinstance(loaded, datasets.DatasetDict):
-        if split not in loaded:
-            raise ValueError(f"text_path={str(path)!r} has splits {sorted(loaded)}, not text_split={split!r}")
-        return loaded[split]
-    return loaded
-
-
-def read_text(path: str, split: str) -> str:
-    p = Path(path)
-    if p.is_file():
-        return p.read_text(encoding="utf-8")
-    return "\n".join(_open_saved(p, split)["text"])
 
 
 def load(model: str, device: torch.device) -> tuple[torch.nn.Module, Any, int]:

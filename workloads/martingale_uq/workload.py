@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+from orchestrator import pretrained
 from orchestrator.run import pinned_threads
 
 from workloads.martingale_uq import bytemodel, tabular, textlm
@@ -211,7 +212,7 @@ def preflight(cfg: Config) -> None:
     from pathlib import Path
 
     problems = []
-    found = textlm.model_config(cfg.model)
+    found = pretrained.model_config(cfg.model)
     if not found:
         problems.append(f"model={cfg.model!r} is neither a folder with config.json nor in the local Hugging Face cache "
                         f"(nothing is downloaded at run time): expected {textlm.MODEL_SOURCES}")
@@ -225,7 +226,7 @@ def preflight(cfg: Config) -> None:
             problems.append(f"model={cfg.model!r} has no tokenizer files beside its config.json: save the tokenizer "
                             "with save_pretrained into the same folder")
     try:
-        textlm.check_text(cfg.text_path, cfg.text_split)
+        pretrained.check_text(cfg.text_path, cfg.text_split, textlm.TEXT_SOURCES)
     except ValueError as exc:
         problems.append(str(exc))
     if problems:
@@ -286,7 +287,7 @@ def _fit_causal_lm(cfg: Config, run) -> dict[str, Any]:
     """Nothing is trained: the frozen LM scores the deployed texts and its own generations."""
     device = torch.device(run.device)
     lm, tokenizer, start = textlm.load(cfg.model, device)
-    ids = textlm.tokenize(tokenizer, textlm.read_text(cfg.text_path, cfg.text_split))
+    ids = textlm.tokenize(tokenizer, pretrained.read_text(cfg.text_path, cfg.text_split))
     gen = torch.Generator().manual_seed(cfg.seed)
     windows = textlm.real_windows(ids, start, cfg.text_len, cfg.real_texts, gen)
     if len(windows) < cfg.real_texts:

@@ -11,12 +11,13 @@ without one, the held-out files of celerity_lm's standard-library corpus, decode
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
+
+from orchestrator import pretrained as on_disk
 
 MODEL_SOURCES = ("a folder written by transformers' save_pretrained holding a causal LM and its tokenizer, or a hub id "
                  "fetched once beforehand into the Hugging Face cache, e.g. `hf download Qwen/Qwen2.5-0.5B` "
@@ -40,48 +41,13 @@ class CausalLM(nn.Module):
         return [m for m in self.lm.modules() if isinstance(m, nn.Linear) and m is not head]
 
 
-def model_config(model: str) -> str:
-    """The config.json of `model` on this machine (a folder's, or a cached hub id's), or ''."""
-    folder = Path(model)
-    if folder.is_dir():
-        return str(folder / "config.json") if (folder / "config.json").is_file() else ""
-    if folder.is_absolute() or model.startswith(".") or model.count("/") > 1:
-        return ""
-    from huggingface_hub import try_to_load_from_cache
-
-    found = try_to_load_from_cache(model, "config.json")
-    return found if isinstance(found, str) else ""
-
-
-def _saved(path: Path, split: str) -> Any:
-    import datasets
-
-    loaded = datasets.load_from_disk(str(path))
-    if isinstance(loaded, datasets.DatasetDict):
-        if split not in loaded:
-            raise ValueError(f"text_path={str(path)!r} has splits {sorted(loaded)}, not text_split={split!r}")
-        return loaded[split]
-    return loaded
-
-
-def check_text(path: str, split: str) -> None:
-    p = Path(path)
-    if p.is_file():
-        return
-    if not (p / "dataset_dict.json").is_file() and not (p / "state.json").is_file():
-        raise ValueError(f"text_path={path!r} is neither a text file nor a datasets save_to_disk folder: expected {TEXT_SOURCES}")
-    if "text" not in _saved(p, split).column_names:
-        raise ValueError(f"text_path={path!r} has no 'text' column: expected {TEXT_SOURCES}")
-
-
 def read_text(path: str, split: str) -> str:
     if not path:  # celerity_lm's held-out standard-library files
         from workloads.celerity_lm.data import load_corpus
 
         _, held = load_corpus("stdlib", heldout_frac=0.1, max_bytes=4_000_000)
         return held.tobytes().decode("utf-8", errors="replace")
-    p = Path(path)
-    return p.read_text(encoding="utf-8") if p.is_file() else "\n".join(_saved(p, split)["text"])
+    return on_disk.read_text(path, split)
 
 
 def load(model: str, device: torch.device) -> tuple[CausalLM, Any]:

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import mx
+from orchestrator import pretrained as on_disk
 from workloads.mx_anomaly import pretrained
 
 LINEARS = ("qkv", "proj", "fc", "out")  # every hidden matrix; embeddings and readout stay high precision
@@ -132,7 +133,7 @@ def preflight(cfg: Config) -> None:
     if not cfg.hf_model:
         return
     problems = []
-    found = pretrained.model_config(cfg.hf_model)
+    found = on_disk.model_config(cfg.hf_model)
     if not found:
         problems.append(f"hf_model={cfg.hf_model!r} is neither a folder with config.json nor in the local Hugging Face "
                         f"cache (nothing is downloaded at run time): expected {pretrained.MODEL_SOURCES}")
@@ -140,7 +141,7 @@ def preflight(cfg: Config) -> None:
         problems.append(f"hf_model={cfg.hf_model!r} has no tokenizer beside its config.json: save it there with save_pretrained")
     if cfg.text_path:
         try:
-            pretrained.check_text(cfg.text_path, cfg.text_split)
+            on_disk.check_text(cfg.text_path, cfg.text_split, pretrained.TEXT_SOURCES)
         except ValueError as exc:
             problems.append(str(exc))
     if problems:

@@ -38,19 +38,6 @@ BACKBONES = ("point backbone at a folder written by transformers' save_pretraine
              "beforehand into the Hugging Face cache, e.g. `hf download microsoft/resnet-50` (ImageNet-pretrained)")
 
 
-def backbone_config(backbone: str) -> str:
-    """The config.json of `backbone` on this machine (a folder's, or a cached hub id's), or ''."""
-    folder = Path(backbone).expanduser()
-    if folder.is_dir():
-        return str(folder / "config.json") if (folder / "config.json").is_file() else ""
-    if folder.is_absolute() or backbone.startswith((".", "~")) or backbone.count("/") > 1:
-        return ""  # a path that is not there
-    from huggingface_hub import try_to_load_from_cache
-
-    found = try_to_load_from_cache(backbone, "config.json")
-    return found if isinstance(found, str) else ""
-
-
 class FrameDataError(ValueError):
     """A frame folder or backbone that cannot be used as the config asks, with what to change."""
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+from orchestrator import pretrained
 from orchestrator.run import fraction_steps, pinned_threads
 
 from workloads.pft import data, frames, method
@@ -206,7 +207,7 @@ def preflight(cfg: Config) -> None:
     frames.check(layout, classes=cfg.classes, target=cfg.target, source_subjects=cfg.source_subjects,
                  frames_per_class=cfg.frames_per_class, source_eval_per_class=cfg.source_eval_per_class,
                  target_neutral_frames=cfg.target_neutral_frames)
-    if not frames.backbone_config(cfg.backbone):
+    if not pretrained.model_config(cfg.backbone):
         raise ValueError(f"backbone={cfg.backbone!r} is neither a transformers model folder (with config.json) nor a "
                          f"hub id in this machine's Hugging Face cache: {frames.BACKBONES}")
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from orchestrator.pretrained import is_saved_dataset
 from workloads.wasi.data import Split, _stratified
 
 SOURCES = ("CIFAR-10: https://huggingface.co/datasets/uoft-cs/cifar10 (`datasets.load_dataset('uoft-cs/cifar10')"
@@ -26,17 +27,12 @@ EXPECTED = ("a folder written by datasets' save_to_disk (an image column 'img' o
             "splits 'train' and optionally 'test'), or an image folder (CLASS/IMAGE.png, optionally under train/ and test/)")
 
 
-def is_saved(path: Path) -> bool:
-    """A `save_to_disk` folder: a DatasetDict's or a single Dataset's own metadata file."""
-    return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
-
-
 def open_splits(path: str) -> dict[str, Any]:
     """{split name: datasets.Dataset} of a saved dataset or an image folder."""
     import datasets
 
     folder = Path(path)
-    if is_saved(folder):
+    if is_saved_dataset(folder):
         loaded = datasets.load_from_disk(str(folder))
     else:
         loaded = datasets.load_dataset("imagefolder", data_dir=str(folder))

@@ -17,6 +17,7 @@ from workloads.wasi import files
 from workloads.wasi.data import TRANSFERS, Split, augment_batch, load_digits, make_splits
 from workloads.wasi.measure import measure_step, probe_ranks, subspace_diagnostics
 from workloads.wasi.model import ViT, WASILinear, load_pretrained, new_head, to_wasi
+from orchestrator import pretrained
 from orchestrator.run import fraction_steps, pinned_threads
 
 METHODS = ("vanilla", "wasi")
@@ -227,20 +228,6 @@ MODEL_SOURCES = ("a folder written by transformers' save_pretrained (config.json
                  "google/vit-base-patch32-224-in21k` (https://huggingface.co/google/vit-base-patch32-224-in21k)")
 
 
-def _model_config(model: str) -> str:
-    """The config.json of `model` on this machine: the folder's, or the cached hub id's."""
-    folder = Path(model)
-    if folder.is_dir():
-        found = folder / "config.json"
-        return str(found) if found.is_file() else ""
-    if folder.is_absolute() or model.startswith(".") or model.count("/") > 1:
-        return ""  # a path that is not there
-    from huggingface_hub import try_to_load_from_cache
-
-    cached = try_to_load_from_cache(model, "config.json")
-    return cached if isinstance(cached, str) else ""
-
-
 def preflight(cfg: Config) -> None:
     """Checks of the machine that runs it: `model` is a ViT folder or a cached hub id, the
     `data_path` folder reads as a dataset with a train split, and the pretraining and fine-tuning
@@ -248,7 +235,7 @@ def preflight(cfg: Config) -> None:
     `validate`, so that a sweep of files on a cluster's storage checks as valid anywhere."""
     problems = []
     if cfg.model:
-        found = _model_config(cfg.model)
+        found = pretrained.model_config(cfg.model)
         kind = json.loads(Path(found).read_text()).get("model_type") if found else None
         if not found:
             problems.append(f"model={cfg.model!r} is neither a folder with config.json nor in the local Hugging Face "
