@@ -24,6 +24,7 @@ non-positive budgets, unknown schedulers.
 from __future__ import annotations
 
 import math
+import os
 import random
 import runpy
 from dataclasses import dataclass, field
@@ -99,6 +100,12 @@ def uniform(low: float, high: float) -> Uniform:
 
 def loguniform(low: float, high: float) -> LogUniform:
     return LogUniform(float(low), float(high))
+
+
+def data_root() -> Path:
+    """Where a sweep file finds the datasets it names: `$LADDER_DATA`, else `./data` of the folder
+    the sweep starts in; absolute, since trials run in folders of their own."""
+    return Path(os.environ.get("LADDER_DATA", "data")).resolve()
 
 
 def seeds(n: int, start: int = 0) -> Grid:

@@ -14,13 +14,10 @@ columns: every row costs a few 2,704 x 2,704 eigendecompositions, hours per arm 
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
-from orchestrator.sweep import Sweep, seeds
+from orchestrator.sweep import Sweep, data_root, seeds
 
 # Absolute: trials run in folders of their own (on a cluster the folder must be shared storage).
-DATA = Path(os.environ.get("LADDER_DATA", "data")).resolve()
+DATA = data_root()
 
 STREAMS = (
     {"data_path": str(DATA / "Rice_Cammeo_Osmancik.arff"), "n": 3000, "k": 2, "standardize": True},

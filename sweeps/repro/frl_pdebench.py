@@ -16,13 +16,10 @@ solver control of the generated-data reproduction is not run on files (their PDE
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
-from orchestrator.sweep import Sweep, seeds
+from orchestrator.sweep import Sweep, data_root, seeds
 
 # Absolute: trials run in folders of their own (on a cluster the folder must be shared storage).
-DATA = Path(os.environ.get("LADDER_DATA", "data")).resolve()
+DATA = data_root()
 
 FRL = {"frl": True, "multires_levels": 2, "spectral_weight": 0.1, "cross_scale_weight": 0.1}
 BASELINE = {"frl": False, "multires_levels": 0, "spectral_weight": 0.0, "cross_scale_weight": 0.0}

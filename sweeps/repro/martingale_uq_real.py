@@ -17,12 +17,11 @@ says what is missing. Generation and scoring want a GPU; the coverage loop runs 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-from orchestrator.sweep import Sweep, seeds
+from orchestrator.sweep import Sweep, data_root, seeds
 
 # Absolute: trials run in folders of their own (on a cluster the folder must be shared storage).
-DATA = Path(os.environ.get("LADDER_DATA", "data")).resolve()
+DATA = data_root()
 GPT2 = os.environ.get("LADDER_GPT2", "gpt2")
 
 sweep = Sweep(

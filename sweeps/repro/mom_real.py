@@ -16,14 +16,12 @@ tokens for a first comparison on one GPU per trial.
 from __future__ import annotations
 
 import dataclasses
-import os
-from pathlib import Path
 
-from orchestrator.sweep import Sweep, seeds
+from orchestrator.sweep import Sweep, data_root, seeds
 from workloads.mom import Config
 from workloads.mom.workload import count_params, matched_mlp_hidden
 
-DATA = Path(os.environ.get("LADDER_DATA", "data")).resolve()  # absolute: trials run in folders of their own
+DATA = data_root()
 
 MOM_340M = {
     "task": "lm", "data": str(DATA / "slimpajama-mistral"), "vocab": 32000, "seq_len": 2048,

@@ -17,12 +17,11 @@ hub ids or save_pretrained folders) replaces the models. `ladder sweep sweeps/re
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-from orchestrator.sweep import Sweep
+from orchestrator.sweep import Sweep, data_root
 
 # Absolute: trials run in folders of their own (on a cluster the folder must be shared storage).
-DATA = Path(os.environ.get("LADDER_DATA", "data")).resolve()
+DATA = data_root()
 LLMS = tuple(os.environ.get("LADDER_LLMS", "Qwen/Qwen2.5-0.5B,meta-llama/Llama-3.2-1B,Qwen/Qwen2.5-1.5B").split(","))
 SCALES = (
     {"scale_format": "ue4m3", "global_scale": False},  # NVFP4 single-level scaling: the anomaly

@@ -11,12 +11,9 @@ per frame set and backbone and cached; every trial after the first reads them.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
+from orchestrator.sweep import Sweep, data_root, grid
 
-from orchestrator.sweep import Sweep, grid
-
-DATA = Path(os.environ.get("LADDER_DATA", "data")).resolve()  # absolute: trials run in folders of their own
+DATA = data_root()
 
 sweep = Sweep(
     name="pft_real",

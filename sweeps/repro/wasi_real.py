@@ -18,12 +18,11 @@ trial; the measured step (saved bytes, flops) is of batch 128 at 224x224.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-from orchestrator.sweep import Sweep, seeds
+from orchestrator.sweep import Sweep, data_root, seeds
 
 # Absolute: trials run in folders of their own (on a cluster the folder must be shared storage).
-DATA = Path(os.environ.get("LADDER_DATA", "data")).resolve()
+DATA = data_root()
 VIT = os.environ.get("LADDER_VIT", "google/vit-base-patch32-224-in21k")
 
 sweep = Sweep(
