@@ -32,10 +32,20 @@ def load_sweep(tmp_path_factory):
     return {"work": work, "out": out, "client": c, "runs": runs, "decisions": decisions}
 
 
+def _missing_runs(load_sweep) -> str:
+    """Which trials have no MLflow run, with what the sweep printed about them."""
+    recorded = {r.data.tags["ladder.trial_id"] for r in load_sweep["runs"]}
+    missing = sorted(set(load_sweep["decisions"]) - recorded)
+    out = load_sweep["out"]
+    rows = [line for line in out.stdout.splitlines() if any(t in line for t in missing)]
+    return (f"{len(recorded)} trial runs recorded; no run for {missing}; the sweep's rows for them: {rows}; "
+            f"its stderr ends: {out.stderr[-3000:]}")
+
+
 @pytest.mark.slow
 def test_two_hundred_trials_run_to_completion_under_the_collapse_scheduler(load_sweep):
     runs, decisions, c = load_sweep["runs"], load_sweep["decisions"], load_sweep["client"]
-    assert len(runs) == 200, f"{len(runs)} trial runs recorded"
+    assert len(runs) == 200, _missing_runs(load_sweep)
     assert all(r.info.status == "FINISHED" for r in runs), {r.info.status for r in runs}
     assert len(decisions) == 200
     stopped = [r for r in runs if r.data.tags.get("ladder.stopped_early") == "true"]
