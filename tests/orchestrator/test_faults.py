@@ -163,7 +163,7 @@ def test_killed_ray_train_worker_restarts_from_its_checkpoint(workdir):
     log = workdir / "run.log"
     proc = subprocess.Popen(
         LADDER + ["run", "celerity_lm", "--smoke", "--workers", "2", "--max-failures", "1",
-                  "--set", "tpp=8", "checkpoint_every_frac=0.2"],
+                  "--set", "tpp=4", "checkpoint_every_frac=0.2"],
         cwd=workdir, start_new_session=True, stdout=open(log, "w"), stderr=subprocess.STDOUT)  # worker lines reach either stream
     try:
         # A checkpoint folder exists while it is still being written; Ray Train restores only

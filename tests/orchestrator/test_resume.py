@@ -68,11 +68,11 @@ def test_killed_local_run_resumes_from_its_checkpoint(workdir):
 
 
 # The scheduler's decisions and the trials' resume are what is tested, not training: the trials
-# are synthetic `curves` (a 400-step curve, 100 reports), long enough in reports that a kill lands
+# are synthetic `curves` (a 200-step curve, 50 reports), long enough in reports that a kill lands
 # while trials are still to run, short enough that the whole test is Tune's and MLflow's cost.
 SWEEP = """
 from orchestrator.sweep import Sweep, grid, seeds
-common = {{"steps": 400, "report_every": 4, "checkpoint_every": 40}}
+common = {{"steps": 200, "report_every": 4, "checkpoint_every": 40}}
 sweep = Sweep(name="{name}", workload="curves", base="smoke", overrides=common,
               space={space}, scheduler="{scheduler}", scheduler_options={options}, objective=("eval/loss", "min"))
 """
