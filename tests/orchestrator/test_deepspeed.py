@@ -22,6 +22,7 @@ import torch
 
 from orchestrator import launch, registry, tracking, zero
 from orchestrator.config import ConfigError
+from orchestrator.run import fraction_steps
 
 # Per-step train/loss (rank 0's batch, log_every=1) of DDP, ZeRO-2 and ZeRO-3 from one seed differ
 # only by float rounding (fp64 vs fp32 clip norm, flat vs per-tensor AdamW, reduce-scatter vs
@@ -118,12 +119,14 @@ def test_a_zero_run_resumes_on_its_own_worker_count(workdir, capsys):
 
 # ---------------------------------------------------------------- two Ray Train workers
 
-STEPS = 41  # celerity_lm smoke at tpp=0.6 (the tolerance above was measured over 81 steps at tpp=1.2)
-SAVES = (10, 20, 31, 41)  # checkpoint_every_frac=0.25
-
-
 def _parity_config(stage: int):
     return _lm(zero_stage=stage, lr=2e-3, tpp=0.6, log_every=1, checkpoint_every_frac=0.25, eval_every_frac=0.5)
+
+
+# The run's length and checkpoint steps, as the workload plans them (41 steps at tpp=0.6; the
+# tolerance above was measured over 81 steps at tpp=1.2).
+STEPS = registry.load("celerity_lm").module.build(_parity_config(0))[2].steps
+SAVES = tuple(sorted(fraction_steps(STEPS, 0.25)))
 
 
 def _history(result: launch.RunResult, key: str) -> tuple[list[int], list[float]]:
