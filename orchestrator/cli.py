@@ -130,6 +130,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         definition.check()
         print(f"{args.file}: sweep {definition.name!r} is valid: {definition.trial_count()} trials of {definition.workload}, "
               f"each {definition.describe_resources()}")
+        if definition.model_based:
+            print(f"  search: {definition.describe_search()}")
         # Where it can run is another question than whether it is valid: say it, do not fail on it.
         for note in tune_run.launch_problems(definition):
             print(f"  not runnable here, checked again where it launches: {note}")

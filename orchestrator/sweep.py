@@ -16,13 +16,36 @@ A sweep file assigns a `Sweep` to a module-level name `sweep`:
         objective=("eval/loss", "min"),
     )
 
+`search` says how the trials' params are chosen. 'random' (the default) and 'grid' draw every
+trial's params before the sweep starts: the grid axes (and `points`) crossed with `num_samples`
+draws of the sampled domains, seeded by `seed`; 'grid' also refuses sampled domains, so that
+every trial is enumerated. 'tpe' is model-based: Optuna's Tree-structured Parzen Estimator
+(through Ray Tune's `OptunaSearch`) proposes each trial from the results of those that ended,
+`num_samples` proposals in all, a few at a time:
+
+    from orchestrator.sweep import Sweep, choice, loguniform, uniform
+
+    sweep = Sweep(
+        name="celerity_tpe",
+        workload="celerity_lm",
+        base="smoke",
+        space={"lr": loguniform(3e-4, 3e-2), "tau": loguniform(0.02, 1.0), "warmup_frac": uniform(0.0, 0.2),
+               "activation": choice("gelu", "relu2")},
+        search="tpe",
+        num_samples=12,
+        scheduler="collapse",  # with TPE: model-based proposals, curve-based stopping
+        scheduler_options={"reference": {"experiment": "celerity_reference"}},
+        objective=("eval/loss", "min"),
+    )
+
 `Sweep.check()` validates everything against the workload's `Config` before anything starts:
 unknown fields (with the closest valid name), values of the wrong type, empty spaces,
-non-positive budgets, unknown schedulers.
+non-positive budgets, unknown schedulers and searches, and domains the search cannot use.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -35,6 +58,16 @@ from orchestrator import registry
 from orchestrator.config import ConfigError, apply_overrides, check_fields, closest
 
 SCHEDULERS = ("collapse", "asha", "median", "fifo")
+SEARCHES = ("random", "grid", "tpe")
+EXPANDED = ("random", "grid")
+"""Searches whose trials are all drawn before the sweep starts (the others propose as results arrive)."""
+MODEL_BASED_CONCURRENCY = 4
+"""Trials at once of a model-based search when the sweep does not say (`max_concurrent`): it
+proposes from the results of trials that ended, so every trial in flight is a proposal made
+without the results still to come."""
+TPE_OPTIONS = ("n_startup_trials", "n_ei_candidates", "multivariate", "group", "constant_liar", "prior_weight",
+               "consider_magic_clip", "consider_endpoints")
+"""Keyword options of Optuna's `TPESampler` a sweep may set in `search_options` (its seed is `Sweep.seed`)."""
 
 
 class SweepError(ConfigError):
@@ -108,9 +141,15 @@ def data_root() -> Path:
     return Path(os.environ.get("LADDER_DATA", "data")).resolve()
 
 
-def seeds(n: int, start: int = 0) -> Grid:
-    """Seeds as a grid axis: every point of the space runs with each of `n` seeds."""
-    return Grid(tuple(range(start, start + n)))
+@dataclass(frozen=True)
+class Seeds(Grid):
+    """Seeds as a grid axis (see `seeds`)."""
+
+
+def seeds(n: int, start: int = 0) -> Seeds:
+    """Seeds as a grid axis: every point of the space runs with each of `n` seeds; with a
+    model-based search, every proposal runs once per seed and the search learns their mean."""
+    return Seeds(tuple(range(start, start + n)))
 
 
 Domain = Grid | Choice | Uniform | LogUniform
@@ -133,7 +172,16 @@ class Sweep:
     """Explicit parameter sets of coupled fields (e.g. a model family from the scaling recipe),
     each crossed with the grid axes of `space`."""
     num_samples: int = 1
-    """Samples of the random domains; grids are crossed with each sample, as in Ray Tune."""
+    """Samples of the random domains; grids are crossed with each sample, as in Ray Tune. With
+    search='tpe': the number of proposals, each run once per seed of a `seeds(n)` axis."""
+    search: str = "random"
+    """How trials get their params: 'random' (draw the sampled domains up front, crossed with
+    the grid axes and points), 'grid' (the same, refusing sampled domains: every trial is
+    enumerated) or 'tpe' (Optuna's TPE proposes each trial from the results so far; no grid
+    axes but `seeds(n)`, no points)."""
+    search_options: Mapping[str, Any] = field(default_factory=dict)
+    """Keyword options of a model-based search's sampler, e.g. {'n_startup_trials': 4} (TPE:
+    see `TPE_OPTIONS`); its seed is `seed`."""
     scheduler: str = "fifo"
     """'collapse', 'asha', 'median' or 'fifo'."""
     scheduler_options: Mapping[str, Any] = field(default_factory=dict)
@@ -147,11 +195,14 @@ class Sweep:
     gpus_per_worker: float = 0.0
     """GPUs reserved per worker; > 0 trains every trial under Ray Train on GPU workers (NCCL)."""
     max_concurrent: int | None = None
-    """Trials at once (default: as many as the CPUs hold)."""
+    """Trials at once (default: as many as the CPUs hold; with a model-based search at most
+    `MODEL_BASED_CONCURRENCY`, 4, since each proposal learns only from trials that ended)."""
     max_failures: int = 1
     """Restarts of a failed trial from its last checkpoint."""
     seed: int = 0
-    """Seed of the random search."""
+    """Seed of the search: the random draws, or TPE's sampler (the same proposals for the same
+    results: a TPE sweep is reproducible with max_concurrent=1; with more trials at once, which
+    trials end first also decides what is proposed next)."""
 
     def load_workload(self) -> registry.Workload:
         try:
@@ -195,6 +246,9 @@ class Sweep:
             raise SweepError(f"sweep {self.name!r}: {exc}") from None
         if self.num_samples < 1:
             raise SweepError(f"num_samples must be at least 1, got {self.num_samples}")
+        self._check_search()
+        if self.max_concurrent is not None and self.max_concurrent < 1:
+            raise SweepError(f"max_concurrent must be at least 1 (None: as many as the CPUs hold), got {self.max_concurrent}")
         if self.scheduler not in SCHEDULERS:
             hint = closest(self.scheduler, SCHEDULERS, cutoff=0.0)
             raise SweepError(f"unknown scheduler {self.scheduler!r}; did you mean {hint!r}? (known: {', '.join(SCHEDULERS)})")
@@ -208,6 +262,112 @@ class Sweep:
         if self.trial_count() < 1:
             raise SweepError("the search space is empty: give at least one value per grid axis")
         return base
+
+    @property
+    def model_based(self) -> bool:
+        """True when trials are proposed as results arrive (no list of trials up front)."""
+        return self.search not in EXPANDED
+
+    def _check_search(self) -> None:
+        """The search is known and can use every domain of the space."""
+        if self.search not in SEARCHES:
+            hint = closest(str(self.search), SEARCHES, cutoff=0.0)
+            raise SweepError(f"unknown search {self.search!r}; did you mean {hint!r}? (known: {', '.join(SEARCHES)})")
+        sampled = [k for k, d in self.space.items() if isinstance(d, (Choice, Uniform, LogUniform))]
+        if self.search == "grid" and sampled:
+            raise SweepError(
+                f"search-space field {sampled[0]!r}: search='grid' enumerates every trial, and "
+                f"{type(self.space[sampled[0]]).__name__.lower()}(...) is sampled: use grid(...) to list its values, "
+                "or search='random' to sample it")
+        if not self.model_based:
+            if self.search_options:
+                raise SweepError(f"search_options configure a model-based search; search={self.search!r} takes none "
+                                 f"(got {sorted(self.search_options)})")
+            return
+        if self.points:
+            raise SweepError(
+                f"points: search={self.search!r} proposes every field itself and cannot run explicit points: give each "
+                "field a domain in space (choice(...) for a categorical one), or run the points with search='random'")
+        seed_axes = [k for k, d in self.space.items() if isinstance(d, Seeds)]
+        for key, domain in self.space.items():
+            if isinstance(domain, Grid) and not isinstance(domain, Seeds):
+                raise SweepError(
+                    f"search-space field {key!r}: search={self.search!r} proposes values itself, and a grid(...) axis "
+                    "enumerates them: use choice(...) for a categorical field with TPE (uniform/loguniform for a "
+                    "continuous one), or seeds(n) to repeat every proposal over n seeds")
+        if len(seed_axes) > 1:
+            raise SweepError(f"search-space fields {seed_axes}: search={self.search!r} repeats each proposal over one "
+                             "seeds(n) axis; keep one")
+        if not sampled:
+            raise SweepError(f"search={self.search!r} has nothing to search: give at least one field a choice(...), "
+                             "uniform(...) or loguniform(...) domain")
+        unknown = sorted(set(self.search_options) - set(TPE_OPTIONS))
+        if unknown:
+            hint = closest(unknown[0], TPE_OPTIONS)
+            raise SweepError(f"unknown search option {unknown[0]!r} for search={self.search!r}"
+                             + (f"; did you mean {hint!r}?" if hint else "") + f" (known: {', '.join(TPE_OPTIONS)}; "
+                             "the seed is Sweep.seed)")
+        n = self.search_options.get("n_startup_trials")
+        if n is not None and (not isinstance(n, int) or n < 0):
+            raise SweepError(f"search option n_startup_trials must be a whole number >= 0, got {n!r}")
+
+    def replicas(self) -> tuple[str | None, tuple[Any, ...]]:
+        """With a model-based search: the field of the `seeds(n)` axis and its seeds (every
+        proposal runs once per seed), or (None, ()) without one."""
+        for key, domain in self.space.items():
+            if isinstance(domain, Seeds):
+                return key, tuple(domain.values)
+        return None, ()
+
+    def startup_trials(self) -> int:
+        """TPE's random proposals before its model takes over: `search_options['n_startup_trials']`,
+        else a third of the proposals, between 2 and Optuna's own default of 10 (which would
+        leave a sweep of a dozen proposals almost all random)."""
+        n = self.search_options.get("n_startup_trials")
+        return int(n) if n is not None else min(10, max(2, self.num_samples // 3))
+
+    def describe_search(self) -> str:
+        """The search in words, e.g. 'TPE (Optuna, seed 0): 12 proposals, the first 4 random; at most 4 trials at once'."""
+        if not self.model_based:
+            return f"{self.search} search (seed {self.seed})"
+        key, values = self.replicas()
+        each = f", each run over {len(values)} seeds of {key}" if key else ""
+        at_once = self.max_concurrent or MODEL_BASED_CONCURRENCY
+        return (f"{self.search.upper()} (Optuna, seed {self.seed}): {self.num_samples} proposals, the first "
+                f"{min(self.startup_trials(), self.num_samples)} random{each}; at most {at_once} trials at once")
+
+    def search_plan(self) -> dict[str, Any]:
+        """What decides a model-based sweep's trials, for checking that a resumed sweep is the one
+        that started (its trials are not known up front)."""
+        return json.loads(json.dumps({
+            "search": self.search, "seed": self.seed, "num_samples": self.num_samples,
+            "options": dict(self.search_options),
+            "space": {k: repr(d) if isinstance(d, Domain) else d for k, d in self.space.items()},
+        }, default=repr))
+
+    def search_settings(self, concurrency: int) -> dict[str, str]:
+        """The search and its settings, as params of the sweep's MLflow parent run."""
+        out = {"sweep.search": self.search, "sweep.search.seed": str(self.seed), "sweep.search.max_concurrent": str(concurrency)}
+        if self.model_based:
+            key, values = self.replicas()
+            out.update({"sweep.search.sampler": "optuna.samplers.TPESampler", "sweep.search.proposals": str(self.num_samples),
+                        "sweep.search.n_startup_trials": str(self.startup_trials()),
+                        "sweep.search.seeds_per_proposal": str(len(values) or 1)})
+            out.update({f"sweep.search.{k}": str(v) for k, v in self.search_options.items() if k != "n_startup_trials"})
+        return out
+
+    def param_examples(self) -> list[dict[str, Any]]:
+        """Parameter sets that stand for the sweep's trials when checking configs: the trials
+        themselves when they are drawn up front; with a model-based search, every domain's
+        examples (bounds, choices, seeds) one field at a time, the others at their first."""
+        if not self.model_based:
+            return self.trial_params()
+        first = {k: (d.examples()[0] if isinstance(d, Domain) else d) for k, d in self.space.items()}
+        out = [first]
+        for key, domain in self.space.items():
+            if isinstance(domain, Domain):
+                out += [{**first, key: v} for v in domain.examples()[1:]]
+        return out
 
     def trial_resources(self) -> dict[str, float]:
         """What one trial reserves in all: {'CPU': ..., 'GPU': ...} (GPU only when asked for)."""
@@ -230,7 +390,7 @@ class Sweep:
         base = self.base_config()
         seen = set()
         try:
-            for params in ([] if self.points else [{}]) + self.trial_params():  # a point may complete the base
+            for params in ([] if self.points else [{}]) + self.param_examples():  # a point may complete the base
                 cfg = apply_overrides(base, params)
                 key = repr(cfg)
                 if key not in seen:
@@ -245,7 +405,10 @@ class Sweep:
         return self.num_samples * math.prod(grids) * max(1, len(self.points))
 
     def trial_params(self) -> list[dict[str, Any]]:
-        """The concrete parameter sets, in launch order (grid crossed with samples), seeded."""
+        """The concrete parameter sets, in launch order (grid crossed with samples), seeded. A
+        model-based search has none up front: see `param_examples`."""
+        if self.model_based:
+            raise SweepError(f"search={self.search!r} proposes trials as results arrive: there is no list of them up front")
         rng = random.Random(self.seed)
         grid_keys = [k for k, d in self.space.items() if isinstance(d, Grid)]
         points: list[dict[str, Any]] = [dict(p) for p in self.points] or [{}]

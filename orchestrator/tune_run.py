@@ -19,7 +19,7 @@ from orchestrator import outbox, tracking, zero
 from orchestrator.config import apply_overrides, flatten, redacted, to_dict, to_json
 from orchestrator.console import quiet_tune, stop_reason
 from orchestrator.ray_train import RayReports
-from orchestrator.sweep import Sweep, SweepError
+from orchestrator.sweep import MODEL_BASED_CONCURRENCY, Sweep, SweepError
 from orchestrator.sweep_summary import log_sweep_summary
 
 SWEEPS_DIR = "ladder-runs/sweeps"
@@ -104,7 +104,8 @@ def trial_main(config: dict[str, Any], meta: dict[str, Any]) -> None:
     base = from_dict(workload.Config, meta["base"])
     params = config["params"]
     cfg = apply_overrides(base, params)
-    trial_id = ray.tune.get_context().get_trial_id()
+    # A proposal that a resumed model-based search hands out again is the trial it was before.
+    trial_id = config.get("trial_of") or ray.tune.get_context().get_trial_id()
     run_id, finished = _child_run(meta, trial_id, cfg, params)
     uri = meta.get("tracking_uri")
     if finished is not None:
@@ -300,7 +301,9 @@ def cluster_capacity() -> tuple[dict[str, float], str]:
 
 
 def resolve_concurrency(sweep: Sweep, cpus: float, gpus: float = 0.0, *, where: str = "the cluster") -> int:
-    """Trials at once that `cpus` and `gpus` hold; SweepError naming the fix when not even one."""
+    """Trials at once that `cpus` and `gpus` hold, at most the sweep's `max_concurrent` (a
+    model-based search's default: `MODEL_BASED_CONCURRENCY`); SweepError naming the fix when
+    not even one fits."""
     need = sweep.trial_resources()
     fit = int(cpus // need["CPU"])
     if fit < 1:
@@ -316,7 +319,9 @@ def resolve_concurrency(sweep: Sweep, cpus: float, gpus: float = 0.0, *, where: 
                 f"has {gpus:g}: run it on a cluster with GPU nodes (docs/cluster.md), or set gpus_per_worker=0"
             )
         fit = min(fit, gpu_fit)
-    return min(fit, sweep.max_concurrent or fit)
+    if sweep.max_concurrent:
+        return min(fit, sweep.max_concurrent)
+    return min(fit, MODEL_BASED_CONCURRENCY) if sweep.model_based else fit
 
 
 def launch_problems(sweep: Sweep) -> list[str]:
@@ -398,7 +403,9 @@ def run_sweep(sweep: Sweep, *, resume: bool = False, progress: bool = True, wand
 
     if resume:
         record = json.loads(state_file.read_text())
-        if record["trial_params"] != json.loads(json.dumps(sweep.trial_params(), default=str)):
+        changed = (record.get("search_plan") != sweep.search_plan() if sweep.model_based
+                   else record.get("trial_params") != json.loads(json.dumps(sweep.trial_params(), default=str)))
+        if changed:
             raise SweepError(f"sweep {sweep.name!r} changed since it started: its trials differ; rename it to start anew")
         if record.get("parent_run_id"):
             tracking.client(uri).update_run(record["parent_run_id"], status="RUNNING")
@@ -408,16 +415,20 @@ def run_sweep(sweep: Sweep, *, resume: bool = False, progress: bool = True, wand
             sweep.name,
             run_name=f"{sweep.name}-{stamp}",
             tags={"workload": sweep.workload, "paper": workload.paper, "ladder.kind": "sweep",
-                  "ladder.scheduler": sweep.scheduler},
+                  "ladder.scheduler": sweep.scheduler, "ladder.search": sweep.search},
             params={"sweep.trials": str(sweep.trial_count()), "sweep.scheduler": sweep.scheduler,
-                    "sweep.objective": f"{metric}:{mode}", **{f"base.{k}": v for k, v in flatten(base).items()}},
+                    "sweep.objective": f"{metric}:{mode}", **sweep.search_settings(concurrency),
+                    **{f"base.{k}": v for k, v in flatten(base).items()}},
             uri=uri,
         )
         record = {
             "sweep_id": f"{sweep.name}-{stamp}",
             "parent_run_id": parent,
             "tracking_uri": uri,
-            "trial_params": json.loads(json.dumps(sweep.trial_params(), default=str)),
+            # The trials of a search that draws them up front; a model-based one's are proposed as
+            # results arrive, and what decides them is its plan.
+            "trial_params": None if sweep.model_based else json.loads(json.dumps(sweep.trial_params(), default=str)),
+            **({"search_plan": sweep.search_plan()} if sweep.model_based else {}),
         }
         state_file.parent.mkdir(parents=True, exist_ok=True)
         state_file.write_text(json.dumps(record, indent=2))
@@ -433,7 +444,7 @@ def run_sweep(sweep: Sweep, *, resume: bool = False, progress: bool = True, wand
         # group, which places the GPU and sets the device, and so do trials that ask for ZeRO
         # (one DeepSpeed engine per worker, even of one).
         "in_trial": sweep.workers == 1 and not sweep.gpus_per_worker and not any(
-            zero.spec_of(apply_overrides(base, p)).enabled for p in sweep.trial_params()),
+            zero.spec_of(apply_overrides(base, p)).enabled for p in sweep.param_examples()),
         "parent_run_id": record["parent_run_id"],
         "tracking_uri": uri,
         "experiment": sweep.name,
@@ -550,18 +561,29 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
     callbacks = [_console_callback(sweep, scheduler)] if progress else []
     if progress and hasattr(scheduler, "announce"):
         scheduler.announce = False  # the view says why each trial stopped
+    journal = Path(storage) / "proposals.jsonl"
     if resume and tune.Tuner.can_restore(tune_path):
+        # Tune restores the search with the experiment: a model-based search's study as Tune last
+        # saved it (orchestrator.search: the proposals made since, it finds in its journal).
         tuner = tune.Tuner.restore(tune_path, trainable, resume_unfinished=True, resume_errored=True)
         _use_scheduler(tuner, scheduler)
         _use_console(tuner, callbacks, verbose)
+        _use_journal(tuner, journal)
     else:
+        searcher = None
+        if sweep.model_based:
+            from orchestrator import search
+
+            searcher = search.build(sweep, journal=journal, quiet=not verbose)
         tuner = tune.Tuner(
             trainable,
-            param_space={"params": tune.grid_search(record["trial_params"])},
+            # A model-based search proposes every trial's params itself, `num_samples` proposals.
+            param_space={} if searcher else {"params": tune.grid_search(record["trial_params"])},
             # FIFO ranks nothing while trials run: without a metric, Tune does not demand the
             # objective in every report (a workload may compute it only at the end).
             tune_config=tune.TuneConfig(metric=None if sweep.scheduler == "fifo" else metric,
                                         mode=None if sweep.scheduler == "fifo" else mode, scheduler=scheduler,
+                                        search_alg=searcher, num_samples=sweep.trial_count() if searcher else 1,
                                         max_concurrent_trials=concurrency, reuse_actors=bool(meta["in_trial"])),
             run_config=tune.RunConfig(name="tune", storage_path=storage, verbose=1 if verbose else 0,
                                       callbacks=callbacks,
@@ -584,6 +606,7 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
         metrics = r.metrics or {}
         tid = str(metrics.get("trial_id", "?"))
         d = decisions.get(tid, {})
+        tid = str((r.config or {}).get("trial_of") or tid)  # the trial a resumed search handed out again
         short = metrics.get("progress", 0) < 1 - 1e-9
         if sweep.scheduler in ("asha", "median"):
             # Ray's schedulers keep no record of their decisions: a trial that ended cleanly
@@ -636,6 +659,14 @@ def _use_scheduler(tuner: Any, scheduler: Any) -> None:
     config = getattr(internal, "_tune_config", None)
     if config is not None:
         config.scheduler = scheduler
+
+
+def _use_journal(tuner: Any, journal: Path) -> None:
+    """A restored model-based search keeps its journal of proposals in this sweep's folder."""
+    config = getattr(getattr(tuner, "_local_tuner", None), "_tune_config", None)
+    searcher = getattr(config, "search_alg", None)
+    if hasattr(searcher, "use_journal"):
+        searcher.use_journal(journal)
 
 
 def _use_console(tuner: Any, callbacks: list, verbose: bool) -> None:

@@ -11,6 +11,8 @@ import numpy as np
 
 SHAPE_EPS = 0.01
 SHAPE_POWER = 0.1
+SCHEDULES = {"cosine": 0.0, "linear": 0.02, "constant": 0.1}
+"""Final-loss rise of each `schedule` over the best one."""
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,14 @@ class Config:
     """Final loss at `best_lr`."""
     sensitivity: float = 0.25
     """Final-loss rise per squared decade away from `best_lr`."""
+    warmup: float = 0.05
+    """Warmup fraction: the final loss also rises with the squared distance from `best_warmup` (a search-space knob; the curve's shape is unchanged)."""
+    best_warmup: float = 0.05
+    """Warmup fraction with the lowest final loss."""
+    warmup_sensitivity: float = 0.1
+    """Final-loss rise per squared 0.1 of warmup away from `best_warmup`."""
+    schedule: str = "cosine"
+    """LR schedule, a categorical knob: 'cosine' (lowest final loss), 'linear' (+0.02) or 'constant' (+0.1)."""
     steps: int = 1000
     """Training steps of the curve."""
     report_every: int = 10
@@ -54,6 +64,11 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError(f"lr and best_lr must be positive, got lr={cfg.lr}, best_lr={cfg.best_lr}")
     if cfg.noise < 0 or cfg.step_time_s < 0:
         raise ValueError("noise and step_time_s must be >= 0")
+    if not 0.0 <= cfg.warmup < 1.0 or not 0.0 <= cfg.best_warmup < 1.0 or cfg.warmup_sensitivity < 0:
+        raise ValueError(f"warmup and best_warmup are fractions in [0, 1) and warmup_sensitivity >= 0, got "
+                         f"{cfg.warmup}, {cfg.best_warmup}, {cfg.warmup_sensitivity}")
+    if cfg.schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {', '.join(map(repr, SCHEDULES))}, got {cfg.schedule!r}")
     if not 0.0 <= cfg.diverge_at <= 1.0:
         raise ValueError(f"diverge_at is a training fraction in [0, 1] (0: never), got {cfg.diverge_at}")
 
@@ -66,7 +81,8 @@ def shape(progress: np.ndarray | float) -> np.ndarray:
 
 def final_loss(cfg: Config) -> float:
     """The noise-free final loss of a trial with this config."""
-    return cfg.floor + cfg.sensitivity * math.log10(cfg.lr / cfg.best_lr) ** 2
+    return (cfg.floor + cfg.sensitivity * math.log10(cfg.lr / cfg.best_lr) ** 2
+            + cfg.warmup_sensitivity * ((cfg.warmup - cfg.best_warmup) / 0.1) ** 2 + SCHEDULES[cfg.schedule])
 
 
 def train(cfg: Config, run: Any) -> dict[str, float]:
