@@ -20,8 +20,9 @@ A sweep file assigns a `Sweep` to a module-level name `sweep`:
 trial's params before the sweep starts: the grid axes (and `points`) crossed with `num_samples`
 draws of the sampled domains, seeded by `seed`; 'grid' also refuses sampled domains, so that
 every trial is enumerated. 'tpe' is model-based: Optuna's Tree-structured Parzen Estimator
-(through Ray Tune's `OptunaSearch`) proposes each trial from the results of those that ended,
-`num_samples` proposals in all, a few at a time:
+(through Ray Tune's `OptunaSearch`, see `orchestrator.search`) proposes each of `num_samples`
+trials from the trials that ended, a few at a time. It searches choice, uniform and loguniform
+fields; grid axes and points are refused (a `seeds(n)` axis repeats each proposal per seed):
 
     from orchestrator.sweep import Sweep, choice, loguniform, uniform
 
@@ -29,10 +30,9 @@ every trial is enumerated. 'tpe' is model-based: Optuna's Tree-structured Parzen
         name="celerity_tpe",
         workload="celerity_lm",
         base="smoke",
-        space={"lr": loguniform(3e-4, 3e-2), "tau": loguniform(0.02, 1.0), "warmup_frac": uniform(0.0, 0.2),
-               "activation": choice("gelu", "relu2")},
+        space={"lr": loguniform(3e-3, 1e-1), "tau": choice(0.05, 0.2, 0.8), "warmup_frac": uniform(0.0, 0.2)},
         search="tpe",
-        num_samples=12,
+        num_samples=16,
         scheduler="collapse",  # with TPE: model-based proposals, curve-based stopping
         scheduler_options={"reference": {"experiment": "celerity_reference"}},
         objective=("eval/loss", "min"),
