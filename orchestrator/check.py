@@ -6,9 +6,10 @@ for anyone's: the contract's static parts (`registry.contract_checks`), then thr
 
 1. an uninterrupted run: it finishes, reports `train/loss` and a `progress` that reaches 1 and
    never goes back, at steps that never go back, and returns finite float metrics;
-2. a run killed one report after its first checkpoint (the `Killed` exception stands in for the
-   process dying);
-3. a restart in the same folder: it must continue from the newest checkpoint, not from step 0,
+2. a run killed one report after its first checkpoint: what such a process leaves on disk is its
+   run folder at that moment, so the uninterrupted run copies its folder there
+   (`SnapshotAfterCheckpoint`) and goes on, instead of a second run training up to that point;
+3. a restart in the copied folder: it must continue from the newest checkpoint, not from step 0,
    and report the same metrics at the same steps as the uninterrupted run (`perf/` metrics, which
    measure time, aside).
 
@@ -42,27 +43,33 @@ class Killed(Exception):
     """Stands in for the process dying: raised from inside the loop, after a checkpoint."""
 
 
-class DiesAfterCheckpoint(LocalRun):
-    """A `LocalRun` that dies `extra_reports` reports after the run's first checkpoint."""
+class SnapshotAfterCheckpoint(LocalRun):
+    """A `LocalRun` that, `extra_reports` reports after the run's first checkpoint, copies its run
+    folder to `snapshot`: the folder a process killed at that moment leaves behind, reports past
+    the checkpoint included (a restart must replay them). The run itself goes on to the end."""
 
-    def __init__(self, *args: Any, extra_reports: int = 1, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, snapshot: str | Path, extra_reports: int = 1, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.snapshot = Path(snapshot)
         self.saved_step: int | None = None
-        self.last_saved_step: int | None = None
+        self.last_saved_step: int | None = None  # the newest checkpoint in the snapshot
+        self.snapshotted = False
         self.extra_reports = extra_reports
 
     def save(self, state: dict[str, Any]) -> None:
         super().save(state)
-        self.last_saved_step = int(state["step"])
-        if self.saved_step is None:
-            self.saved_step = int(state["step"])
+        if not self.snapshotted:
+            self.last_saved_step = int(state["step"])
+            if self.saved_step is None:
+                self.saved_step = int(state["step"])
 
     def report(self, metrics: Mapping[str, float], *, step: int) -> None:
         super().report(metrics, step=step)
-        if self.saved_step is not None and step > self.saved_step:
+        if not self.snapshotted and self.saved_step is not None and step > self.saved_step:
             self.extra_reports -= 1
             if self.extra_reports < 0:
-                raise Killed()
+                shutil.copytree(self.run_dir, self.snapshot)
+                self.snapshotted = True
 
 
 @dataclass
@@ -236,8 +243,9 @@ def check(name: str, folder: str | Path, *, objective: str | None = None, ray: b
         shutil.rmtree(folder)
     ident = checkpoints.identity(name, to_dict(cfg))
 
-    # 1. Uninterrupted.
-    whole = LocalRun(folder / "uninterrupted", identity=ident)
+    # 1. Uninterrupted, leaving in `killed/` the folder of a run killed one report after its
+    # first checkpoint (2.).
+    whole = SnapshotAfterCheckpoint(folder / "uninterrupted", snapshot=folder / "killed", identity=ident)
     try:
         final = workload.train(cfg, whole)
     except Exception as exc:
@@ -262,25 +270,15 @@ def check(name: str, folder: str | Path, *, objective: str | None = None, ray: b
     report.add("steps increase", steps == sorted(steps),
                "" if steps == sorted(steps) else "a report's step is lower than the one before")
 
-    # 2. Killed one report after its first checkpoint, 3. restarted in the same folder.
-    first = DiesAfterCheckpoint(folder / "killed", identity=ident)
-    died = False
-    try:
-        workload.train(cfg, first)
-    except Killed:
-        died = True
-    except Exception as exc:
-        report.add("checkpoints before the end", False, _error(exc))
-        _not_judged(report, ray, "the run to be killed failed", keep_scheduler=(history, objective, final))
-        return report
-    if not died or not first.saved_step:
+    # 3. Restarted in the folder the killed run left.
+    if not whole.snapshotted or not whole.saved_step:
         report.add("checkpoints before the end", False,
                    "smoke() never checkpointed before its last report: call run.save({'step': step, ...}) during "
-                   "training (e.g. every checkpoint_every steps)" if first.saved_step is None or died else
-                   f"the only checkpoint is at step {first.saved_step}, the end")
+                   "training (e.g. every checkpoint_every steps)" if whole.saved_step is None or whole.snapshotted else
+                   f"the only checkpoint is at step {whole.saved_step}, the end")
         _not_judged(report, ray, "no checkpoint to resume from", keep_scheduler=(history, objective, final))
         return report
-    report.add("checkpoints before the end", True, f"first at step {first.saved_step}")
+    report.add("checkpoints before the end", True, f"first at step {whole.saved_step}")
     second = LocalRun(folder / "killed", identity=ident)
     try:
         resumed_final = workload.train(cfg, second)
@@ -291,9 +289,9 @@ def check(name: str, folder: str | Path, *, objective: str | None = None, ray: b
         resumed = second.history
         if second.restored_step is None:
             problem = "the restart never called run.restore() (or ignored what it returned)"
-        elif second.restored_step != first.last_saved_step:
-            problem = f"restored step {second.restored_step}, the newest checkpoint is step {first.last_saved_step}"
-        elif not resumed or resumed[0][0] <= first.saved_step:
+        elif second.restored_step != whole.last_saved_step:
+            problem = f"restored step {second.restored_step}, the newest checkpoint is step {whole.last_saved_step}"
+        elif not resumed or resumed[0][0] <= whole.saved_step:
             problem = "the restarted run began again from step 0" if resumed else "the restarted run reported nothing"
         elif abs(resumed[-1][1].get("progress", 0.0) - 1.0) > 1e-6:
             problem = "the restarted run did not reach progress 1"

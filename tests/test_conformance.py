@@ -1,9 +1,9 @@
 """Every built-in workload passes `ladder check`: the contract, checked by the same code for ours
 as for anyone's (orchestrator/check.py).
 
-One test per workload runs its smoke() three times through the local Run: uninterrupted, killed
-one report after its first checkpoint, and restarted from it; the restart must report what the
-uninterrupted run did, and the reports that reach Tune must carry the workload's objective (its
+One test per workload runs its smoke() through the local Run uninterrupted, copying its folder one
+report after its first checkpoint (what a run killed there leaves), then restarts from that copy;
+the restart must report what the uninterrupted run did, and the reports that reach Tune must carry the workload's objective (its
 reproduction sweep's, else eval/loss). `ladder check --ray` adds a Ray Train restart, which
 tests/orchestrator/test_faults.py tests on celerity_lm with two workers and a real SIGKILL.
 """
