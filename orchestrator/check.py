@@ -1,7 +1,7 @@
 """`ladder check WORKLOAD`: the workload contract, judged on any workload by running it.
 
 The same checks back `tests/test_conformance.py` for every built-in workload and `ladder check`
-for anyone's: the contract's static parts (`registry.contract_checks`), then three local runs of
+for anyone's: the contract's static parts (`registry.contract_checks`), then local runs of
 `smoke()` in this process, each through a `LocalRun`:
 
 1. an uninterrupted run: it finishes, reports `train/loss` and a `progress` that reaches 1 and
