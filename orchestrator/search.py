@@ -94,7 +94,11 @@ def sampler(sweep: Sweep) -> optuna.samplers.BaseSampler:
 class OptunaSweepSearch(OptunaSearch):
     """Ray Tune's `OptunaSearch` proposing a sweep's trials (see the module docstring): the
     sweep's fixed values in every proposal, each proposal once per seed of a `seeds(n)` axis,
-    scheduler-stopped trials told as pruned, and lost proposals handed out again on resume."""
+    scheduler-stopped trials told as pruned, and lost proposals handed out again on resume.
+
+    Built with its space, objective and mode (the sweep's), it keeps them: Tune hands a searcher
+    that has a space nothing of TuneConfig's (its `set_search_properties` declines), so the
+    objective is the same whether TuneConfig names one (every scheduler but FIFO) or not."""
 
     def __init__(self, sweep: Sweep, *, journal: str | os.PathLike | None = None) -> None:
         self._fields = Space(sweep.space)

@@ -248,7 +248,8 @@ class Sweep:
             raise SweepError(f"num_samples must be at least 1, got {self.num_samples}")
         self._check_search()
         if self.max_concurrent is not None and self.max_concurrent < 1:
-            raise SweepError(f"max_concurrent must be at least 1 (None: as many as the CPUs hold), got {self.max_concurrent}")
+            raise SweepError(f"max_concurrent must be at least 1 (None: as many as the CPUs hold), "
+                             f"got {self.max_concurrent}")
         if self.scheduler not in SCHEDULERS:
             hint = closest(self.scheduler, SCHEDULERS, cutoff=0.0)
             raise SweepError(f"unknown scheduler {self.scheduler!r}; did you mean {hint!r}? (known: {', '.join(SCHEDULERS)})")
@@ -347,10 +348,12 @@ class Sweep:
 
     def search_settings(self, concurrency: int) -> dict[str, str]:
         """The search and its settings, as params of the sweep's MLflow parent run."""
-        out = {"sweep.search": self.search, "sweep.search.seed": str(self.seed), "sweep.search.max_concurrent": str(concurrency)}
+        out = {"sweep.search": self.search, "sweep.search.seed": str(self.seed),
+               "sweep.search.max_concurrent": str(concurrency)}
         if self.model_based:
             key, values = self.replicas()
-            out.update({"sweep.search.sampler": "optuna.samplers.TPESampler", "sweep.search.proposals": str(self.num_samples),
+            out.update({"sweep.search.sampler": "optuna.samplers.TPESampler",
+                        "sweep.search.proposals": str(self.num_samples),
                         "sweep.search.n_startup_trials": str(self.startup_trials()),
                         "sweep.search.seeds_per_proposal": str(len(values) or 1)})
             out.update({f"sweep.search.{k}": str(v) for k, v in self.search_options.items() if k != "n_startup_trials"})
@@ -408,7 +411,8 @@ class Sweep:
         """The concrete parameter sets, in launch order (grid crossed with samples), seeded. A
         model-based search has none up front: see `param_examples`."""
         if self.model_based:
-            raise SweepError(f"search={self.search!r} proposes trials as results arrive: there is no list of them up front")
+            raise SweepError(f"search={self.search!r} proposes trials as results arrive: there is no list of them up "
+                             "front (a model-based sweep runs on Ray Tune: `ladder sweep`)")
         rng = random.Random(self.seed)
         grid_keys = [k for k, d in self.space.items() if isinstance(d, Grid)]
         points: list[dict[str, Any]] = [dict(p) for p in self.points] or [{}]

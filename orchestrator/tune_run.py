@@ -499,7 +499,9 @@ def _console_callback(sweep: Sweep, scheduler: Any) -> Any:
                 except Exception:  # the error file is Tune's; the state alone still says failed
                     error = []
                 why = error[-1][:120] if error else "failed"
-            self.view.update(trial.trial_id, params=trial.config.get("params", {}), state=state,
+            # A proposal a resumed search handed out again shows as the trial it was (its MLflow run's id).
+            shown = trial.config.get("trial_of") or trial.trial_id
+            self.view.update(shown, params=trial.config.get("params", {}), state=state,
                              progress=last.get("progress"), objective=last.get(metric),
                              predicted=(d or {}).get("predicted"), why=why)
 
