@@ -214,6 +214,9 @@ def test_a_restored_searcher_hands_out_again_the_proposals_made_after_tunes_last
     seen = {(c["params"]["lr"], c["params"]["seed"]) for c in made.values()}
     assert not seen & {(p["lr"], p["seed"]) for p in fresh}, "a lost proposal was also proposed anew"
     assert len({p["lr"] for p in fresh}) == 4
+    # Resumed before Tune saved anything: a new searcher hands out every journalled proposal again.
+    anew = search.build(s, journal=journal)
+    assert [anew.suggest(f"m{i}").get("trial_of") for i in range(5)] == ["t0", "t1", "t2", "t3", "t4"]
     # The journal and the state pickle as Tune does it (plain pickle of the searcher's state).
     pickle.dumps(after.__dict__)
     assert all("trial" in json.loads(line) for line in journal.read_text().splitlines())
