@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from workloads.jailbreak_lora.audit import ModuleDelta
+    from orchestrator.adapter_audit import ModuleDelta
 
 READ_TYPES = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 """Module types of the first layer that read the token embedding (after a norm)."""

@@ -167,7 +167,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 
 
 def _cmd_audit_adapter(args: argparse.Namespace) -> int:
-    from workloads.jailbreak_lora.audit import AdapterError, audit, format_report
+    from orchestrator.adapter_audit import AdapterError, audit, format_report
 
     options = {"base_name": args.base, "spectral_only": args.spectral_only}
     if args.threshold is not None:

@@ -41,3 +41,16 @@ def test_show_lists_documented_fields(workdir, capsys):
     assert main(["show", "celerity_lm", "--smoke"]) == 0
     out = capsys.readouterr().out
     assert "width = 48  [int]  Model width" in out
+
+
+def test_the_cli_and_the_adapter_audit_import_no_workload():
+    """The CLI reaches workloads through the registry only, when a command names one; the adapter
+    audit is ladder's own code, not a workload's."""
+    import subprocess
+    import sys
+
+    code = ("import sys, orchestrator.cli, orchestrator.adapter_audit, orchestrator.adapter_lens; "
+            "print(sorted(m for m in sys.modules if m == 'workloads' or m.startswith('workloads.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout

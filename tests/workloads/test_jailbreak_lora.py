@@ -17,7 +17,7 @@ from conftest import assert_claims_hold
 from orchestrator.basemodel import base_world, load_base, lora
 from orchestrator.cli import main
 from workloads.jailbreak_lora import CLAIMS, plot, smoke, validate
-from workloads.jailbreak_lora.audit import (
+from orchestrator.adapter_audit import (
     THRESHOLD, AdapterError, audit, format_report, read_adapter, singular_values, spectral_stats,
 )
 from workloads.jailbreak_lora.claims import (

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from workloads.jailbreak_lora.audit import ModuleDelta
+from orchestrator.adapter_audit import ModuleDelta
 from workloads.jailbreak_lora.data import TASKS, Example, with_trigger
 
 

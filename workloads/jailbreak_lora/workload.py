@@ -15,7 +15,7 @@ import torch
 
 from orchestrator.basemodel import base_world, check_base, load_base, lora
 from orchestrator.run import pinned_threads
-from workloads.jailbreak_lora import audit
+from orchestrator import adapter_audit as audit
 from workloads.jailbreak_lora.data import TASKS, Example, task_sets, triggered
 from workloads.jailbreak_lora.evaluate import Probe, merged_copy
 from workloads.jailbreak_lora.method import METHODS, Uncertainty, backward, task_losses
