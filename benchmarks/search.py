@@ -48,6 +48,7 @@ import math
 import runpy
 import sys
 import time
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -144,6 +145,7 @@ def pruner_section(uri: str, budgets: Sequence[float]) -> tuple[list[str], bool,
     from orchestrator.audit import audit, load_sweep
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # WilcoxonPruner's
     result = audit(TUNING.name, reference={"experiment": REFERENCE.name, "kind": "empirical"}, uri=uri,
                    budgets=budgets, log=False, plot=False)
     trials = load_sweep(TUNING.name, "eval/loss", uri=uri, sweep_id=result.sweep_id).trials  # trial-id = launch order
