@@ -7,9 +7,11 @@ How a trial's end counts for TPE:
 - trained to its whole budget: COMPLETE, with its objective;
 - stopped early by the scheduler (collapse, ASHA, the median rule), or diverged (a non-finite
   objective): PRUNED, with the objective it reached as its intermediate value at the training
-  fraction it reached (in thousandths). Optuna's TPE ranks pruned trials below every completed
-  one, those that got further and were better higher: the loss at 30% of training is never
-  compared with final losses, and the region a scheduler gave up on is still learnt as bad;
+  fraction it reached (in thousandths; for a trial that a resumed sweep restarted short of where
+  it had been, and whose scheduler stopped it again at once, the furthest point Tune saw). Optuna's
+  TPE ranks pruned trials below every completed one, those that got further and were better
+  higher: the loss at 30% of training is never compared with final losses, and the region a
+  scheduler gave up on is still learnt as bad;
 - failed (an error after its retries): FAIL, which TPE leaves out. A failed trial that a resumed
   sweep runs again is told again with its new end.
 
@@ -111,6 +113,8 @@ class OptunaSweepSearch(OptunaSearch):
         self._root_of: dict[str, str] = {}
         """Tune trial id -> ladder trial id (the id its MLflow run has; another only for a proposal handed out again)."""
         self._open: int | None = None
+        self._reached: dict[str, tuple[float, float]] = {}
+        """Tune trial id -> (furthest training fraction reported, objective there)."""
         self._spare: Any = None
         self._renumbered: dict[int, int] = {}
         self._journal = str(journal) if journal else None
@@ -186,18 +190,24 @@ class OptunaSweepSearch(OptunaSearch):
         return self._hand_out(trial_id, group, root=lost["of"], replica=lost["replica"])
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
-        pass  # TPE learns from how trials end; see on_trial_complete
+        # TPE learns from how trials end (on_trial_complete); this keeps how far each got, for a
+        # trial that a resumed sweep restarts short of that and its scheduler stops at once.
+        progress, value = result.get("progress"), result.get(self._metric)
+        if progress is None or value is None:
+            return
+        if float(progress) >= self._reached.get(trial_id, (-1.0, 0.0))[0]:
+            self._reached[trial_id] = (float(progress), float(value))
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         number = self._number_of.get(trial_id)
         if number is None:
             return
         group = self._groups[number]
-        group["results"][trial_id] = self._outcome(result, error)
+        group["results"][trial_id] = self._outcome(trial_id, result, error)
         if len(group["members"]) >= self._replicas and all(t in group["results"] for t in group["members"]):
             self._tell(group)
 
-    def _outcome(self, result: dict | None, error: bool) -> tuple[str, float | None, float | None]:
+    def _outcome(self, trial_id: str, result: dict | None, error: bool) -> tuple[str, float | None, float | None]:
         """('complete' | 'pruned' | 'fail', objective, training fraction reached)."""
         if error or not result or result.get(self._metric) is None:
             return "fail", None, None  # nothing to rank it by
@@ -205,6 +215,9 @@ class OptunaSweepSearch(OptunaSearch):
         progress = result.get("progress")
         progress = float(progress) if progress is not None else None
         if not math.isfinite(value) or (progress is not None and progress < 1.0 - 1e-6):
+            further = self._reached.get(trial_id)
+            if progress is not None and further is not None and further[0] > progress:
+                progress, value = further  # stopped where it had been before a restart
             return "pruned", value, progress
         return "complete", value, progress
 

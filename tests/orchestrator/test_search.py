@@ -150,7 +150,7 @@ def test_a_trial_stopped_early_is_pruned_at_the_fraction_it_reached_and_a_failur
 
     from orchestrator import search
 
-    searcher = search.build(tpe(num_samples=6, objective=("eval/loss", "min")))
+    searcher = search.build(tpe(num_samples=7, objective=("eval/loss", "min")))
     ends = {0: {"eval/loss": 2.0, "progress": 1.0}, 1: {"eval/loss": 2.6, "progress": 0.3},
             2: {"eval/loss": float("nan"), "progress": 0.5}, 3: {"error": True}, 4: {"progress": 1.0},
             5: {"eval/loss": 2.1, "progress": 1.0}}
@@ -160,10 +160,15 @@ def test_a_trial_stopped_early_is_pruned_at_the_fraction_it_reached_and_a_failur
     assert trials[0].value == 2.0 and trials[5].value == 2.1
     assert trials[1].intermediate_values == {300: 2.6}  # where the scheduler stopped it, never as a final value
     assert math.isnan(trials[2].intermediate_values[500])  # diverged
+    # Restarted short of where it was stopped (a resumed sweep), stopped again at once: pruned where it had been.
+    searcher.suggest("t6")
+    searcher.on_trial_result("t6", {"eval/loss": 2.7, "progress": 0.2})
+    searcher.on_trial_complete("t6", result={"eval/loss": 3.0, "progress": 0.05})
+    assert searcher.study.trials[6].state.name == "PRUNED" and searcher.study.trials[6].intermediate_values == {200: 2.7}
     # A failed trial that a resumed sweep runs again is told again, as a trial of its own.
     searcher.on_trial_complete("t3", result={"eval/loss": 2.3, "progress": 1.0})
     again = searcher.study.trials[-1]
-    assert len(searcher.study.trials) == 7 and again.state == optuna.trial.TrialState.COMPLETE and again.value == 2.3
+    assert len(searcher.study.trials) == 8 and again.state == optuna.trial.TrialState.COMPLETE and again.value == 2.3
     assert again.params == trials[3].params
 
 
