@@ -12,8 +12,9 @@ How a trial's end counts for TPE:
   TPE ranks pruned trials below every completed one, those that got further and were better
   higher: the loss at 30% of training is never compared with final losses, and the region a
   scheduler gave up on is still learnt as bad;
-- failed (an error after its retries): FAIL, which TPE leaves out. A failed trial that a resumed
-  sweep runs again is told again with its new end.
+- failed (an error after its retries): FAIL, which TPE leaves out. A resumed sweep runs failed
+  trials again, but the study keeps them as failed: Tune's concurrency limiter forgets a trial
+  once it failed and does not pass on its second end.
 
 With a `seeds(n)` axis a proposal is n trials, one per seed, told once all n have ended: COMPLETE
 with the mean objective when they all trained to the end, PRUNED when the scheduler stopped one
@@ -24,10 +25,11 @@ Resume. Tune saves this searcher (the study: every proposal and every result tol
 experiment's state, and `Tuner.restore` loads it back, so a resumed sweep continues the study.
 Tune saves that state every few seconds, not at each proposal, so a driver killed between two
 saves loses the trials proposed since the last one. Every proposal is therefore also appended
-to a journal beside the sweep's state (`proposals.jsonl`) as it is made; the restored searcher finds there the
-proposals that its restored state does not know and hands them out again before any new one,
-each as the same ladder trial (`trial_of` in the trial's config): the trial reuses the lost
-trial's MLflow run, and one that had finished reports its recorded result without training.
+to a journal beside the sweep's state (`proposals.jsonl`) as it is made; the restored searcher
+finds there the proposals that its restored state does not know and hands them out again before
+any new one, each as the same ladder trial (`trial_of` in the trial's config): the trial reuses
+the lost trial's MLflow run, and one that had finished reports its recorded result without
+training.
 """
 
 from __future__ import annotations
@@ -98,9 +100,9 @@ class OptunaSweepSearch(OptunaSearch):
     sweep's fixed values in every proposal, each proposal once per seed of a `seeds(n)` axis,
     scheduler-stopped trials told as pruned, and lost proposals handed out again on resume.
 
-    Built with its space, objective and mode (the sweep's), it keeps them: Tune hands a searcher
-    that has a space nothing of TuneConfig's (its `set_search_properties` declines), so the
-    objective is the same whether TuneConfig names one (every scheduler but FIFO) or not."""
+    It is built with its space, objective and mode (the sweep's) and keeps them: its
+    `set_search_properties` declines TuneConfig's, so its objective is the same whether
+    TuneConfig names one (every scheduler but FIFO) or not."""
 
     def __init__(self, sweep: Sweep, *, journal: str | os.PathLike | None = None) -> None:
         self._fields = Space(sweep.space)
@@ -235,19 +237,13 @@ class OptunaSweepSearch(OptunaSearch):
         else:
             done = [o[1] for o in outcomes if o[0] == "complete"]
             state, value, step = optuna.trial.TrialState.COMPLETE, sum(done) / len(done), None
-        if group["told"] is None:
-            trial = group["trial"]
-            if step is not None:
-                trial.report(value, step)
-            self._ot_study.tell(trial, value if state == optuna.trial.TrialState.COMPLETE else None, state=state)
-            group["told"] = state.name
-        elif group["told"] == "FAIL" and state != optuna.trial.TrialState.FAIL:
-            # Failed before, ran again after a resume: the study gets the new end as a trial of its own.
-            self._ot_study.add_trial(optuna.trial.create_trial(
-                params=dict(group["params"]), distributions=dict(group["trial"].distributions), state=state,
-                value=value if state == optuna.trial.TrialState.COMPLETE else None,
-                intermediate_values={step: value} if step is not None else None))
-            group["told"] = state.name
+        if group["told"] is not None:
+            return  # an Optuna trial is told once
+        trial = group["trial"]
+        if step is not None:
+            trial.report(value, step)
+        self._ot_study.tell(trial, value if state == optuna.trial.TrialState.COMPLETE else None, state=state)
+        group["told"] = state.name
 
     def ladder_trial(self, trial_id: str) -> str:
         """The ladder trial id (that of its MLflow run) of a Tune trial this searcher proposed."""
@@ -264,7 +260,7 @@ class OptunaSweepSearch(OptunaSearch):
 
     def _lost_proposals(self) -> list[dict[str, Any]]:
         """Proposals in the journal that this searcher's state does not know, one per ladder
-        trial (its latest), in the order they were made."""
+        trial (its latest, for a proposal already handed out again once), in the order of those."""
         if not self._journal or not Path(self._journal).is_file():
             return []
         known = set(self._root_of.values())
