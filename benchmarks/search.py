@@ -236,10 +236,10 @@ OVERRIDES = {"steps": 200, "report_every": 4, "checkpoint_every": 100}
 ARMS = ("random", "tpe", "tpe+collapse", "tpe+asha", "optuna tpe+hyperband")
 
 
-def arm_sweep(arm: str, seed: int, trials: int) -> Sweep:
+def arm_sweep(arm: str, seed: int, trials: int, concurrency: int | None = None) -> Sweep:
     common = dict(workload="curves", base="smoke", overrides=OVERRIDES, space=SPACE, num_samples=trials, seed=seed,
-                  objective=("eval/loss", "min"))
-    name = f"search_{arm.replace('+', '_')}_{VERSION}_s{seed}_n{trials}"
+                  objective=("eval/loss", "min"), max_concurrent=concurrency)
+    name = f"search_{arm.replace('+', '_')}_{VERSION}_s{seed}_n{trials}" + (f"_c{concurrency}" if concurrency else "")
     if arm == "random":
         return Sweep(name=name, search="random", scheduler="fifo", **common)
     if arm == "tpe":
@@ -327,7 +327,8 @@ def run_optuna_arm(seed: int, trials: int) -> dict[str, Any]:
     return {"trials": out, "steps": sum(steps * t["progress"] for t in out), "wall_s": time.monotonic() - started}
 
 
-def search_section(folder: Path, seeds: Sequence[int], trials: int) -> tuple[list[str], bool, dict[str, Any]]:
+def search_section(folder: Path, seeds: Sequence[int], trials: int,
+                   concurrency: int | None = None) -> tuple[list[str], bool, dict[str, Any]]:
     from orchestrator import tracking
 
     results_file = folder / "results.json"
@@ -338,19 +339,19 @@ def search_section(folder: Path, seeds: Sequence[int], trials: int) -> tuple[lis
         record(reference, uri)
         for seed in seeds:
             for arm in ARMS:
-                key = f"{arm}/s{seed}/n{trials}"
+                key = _key(arm, seed, trials, concurrency)
                 if key in results:
                     continue
                 print(f"search: {arm}, seed {seed}, {trials} trials ...", flush=True)
                 results[key] = (run_optuna_arm(seed, trials) if arm.startswith("optuna")
-                                else run_ladder_arm(arm_sweep(arm, seed, trials)))
+                                else run_ladder_arm(arm_sweep(arm, seed, trials, concurrency)))
                 results_file.write_text(json.dumps(results, indent=1))
     full = trials * OVERRIDES["steps"]
     per_arm: dict[str, dict[str, list[float]]] = {}
     for arm in ARMS:
         acc = per_arm.setdefault(arm, {"best": [], "ratio": [], "compute": [], "finished": [], "wall": []})
         for seed in seeds:
-            r, rnd = results[f"{arm}/s{seed}/n{trials}"], results[f"random/s{seed}/n{trials}"]
+            r, rnd = results[_key(arm, seed, trials, concurrency)], results[_key("random", seed, trials, concurrency)]
             best = min((t["objective"] for t in r["trials"] if t["finished"]), default=math.inf)
             rbest = min(t["objective"] for t in rnd["trials"] if t["finished"])
             acc["best"].append(best)
@@ -367,7 +368,8 @@ def search_section(folder: Path, seeds: Sequence[int], trials: int) -> tuple[lis
                      f"{np.mean(a['finished']):.1f}", f"{np.mean(a['wall']):.0f}"))
     lines = [f"2. search over lr, warmup, schedule of curves ({OVERRIDES['steps']} steps, a report every "
              f"{OVERRIDES['report_every']}): {trials} trials per arm, seeds {', '.join(map(str, seeds))}; ladder arms "
-             "at the default concurrency (2 on 2 cores), Optuna's one at a time"]
+             + (f"{concurrency} trial(s) at a time" if concurrency else "at the default concurrency (2 on 2 cores)")
+             + ", Optuna's one at a time"]
     lines += _table(rows)
     tc = per_arm["tpe+collapse"]
     held = [r <= 1 + TARGET_REGRET and c <= TARGET_COMPUTE for r, c in zip(tc["ratio"], tc["compute"])]
@@ -376,6 +378,12 @@ def search_section(folder: Path, seeds: Sequence[int], trials: int) -> tuple[lis
                  f"compute: {'holds' if ok else 'does not hold'} (mean x{np.mean(tc['ratio']):.4f} at "
                  f"{np.mean(tc['compute']):.0%} compute; holds on {sum(held)} of {len(held)} seeds)")
     return lines, ok, results
+
+
+def _key(arm: str, seed: int, trials: int, concurrency: int | None) -> str:
+    # Optuna's loop is one trial at a time whatever the ladder arms' concurrency: one record for both.
+    c = "" if concurrency is None or arm.startswith("optuna") else f"/c{concurrency}"
+    return f"{arm}/s{seed}/n{trials}{c}"
 
 
 # -- helpers ---------------------------------------------------------------------------------------
@@ -403,6 +411,8 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=5, help="search seeds (0..n-1)")
     parser.add_argument("--trials", type=int, default=24, help="trials per arm")
     parser.add_argument("--budgets", type=float, nargs="+", default=list(BUDGETS), help="the audit's stop points")
+    parser.add_argument("--concurrency", type=int, default=None,
+                        help="trials at once in the ladder arms (default: the sweeps' own, 2 on 2 cores)")
     parser.add_argument("--skip-search", action="store_true", help="only the pruner replays")
     parser.add_argument("--skip-pruners", action="store_true", help="only the search")
     args = parser.parse_args()
@@ -424,7 +434,7 @@ def main() -> int:
         out += lines + [""]
         ok &= held
     if not args.skip_search:
-        lines, held, _ = search_section(cache / "search", list(range(args.seeds)), args.trials)
+        lines, held, _ = search_section(cache / "search", list(range(args.seeds)), args.trials, args.concurrency)
         out += lines
         ok &= held
     print("\n".join(out))
