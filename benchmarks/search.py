@@ -24,15 +24,23 @@ Search and early stopping against Optuna's own code, on the same curves and the 
    `train` behind a minimal in-process Run, so its curves are ladder's). Each arm reports the best
    final objective among its trials that ran to the end and the compute it spent (steps trained
    over all trials over random search's full compute), as mean and min-max over the search seeds.
+   TPE's random start-up trials are ladder's default in both (a third of the trials, at most 10);
+   collapse and ASHA keep ladder's defaults (collapse: rungs 0.1/0.2/0.3, keep half, against the
+   3-seed `curves_reference` sweep; ASHA: grace 0.1, reduction factor 2). The ladder arms run at
+   the sweeps' default concurrency (2 trials at once on 2 cores; `--concurrency 1` for one at a
+   time); Optuna's loop runs one trial at a time. Every curves trial draws the same noise (seed
+   0), so trials differ only in their final loss: a current loss already ranks them as well as a
+   prediction does, and collapse has no edge over ASHA here by construction.
 
 The MLflow stores live under `benchmarks/.cache/` (ignored by git): the tau sweep is recorded by
 `early_stopping.py` (run it first, about 15 minutes on 2 cores); the search sweeps and the
 curves reference sweep are recorded here under `benchmarks/.cache/search/` and reused (an arm
 finished once is read back; delete the folder to run anew).
 
-    python benchmarks/search.py [--cache DIR] [--seeds 5] [--trials 24] [--skip-search]
+    python benchmarks/search.py [--cache DIR] [--seeds 5] [--trials 24] [--concurrency N]
+                                [--skip-search] [--skip-pruners]
 
-Takes about a minute for the replays and 15-25 minutes for the search sweeps on 2 cores.
+Takes 1-2 minutes for the replays and about 4 minutes per search seed (20 for five) on 2 cores.
 
 Targets: TPE + collapse finds a config within 0.5% of the best random-search result (mean over
 seeds) with at most half of random search's compute (every seed); no Optuna pruner reaches a lower
