@@ -116,7 +116,7 @@ class Outbox:
         """
         from mlflow.entities import Metric
 
-        from orchestrator import tracking
+        from orchestrator.mlflow_store import client, write_final
 
         records = self.records()
         if not records:
@@ -124,7 +124,7 @@ class Outbox:
             return 0
         sent = 0
         with fail_fast():
-            c = tracking.client(self.uri)
+            c = client(self.uri)
             waiting: list[Any] = []  # consecutive metric records go in batches of up to 900 points
 
             def send_waiting() -> None:
@@ -140,7 +140,7 @@ class Outbox:
                     continue
                 send_waiting()
                 if kind == "final":
-                    tracking.set_final(self.run_id, payload, uri=self.uri)
+                    write_final(c, self.run_id, payload)
                 elif kind == "tags":
                     for k, v in payload.items():
                         c.set_tag(self.run_id, k, str(v))
@@ -176,7 +176,7 @@ def guarded(outbox_dir: str | os.PathLike | None, run_id: str, uri: str, kind: s
 
 
 def warn_kept(uri: str, what: str, path: Path) -> None:
-    from orchestrator.tracking import warn
+    from orchestrator.mlflow_store import warn
 
     warn(f"tracking server {uri} unreachable: {what} kept in {path}; send it with `ladder sync` when the server is back")
 

@@ -399,7 +399,7 @@ def family_collapse_report(
     the seed-to-seed spread (see `family_spreads`). Plots the collapsed curves against the
     smallest width's seed mean (the paper aligns with its smallest-scale curve) and, with `log`,
     attaches the plot and the numbers to the sweep's parent run."""
-    from orchestrator.audit import load_sweep
+    from orchestrator.sweep_curves import load_sweep
 
     sweep = load_sweep(experiment, metric, uri=uri, sweep_id=sweep_id)
     trials = [t for t in sweep.trials if not t.diverged]

@@ -17,27 +17,18 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from orchestrator.config import ConfigError
-
-DEFAULT_DB = "mlruns.db"
-DEFAULT_ARTIFACTS = "mlartifacts"
-
-
-def tracking_uri(base: str | os.PathLike | None = None) -> str:
-    """`MLFLOW_TRACKING_URI` if set, else the SQLite store in `base` (default: the current folder)."""
-    env = os.environ.get("MLFLOW_TRACKING_URI")
-    if env:
-        return env
-    root = Path(base or os.getcwd()).resolve()
-    return f"sqlite:///{root / DEFAULT_DB}"
-
-
-def artifact_root(base: str | os.PathLike | None = None) -> str | None:
-    """Absolute artifact location for new experiments on a local store; a server chooses its own."""
-    uri = tracking_uri(base)
-    if uri.startswith(("http://", "https://", "databricks")):
-        return None
-    return (Path(base or os.getcwd()).resolve() / DEFAULT_ARTIFACTS).as_uri()
-
+from orchestrator.mlflow_store import (  # the store layer, re-exported: callers need only `tracking`
+    DEFAULT_ARTIFACTS,
+    DEFAULT_DB,
+    FINAL_TAG,
+    FINAL_TAG_MAX,
+    artifact_root,
+    client,
+    new_sqlite_store,
+    tracking_uri,
+    warn,
+    write_final,
+)
 
 def git_commit() -> str:
     """The commit of the ladder source tree in use, or 'unknown' outside a git checkout."""
@@ -58,66 +49,6 @@ def ladder_version() -> str:
         return version("ladder")
     except Exception:
         return "unknown"
-
-
-def client(uri: str | None = None):
-    import mlflow  # deferred: importing mlflow costs ~1 s and workloads never need it
-
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    uri = uri or tracking_uri()
-    if uri.startswith("sqlite:///"):
-        new_sqlite_store(Path(uri[len("sqlite:///"):]))
-    return mlflow.MlflowClient(tracking_uri=uri)
-
-
-def _store_template() -> Path:
-    """An empty SQLite store migrated by the installed MLflow, kept in the ladder cache (built once,
-    under a file lock, by whichever process needs it first)."""
-    import mlflow
-    from filelock import FileLock
-
-    from orchestrator.cache import cache_root
-
-    template = cache_root() / "mlflow" / f"empty-store-{mlflow.__version__}.db"
-    if template.is_file():
-        return template
-    template.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(template) + ".lock"):
-        if not template.is_file():
-            part = template.with_name(f"{template.name}.{os.getpid()}.part")
-            part.unlink(missing_ok=True)
-            mlflow.MlflowClient(tracking_uri=f"sqlite:///{part}").search_experiments()  # creates and migrates it
-            os.replace(part, template)
-    return template
-
-
-def new_sqlite_store(path: Path) -> None:
-    """Create the SQLite store at `path` when it does not exist yet, as a copy of the migrated empty
-    store in the cache: MLflow's own creation runs its whole migration history, 5-10 s on a small
-    machine, at the first run in every new folder. The copy's Default experiment gets the artifact
-    location MLflow itself would give it (`./mlruns/0` of this process). Anything unexpected leaves
-    the store to MLflow, which then creates it as usual."""
-    import shutil
-    import sqlite3
-
-    if path.exists() or not path.parent.is_dir():
-        return
-    part = path.with_name(f".{path.name}.{os.getpid()}.part")
-    try:
-        shutil.copyfile(_store_template(), part)
-        now = int(time.time() * 1000)
-        with sqlite3.connect(part) as db:
-            db.execute("UPDATE experiments SET artifact_location = ?, creation_time = ?, last_update_time = ? "
-                       "WHERE experiment_id = 0", (str(Path.cwd().resolve() / "mlruns" / "0"), now, now))
-        db.close()
-        try:
-            os.link(part, path)  # never replaces a store that another process created meanwhile
-        except FileExistsError:
-            pass
-    except Exception:
-        pass  # MLflow creates the store itself
-    finally:
-        part.unlink(missing_ok=True)
 
 
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
@@ -252,10 +183,6 @@ def log_text(run_id: str, text: str, artifact_file: str, uri: str | None = None)
     client(uri).log_text(run_id, text, artifact_file)
 
 
-FINAL_TAG = "ladder.final"
-FINAL_TAG_MAX = 5000  # MLflow caps a tag value at 8000 characters; larger finals live in final.json only
-
-
 def set_final(run_id: str, final: Mapping[str, float], uri: str | None = None, *, outbox_dir: str | os.PathLike | None = None) -> None:
     """Record a run's final metrics (what `train` returned): `final.json`, and a tag when small.
 
@@ -266,9 +193,7 @@ def set_final(run_id: str, final: Mapping[str, float], uri: str | None = None, *
         uri = uri or tracking_uri()
         guarded(outbox_dir, run_id, uri, "final", dict(final), lambda: set_final(run_id, final, uri))
         return
-    text = json.dumps(dict(final))
-    log_text(run_id, text, "final.json", uri=uri)
-    set_tags(run_id, {FINAL_TAG: text if len(text) <= FINAL_TAG_MAX else "final.json"}, uri=uri)
+    write_final(client(uri), run_id, final)
 
 
 def get_final(run: Any, uri: str | None = None, *, mlflow_client: Any = None) -> dict[str, float] | None:
@@ -519,7 +444,3 @@ def finish_quietly(sinks: list[Any]) -> None:
                 sink.finish()
             except Exception as exc:
                 warn(f"could not finish the wandb run ({type(exc).__name__}: {exc})")
-
-
-def warn(msg: str) -> None:
-    print(f"ladder: {msg}", file=sys.stderr)

@@ -11,12 +11,13 @@ shards are read memory-mapped and its vocabulary replaces the 256 bytes.
 
 from __future__ import annotations
 
-import hashlib
 import sysconfig
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from workloads.celerity_lm.split import is_heldout
 
 TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst", ".json", ".c", ".h", ".html", ".csv", ".tex")
 
@@ -46,11 +47,6 @@ def corpus_files(data: str) -> tuple[Path, list[Path]]:
                 f"data folder {str(root)!r} holds no text files (looked for {', '.join(TEXT_SUFFIXES)})"
             )
     return root, sorted(files, key=lambda p: p.relative_to(root).as_posix())
-
-
-def is_heldout(rel_path: str, heldout_frac: float) -> bool:
-    digest = hashlib.sha1(rel_path.encode("utf-8")).digest()
-    return int.from_bytes(digest[:4], "little") / 2**32 < heldout_frac
 
 
 def load_corpus(data: str, *, heldout_frac: float, max_bytes: int) -> tuple[np.ndarray, np.ndarray]:

@@ -113,7 +113,7 @@ def tokenize_folder(text_dir: str | Path, out_dir: str | Path, encode: Callable[
     """Tokenize every text file under `text_dir` into a dataset at `out_dir`: files go to the
     held-out split by a hash of their relative path (as celerity_lm splits text folders), each
     document followed by `eot_id`, shards cut every `shard_tokens` ids."""
-    from workloads.celerity_lm.data import is_heldout
+    from workloads.celerity_lm.split import is_heldout
 
     root = Path(text_dir).expanduser()
     wanted = tuple(s.lower() for s in suffixes)
