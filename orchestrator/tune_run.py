@@ -116,7 +116,7 @@ def trial_main(config: dict[str, Any], meta: dict[str, Any]) -> None:
         ctx = ray.get_runtime_context()
         tracking.set_tags(run_id, {"ladder.node_id": ctx.get_node_id(), "ladder.node_ip": ray.util.get_node_ip_address()},
                           uri=uri)
-    status = "FAILED"
+    status, recorded = "FAILED", False
     try:
         if meta.get("in_trial", meta["workers"] == 1):
             import torch
@@ -133,6 +133,9 @@ def trial_main(config: dict[str, Any], meta: dict[str, Any]) -> None:
             run = TuneRun(sinks=sinks, identity=identity(meta["workload"], to_dict(cfg)))
             try:
                 final = workload.train(cfg, run)
+                if run_id:  # before the last report reaches Tune, which may stop the trial right there (ASHA at max_t)
+                    tracking.set_final(run_id, final, uri=uri, outbox_dir=meta.get("outbox_dir"))
+                    recorded = True
                 run.flush()
             finally:
                 # Also when the loop raised, or Tune stopped the trial (SystemExit in its report):
@@ -141,7 +144,7 @@ def trial_main(config: dict[str, Any], meta: dict[str, Any]) -> None:
                 tracking.finish_quietly(sinks)
         else:
             final = _fit_train(meta, cfg, trial_id, run_id)
-        if run_id:
+        if run_id and not recorded:
             tracking.set_final(run_id, final, uri=uri, outbox_dir=meta.get("outbox_dir"))
         status = "FINISHED"
     finally:

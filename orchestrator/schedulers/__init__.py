@@ -2,7 +2,8 @@
 
 Every scheduler compares trials on their training fraction (`progress`), not on Tune's
 iteration count, so trials that report at different rates are compared at the same point of
-their budgets.
+their budgets. ASHA and the median rule never stop a trial at 100% (`ray_rules`): it finishes
+and its final metrics are recorded.
 
 The objective (metric and mode) is set in one place, the sweep's `tune.TuneConfig`, which hands
 it to the scheduler: Ray refuses a Tuner whose scheduler was built with a metric of its own.
@@ -28,14 +29,16 @@ def build(
     reference: Any = None,
     diagnostics: Any = None,
 ) -> Any:
-    from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, MedianStoppingRule
+    from ray.tune.schedulers import FIFOScheduler
+
+    from orchestrator.schedulers.ray_rules import Asha, Median
 
     opts = dict(options)
     if name == "fifo":
         return FIFOScheduler()
     if name == "asha":
         # progress is a fraction; ASHA's rungs need integer-like milestones, so use percent.
-        return AsyncHyperBandScheduler(
+        return Asha(
             time_attr="progress_pct",
             max_t=100,
             grace_period=float(opts.pop("grace_period", 0.1)) * 100,
@@ -43,7 +46,7 @@ def build(
             **opts,
         )
     if name == "median":
-        return MedianStoppingRule(
+        return Median(
             time_attr="progress_pct",
             grace_period=float(opts.pop("grace_period", 0.1)) * 100,
             min_samples_required=int(opts.pop("min_samples_required", 2)),

@@ -90,3 +90,31 @@ def test_an_unpickled_scheduler_takes_up_the_saved_decisions(tmp_path):
     restored = pickle.loads(frozen)
     assert restored.decisions["bad"]["action"] == "stop"
     assert restored.on_trial_result(None, SimpleNamespace(trial_id="bad"), {"progress": 0.7, "eval/loss": 2.0}) == "STOP"
+
+
+def test_asha_and_median_let_a_trial_at_its_end_finish():
+    """Ray's rules answer STOP to a trial's 100% report (ASHA at max_t); ours CONTINUE there, so
+    that `train` returns and its final metrics are recorded, and keep STOP everywhere else."""
+    from types import SimpleNamespace
+
+    from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler
+
+    def drive(scheduler, reports):
+        scheduler.set_search_properties("eval/loss", "min")
+        trials = [SimpleNamespace(trial_id=f"t{i}", status="RUNNING") for i in range(len(reports))]
+        for t in trials:
+            scheduler.on_trial_add(None, t)
+        actions = []
+        for t, curve in zip(trials, reports):
+            for pct, loss in curve:
+                actions.append(scheduler.on_trial_result(None, t, {"progress_pct": pct, "eval/loss": loss,
+                                                                   "training_iteration": pct}))
+        return actions
+
+    good, bad = [(50.0, 1.0), (100.0, 0.9)], [(50.0, 2.0), (100.0, 1.9)]
+    ray_asha = AsyncHyperBandScheduler(time_attr="progress_pct", max_t=100, grace_period=50, reduction_factor=2)
+    assert drive(ray_asha, [good])[-1] == TrialScheduler.STOP  # what Ray does at the end
+    ours = build("asha", {"grace_period": 0.5}, metric="eval/loss", mode="min")
+    assert drive(ours, [good]) == [TrialScheduler.CONTINUE, TrialScheduler.CONTINUE]
+    # Mid-run decisions are Ray's own: the worse trial is still stopped at the 50% rung.
+    assert drive(build("asha", {"grace_period": 0.5}, metric="eval/loss", mode="min"), [good, bad])[2] == TrialScheduler.STOP

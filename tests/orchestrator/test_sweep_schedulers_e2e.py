@@ -85,6 +85,8 @@ def assert_whole_curves(c, runs, resumed: bool = False) -> tuple[int, int]:
             stopped += 1
             seen = round(float(r.data.tags["ladder.stopped_at"]) * STEPS)
             assert seen < STEPS, (tid, r.data.tags["ladder.stopped_at"])
+        else:  # trained to the end: what train returned is recorded too (a scheduler must not cut it off)
+            assert tracking.FINAL_TAG in r.data.tags, (tid, "no final metrics", r.data.tags)
         whole = [list(range(EVERY, last + 1, EVERY)) for last in (seen, min(seen + EVERY, STEPS))]
         for key in ("train/loss", "eval/loss", "progress"):
             steps = [m.step for m in c.get_metric_history(r.info.run_id, key)]

@@ -1,0 +1,34 @@
+"""Ray Tune's ASHA and median stopping rule, letting a trial that reached the end of its budget
+finish.
+
+Both rules may answer STOP to a trial's last report (ASHA at `max_t`, both at a rung or a
+median comparison that falls on 100%). Tune then stops the trial inside that report, before
+`train` has returned, so what it returned (the final metrics ladder records on the trial's run)
+would be lost, and a resumed sweep would train the trial again. A trial at 100% has nothing left
+to stop: these subclasses answer CONTINUE there and keep the rules' own decisions everywhere else.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray.tune.schedulers import AsyncHyperBandScheduler, MedianStoppingRule, TrialScheduler
+
+END = 100.0
+"""`progress_pct` of a trial that trained to the end."""
+
+
+def _at_end(result: dict, time_attr: str) -> bool:
+    return float(result.get(time_attr, 0.0)) >= END - 1e-9
+
+
+class Asha(AsyncHyperBandScheduler):
+    def on_trial_result(self, tune_controller: Any, trial: Any, result: dict) -> str:
+        action = super().on_trial_result(tune_controller, trial, result)
+        return TrialScheduler.CONTINUE if action == TrialScheduler.STOP and _at_end(result, self._time_attr) else action
+
+
+class Median(MedianStoppingRule):
+    def on_trial_result(self, tune_controller: Any, trial: Any, result: dict) -> str:
+        action = super().on_trial_result(tune_controller, trial, result)
+        return TrialScheduler.CONTINUE if action == TrialScheduler.STOP and _at_end(result, self._time_attr) else action
