@@ -114,12 +114,16 @@ def _pruners() -> list[tuple[str, str, Callable[[], Any], bool]]:
     return out
 
 
-def replay_optuna(trials: Sequence[Any], pruner: Any, finals: dict[str, float]) -> tuple[float, float, str | None]:
+def replay_optuna(trials: Sequence[Any], pruner: Any, finals: dict[str, float],
+                  study_name: str = "replay") -> tuple[float, float, str | None]:
     """Replay `trials` (audit TrialCurves, in order, one at a time) through an Optuna study with
     `pruner`; returns (compute fraction, regret, pick)."""
     import optuna
 
-    study = optuna.create_study(direction="minimize", pruner=pruner, sampler=optuna.samplers.RandomSampler(seed=0))
+    # HyperbandPruner puts a trial in a bracket by a hash of the study's name and the trial's
+    # number: a fixed name makes the replays repeat (an unnamed study gets a random one).
+    study = optuna.create_study(study_name=study_name, direction="minimize", pruner=pruner,
+                                sampler=optuna.samplers.RandomSampler(seed=0))
     trained: dict[str, float] = {}
     finishers = []
     for t in trials:
@@ -172,13 +176,11 @@ def pruner_section(uri: str, budgets: Sequence[float]) -> tuple[list[str], bool,
             r = result.row(pol, b)
             rows.append((f"{b:g}", {"collapse": "ladder collapse", "asha": "ASHA (audit)", "median": "median rule (audit)"}[pol],
                          r.setting, _pct(r.compute_fraction), _pct(r.regret), f"{r.compute_fraction / c.compute_fraction:.2f}",
-                         "-" if pol == "collapse" else _versus(r.regret, c.regret)))
+                         "-" if pol == "collapse" else _versus(r.regret, c.regret, r.compute_fraction / c.compute_fraction)))
         for name in names:
             mine = [r for r in replays if r.name == name]
             near = min(mine, key=lambda r: (round(abs(r.compute_fraction - c.compute_fraction), 3), r.regret))
-            verdict = _versus(near.regret, c.regret)
-            if verdict.startswith("lower") and near.compute_fraction > c.compute_fraction * 1.1:
-                verdict = "lower, at more compute"
+            verdict = _versus(near.regret, c.regret, near.compute_fraction / c.compute_fraction)
             if near.regret < c.regret - 1e-12 and near.compute_fraction <= c.compute_fraction * 1.1:
                 ok = False
                 wins.append(f"{name} ({near.setting}) at stop point {b:g}")
@@ -209,7 +211,7 @@ def pruner_section(uri: str, budgets: Sequence[float]) -> tuple[list[str], bool,
     # The sequential pruners depend on the order trials arrive in; the audit's replays do not.
     rng = np.random.default_rng(0)
     orders = [[trials[i] for i in rng.permutation(len(trials))] for _ in range(ORDERS)]
-    lines.append(f"the same settings over {ORDERS} random trial orders (mean compute, mean regret, worst regret):")
+    lines.append(f"the same settings over {ORDERS} random trial orders, each its own study name (mean compute, mean regret, worst regret):")
     for b in budgets:
         c = result.row("collapse", b)
         cells = []
@@ -217,20 +219,35 @@ def pruner_section(uri: str, budgets: Sequence[float]) -> tuple[list[str], bool,
             near = min((r for r in replays if r.name == name),
                        key=lambda r: (round(abs(r.compute_fraction - c.compute_fraction), 3), r.regret))
             factory = next(f for n, st, f, _ in _pruners() if n == name and st == near.setting)
-            runs = [replay_optuna(order, factory(), result.finals) for order in orders]
+            runs = [replay_optuna(order, factory(), result.finals, f"replay-{i}") for i, order in enumerate(orders)]
             cells.append(f"{name} {_pct(float(np.mean([x[0] for x in runs])))} / "
                          f"{_pct(float(np.mean([x[1] for x in runs])))} / {_pct(max(x[1] for x in runs))}")
         lines.append(f"   stop point {b:g} (collapse {_pct(c.compute_fraction)} / {_pct(c.regret)}): " + "; ".join(cells))
+    # Hyperband's brackets are a hash of the study name: in effect a seed the verdict above rests on.
+    lines.append(f"optuna-hyperband's nearest setting in launch order under {ORDERS} study names (its bracket draws): "
+                 "mean compute / mean regret / names where it beats collapse at <= 1.1x its compute")
+    for b in budgets:
+        c = result.row("collapse", b)
+        near = min((r for r in replays if r.name == "optuna-hyperband"),
+                   key=lambda r: (round(abs(r.compute_fraction - c.compute_fraction), 3), r.regret))
+        factory = next(f for n, st, f, _ in _pruners() if n == "optuna-hyperband" and st == near.setting)
+        runs = [replay_optuna(trials, factory(), result.finals, f"replay-{i}") for i in range(ORDERS)]
+        beats = sum(x[1] < c.regret - 1e-12 and x[0] <= 1.1 * c.compute_fraction for x in runs)
+        lines.append(f"   stop point {b:g} ({near.setting}; collapse {_pct(c.compute_fraction)} / {_pct(c.regret)}): "
+                     f"{_pct(float(np.mean([x[0] for x in runs])))} / {_pct(float(np.mean([x[1] for x in runs])))} / "
+                     f"{beats} of {ORDERS}")
     data = {"audit": result.to_dict(), "optuna": [r.__dict__ for r in replays]}
     lines.append("no Optuna pruner lower regret than collapse at (nearest) equal compute: "
                  + ("holds" if ok else "does not hold (" + "; ".join(wins) + ")"))
     return lines, ok, data
 
 
-def _versus(regret: float, collapse: float) -> str:
+def _versus(regret: float, collapse: float, compute_ratio: float) -> str:
     if math.isclose(regret, collapse, abs_tol=1e-12):
         return "tie"
-    return "lower: peer wins" if regret < collapse else "higher"
+    if regret > collapse:
+        return "higher"
+    return "lower: peer wins" if compute_ratio <= 1.1 else "lower, at more compute"
 
 
 # -- 2. search on the curves workload ------------------------------------------------------------
@@ -312,7 +329,8 @@ def run_optuna_arm(seed: int, trials: int) -> dict[str, Any]:
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     startup = arm_sweep("tpe", seed, trials).startup_trials()  # ladder's TPE start-up, for a like comparison
-    study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup),
+    study = optuna.create_study(study_name=f"search_s{seed}", direction="minimize",  # named: Hyperband's brackets repeat
+                                sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup),
                                 pruner=optuna.pruners.HyperbandPruner())
     base = replace(curves.smoke(), **OVERRIDES)
     out = []
