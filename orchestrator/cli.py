@@ -143,6 +143,14 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     print(f"sweep {result.name!r} finished in {result.wall_s:.0f} s; MLflow experiment {result.name!r}, parent run "
           f"{result.parent_run_id} — open it with `ladder ui`")
     print(f"its trials side by side in the UI: /{experiment_page(result.tracking_uri, result.name)}")
+    failed = [t for t in result.trials if t["error"]]
+    if failed:
+        first = failed[0]["error"].strip().splitlines()
+        print(f"ladder: {len(failed)} of {len(result.trials)} trials failed after their retries "
+              f"({', '.join(t['trial_id'] for t in failed)}); the first: {first[-1] if first else 'no message'}. "
+              f"Their runs in MLflow are FAILED with the error; `ladder sweep {args.file} --resume` runs them again "
+              "and keeps every finished trial", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -270,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wandb", action="store_true", help="also log to Weights & Biases (set WANDB_MODE=offline without an account)")
     p.set_defaults(func=_cmd_run)
 
-    p = sub.add_parser("sweep", help="run a sweep file on Ray Tune", description="Run the Sweep defined in FILE on the local Ray (or RAY_ADDRESS).")
+    p = sub.add_parser("sweep", help="run a sweep file on Ray Tune", description="Run the Sweep defined in FILE on the local Ray (or RAY_ADDRESS). Exits 1 when a trial failed after its retries (the others are kept: --resume runs the failed ones again).")
     p.add_argument("file", help="a Python file assigning a Sweep to `sweep` (see sweeps/)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted sweep: finished trials are kept, decisions too")
     p.add_argument("--check", action="store_true", help="validate the sweep and exit without running it")

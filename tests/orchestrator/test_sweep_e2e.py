@@ -62,3 +62,41 @@ def test_multi_worker_trials_run_ray_train_inside_tune(workdir):
     assert child.data.tags["ladder.world_size"] == "2" and child.data.tags["ladder.backend"] == "gloo"
     assert child.data.metrics["progress"] == pytest.approx(1.0)
     assert "finished" in out.stdout
+
+
+FLAKY = '''
+"""A workload of two trials, one of which always raises."""
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Config:
+    broken: bool = False
+    """Raise in train instead of training."""
+
+
+def smoke() -> Config:
+    return Config()
+
+
+def train(cfg: Config, run) -> dict:
+    if cfg.broken:
+        raise RuntimeError("this trial is broken on purpose")
+    run.report({"train/loss": 1.0, "eval/loss": 1.0, "progress": 1.0}, step=1)
+    return {"eval/loss": 1.0}
+'''
+
+
+@pytest.mark.slow
+def test_a_sweep_with_a_failed_trial_exits_1_naming_it(workdir):
+    (workdir / "flaky.py").write_text(FLAKY)
+    (workdir / "two.py").write_text(
+        "from orchestrator.sweep import Sweep\n"
+        "sweep = Sweep(name='two', workload='flaky', base='smoke', search='grid',\n"
+        "              points=({'broken': False}, {'broken': True}), max_failures=0)\n"
+    )
+    out = run_cli(["sweep", "two.py"], workdir, timeout=300)
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "1 of 2 trials failed after their retries" in out.stderr and "this trial is broken on purpose" in out.stderr, out.stderr[-3000:]
+    assert "`ladder sweep two.py --resume` runs them again" in out.stderr
+    assert "finished" in out.stdout and "error" in out.stdout  # the table still shows both
