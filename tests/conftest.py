@@ -208,3 +208,22 @@ def _huge_views(shapes, dtype, stride0, device="cpu"):
 def huge_views():
     """`_huge_views`: strided views whose offsets pass 2^31 elements without allocating 2^31 of them."""
     return _huge_views
+
+
+def wait_for(predicate, proc: subprocess.Popen, timeout: float = 240.0, poll: float = 0.1) -> None:
+    """Poll `predicate` until it holds (a kill point). The process ending first fails the test with
+    the end of its output; so does the timeout, after killing its process group."""
+    import signal
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if proc.poll() is not None:
+            raise AssertionError("the process ended before the kill point:\n" + (proc.stdout.read()[-3000:] if proc.stdout else ""))
+        time.sleep(poll)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    raise AssertionError("kill point never reached")
+

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LADDER, run_cli
+from conftest import LADDER, run_cli, wait_for
 from orchestrator import registry, tracking
 from orchestrator.schedulers.collapse import read_state
 
@@ -26,18 +26,6 @@ def _kill(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
-def _wait_for(predicate, proc: subprocess.Popen, timeout: float = 240.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        if proc.poll() is not None:
-            raise AssertionError("the process ended before the kill point:\n" + proc.stdout.read()[-3000:])
-        time.sleep(0.1)
-    _kill(proc)
-    raise AssertionError("kill point never reached")
-
-
 def _steps(c, run_id: str, key: str) -> list[int]:
     return [m.step for m in c.get_metric_history(run_id, key)]
 
@@ -46,7 +34,7 @@ def _steps(c, run_id: str, key: str) -> list[int]:
 def test_killed_local_run_resumes_from_its_checkpoint(workdir):
     proc = _start(["run", "celerity_lm", "--smoke", "--local", "--set", "tpp=6", "checkpoint_every_frac=0.25"], workdir)
     ckpts = lambda: list(workdir.glob("ladder-runs/celerity_lm/*/checkpoints/step-*.pt"))
-    _wait_for(lambda: len(ckpts()) >= 1, proc)
+    wait_for(lambda: len(ckpts()) >= 1, proc)
     time.sleep(1.0)  # some steps past the checkpoint, to be replayed
     _kill(proc)
     (run_dir,) = {p.parent.parent for p in ckpts()}
@@ -98,7 +86,7 @@ def test_killed_sweep_driver_resumes_with_its_decisions(workdir):
         return {k: v for k, v in d.items() if v.get("rung") is not None or v["action"] == "stop"}
 
     proc = _start(["sweep", "tune.py"], workdir)
-    _wait_for(lambda: len(decided()) >= 2 and len(children()) >= 3, proc)
+    wait_for(lambda: len(decided()) >= 2 and len(children()) >= 3, proc)
     _kill(proc)
     before = {k: v for k, v in read_state(state)["decisions"].items()}
     stopped_before = {k for k, v in before.items() if v["action"] == "stop"}

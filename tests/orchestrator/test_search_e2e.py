@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import LADDER
+from conftest import LADDER, wait_for
 from orchestrator import tracking
 from orchestrator.sweep import load_sweep_file
 from orchestrator.tune_run import run_sweep
@@ -136,18 +136,6 @@ def test_tpe_proposes_and_collapse_stops(shared):
           f"{best['objective']:.4f}, {time.monotonic() - started:.1f} s")
 
 
-def _wait_for(predicate, proc: subprocess.Popen, timeout: float = 240.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        if proc.poll() is not None:
-            raise AssertionError("the sweep ended before the kill point:\n" + proc.stdout.read()[-3000:])
-        time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)
-    raise AssertionError("kill point never reached")
-
-
 @pytest.mark.slow
 def test_killed_tpe_sweep_resumes_with_its_study(shared):
     """SIGKILL of the sweep's driver once four proposals are made (two at a time: at least two
@@ -171,7 +159,7 @@ def test_killed_tpe_sweep_resumes_with_its_study(shared):
 
     proc = subprocess.Popen(LADDER + ["sweep", str(path)], cwd=shared.work, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    _wait_for(kill_point, proc)
+    wait_for(kill_point, proc, poll=0.02)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     at_death = saved_search(folder)
