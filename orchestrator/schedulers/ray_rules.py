@@ -18,17 +18,18 @@ END = 100.0
 """`progress_pct` of a trial that trained to the end."""
 
 
-def _at_end(result: dict, time_attr: str) -> bool:
-    return float(result.get(time_attr, 0.0)) >= END - 1e-9
+class _FinishAtEnd:
+    """Mixed in before a Ray rule: its STOP to a report at 100% becomes CONTINUE."""
 
-
-class Asha(AsyncHyperBandScheduler):
     def on_trial_result(self, tune_controller: Any, trial: Any, result: dict) -> str:
         action = super().on_trial_result(tune_controller, trial, result)
-        return TrialScheduler.CONTINUE if action == TrialScheduler.STOP and _at_end(result, self._time_attr) else action
+        at_end = float(result.get(self._time_attr, 0.0)) >= END - 1e-9
+        return TrialScheduler.CONTINUE if action == TrialScheduler.STOP and at_end else action
 
 
-class Median(MedianStoppingRule):
-    def on_trial_result(self, tune_controller: Any, trial: Any, result: dict) -> str:
-        action = super().on_trial_result(tune_controller, trial, result)
-        return TrialScheduler.CONTINUE if action == TrialScheduler.STOP and _at_end(result, self._time_attr) else action
+class Asha(_FinishAtEnd, AsyncHyperBandScheduler):
+    pass
+
+
+class Median(_FinishAtEnd, MedianStoppingRule):
+    pass
