@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from orchestrator import registry
+from orchestrator.claims import FULL_SEEDS as FULL_REPRO_SEEDS
 from orchestrator.config import ConfigError, apply_overrides, describe_type, field_docs, parse_sets
 
 
@@ -154,18 +155,28 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: give 1 or more")
+    return value
+
+
 def _cmd_reproduce(args: argparse.Namespace) -> int:
     from orchestrator import reproduce
 
     if args.local and args.resume:
         raise UsageError("--resume continues a reproduction on Ray; drop --local")
-    rep = reproduce.reproduce(args.name, smoke=args.smoke, seed=args.seed, local=args.local, resume=args.resume,
-                              verbose=args.verbose)
+    rep = reproduce.reproduce(args.name, smoke=args.smoke, seed=args.seed, seeds=args.seeds, local=args.local,
+                              resume=args.resume, verbose=args.verbose)
     print(reproduce.format_claims(rep))
     if rep.parent_run_id:
-        print(f"claim table, numbers and plot logged to MLflow experiment {rep.sweep.name!r}, run {rep.parent_run_id} "
+        print(f"claim tables, numbers and plot logged to MLflow experiment {rep.sweep.name!r}, run {rep.parent_run_id} "
               "— open it with `ladder ui`")
-    return 0 if rep.holds else 1
+    return 0 if rep.ok else 1
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
@@ -289,11 +300,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_sweep)
 
     p = sub.add_parser("reproduce", help="run a workload's reproduction sweep and check its paper's claims",
-                       description="Run sweeps/repro/NAME.py, evaluate the workload's CLAIMS on the finished trials, "
-                                   "print the claim table and log it to MLflow. Exits 1 when a claim does not hold.")
+                       description="Run sweeps/repro/NAME.py at one or more seeds, judge the workload's CLAIMS across "
+                                   "the seeds (mean effect, 95%% interval: holds, fails or inconclusive) and its CHECKS "
+                                   "at every seed, print both tables and log them to MLflow. Exits 1 when a claim "
+                                   "fails, a check fails or a trial failed; an inconclusive claim exits 0.")
     p.add_argument("name", help=WORKLOAD_HELP)
     p.add_argument("--smoke", action="store_true", help="the CPU-sized reproduction (what CI runs)")
-    p.add_argument("--seed", type=int, default=0, help="base seed of the reproduction; claims should hold for any")
+    p.add_argument("--seed", type=int, default=0, help="first seed of the reproduction; claims should hold for any")
+    p.add_argument("--seeds", type=_positive_int, default=None,
+                   help="seeds to judge the claims over, run as one sweep (default 1 with --smoke, "
+                        f"{FULL_REPRO_SEEDS} at full size); one seed gives no interval")
     p.add_argument("--local", action="store_true", help="run the trials one after another in this process, without Ray")
     p.add_argument("--resume", action="store_true", help="continue an interrupted reproduction on Ray")
     p.add_argument("--verbose", action="store_true", help="also show Ray's own output: Tune's configuration box and "

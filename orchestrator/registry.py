@@ -119,7 +119,13 @@ class Workload:
 
     @property
     def claims(self) -> list[Any]:
+        """The paper's claims (CLAIMS): effects a reproduction judges across seeds."""
         return list(getattr(self.module, "CLAIMS", []))
+
+    @property
+    def checks(self) -> list[Any]:
+        """Invariants and mechanism sanity (CHECKS), which must hold at every seed."""
+        return list(getattr(self.module, "CHECKS", []))
 
     @property
     def paper(self) -> str:

@@ -1,22 +1,28 @@
-"""`ladder reproduce NAME`: run a workload's reproduction sweep and check its paper's claims.
+"""`ladder reproduce NAME`: run a workload's reproduction sweep and judge its paper's claims.
 
-`sweeps/repro/<name>.py` defines the comparison as a function
+`sweeps/repro/<name>.py` defines the comparison at one seed as a function
 
     def build(*, smoke: bool = False, seed: int = 0) -> Sweep
 
 (and usually `sweep = build()`, so that `ladder sweep sweeps/repro/<name>.py` runs the full size
-too). The workload's `CLAIMS` is a list of functions; each takes the finished trials, one dict
-per trial holding its config fields and its final metrics (metric keys contain a '/', config
-fields do not, so the two never collide), and returns `(holds, measured)`: whether the claim
-holds and the numbers it was judged on. `holds` may be None when the trials cannot decide the
-claim (e.g. it needs the full size): the table shows it as not judged, it never counts as
-holding, and the reproduction holds when every judged claim does and at least one was judged.
-A claim's name is its function's name, its statement the first line of its docstring. A workload may also export `plot(trials, path)`, which draws the
-claim plot as a PNG.
+too). The workload exports `CLAIMS` (effects its paper reports, declared with
+`orchestrator.claims.claim`) and `CHECKS` (invariants and mechanism sanity), lists of functions;
+each takes the finished trials of one seed, one dict per trial holding its config fields and its
+final metrics (metric keys contain a '/', config fields do not, so the two never collide), and
+returns `(holds, measured)`: whether it holds at that seed and the numbers it was judged on.
+`holds` may be None when the trials cannot decide it (e.g. it needs the full size). A claim's
+name is its function's name, its statement the first line of its docstring. A workload may also
+export `plot(trials, path)`, which draws the claim plot as a PNG.
+
+`--seeds K` builds the sweep at K seeds (the seed passed to `build` steps by the number of seeds
+one build uses, so the replicates never share a seed) and runs them as one sweep. Every claim
+and check is evaluated on each seed's trials; `orchestrator.claims` judges the claims across the
+seeds (mean effect, 95% interval, holds / fails / inconclusive) and a check must hold at every
+seed.
 
 The trials run on the local Ray (or `RAY_ADDRESS`) as a Tune sweep, or one after another in this
 process with `local=True`. Either way the sweep is one MLflow parent run with a child run per
-trial, and the claim table, its numbers and the plot are logged to the parent run.
+trial, and the claim tables, their numbers and the plot are logged to the parent run.
 """
 
 from __future__ import annotations
@@ -33,12 +39,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from orchestrator import checkpoints, registry, tracking
+from orchestrator import checkpoints, claims as judging, registry, tracking
 from orchestrator.config import ConfigError, apply_overrides, flatten, redacted, to_dict, to_json
 from orchestrator.sweep import Sweep, SweepError
 
 REPRO_DIR = Path(__file__).resolve().parents[1] / "sweeps" / "repro"
 LOCAL_DIR = "ladder-runs/repro"
+FULL_SEEDS = judging.FULL_SEEDS
 
 Trial = dict[str, Any]
 Claim = Callable[[list[Trial]], tuple[bool | None, Mapping[str, float]]]
@@ -46,12 +53,15 @@ Claim = Callable[[list[Trial]], tuple[bool | None, Mapping[str, float]]]
 
 @dataclass
 class ClaimResult:
+    """One claim or check evaluated on the trials of one seed."""
+
     name: str
     statement: str
     holds: bool | None
     """None: the trials could not decide the claim (not judged at this size)."""
     measured: dict[str, float] = field(default_factory=dict)
     error: str = ""
+    seed: int | None = None
 
     @property
     def judged(self) -> bool:
@@ -59,34 +69,113 @@ class ClaimResult:
 
 
 @dataclass
+class Outcome:
+    """A claim or check judged over every seed of a reproduction."""
+
+    name: str
+    statement: str
+    kind: str
+    """'claim' or 'check'."""
+    per_seed: list[ClaimResult]
+    verdict: str
+    """holds / fails / inconclusive / not judged, or 'error' when it raised at a seed."""
+    spec: judging.Spec | None = None
+    interval: judging.Interval | None = None
+    """The effect's mean and 95% interval (a declared claim), or the share of seeds it held at."""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def seeds(self) -> list[int | None]:
+        return [r.seed for r in self.per_seed]
+
+    @property
+    def judged(self) -> bool:
+        return any(r.judged for r in self.per_seed)
+
+    @property
+    def holds(self) -> bool | None:
+        """Whether it held at every seed it was judged at (None: judged at none). A test's view:
+        what must hold at every seed; the verdict across seeds is `verdict`."""
+        judged = [r for r in self.per_seed if r.judged]
+        return all(r.holds for r in judged) if judged else None
+
+    @property
+    def error(self) -> str:
+        return next((f"seed {r.seed}: {r.error}" if len(self.per_seed) > 1 else r.error
+                     for r in self.per_seed if r.error), "")
+
+    @property
+    def measured(self) -> dict[str, float]:
+        """The seed's numbers with one seed; with several, each number's mean over the seeds."""
+        if len(self.per_seed) == 1:
+            return self.per_seed[0].measured
+        keys = list(dict.fromkeys(k for r in self.per_seed for k in r.measured))
+        out = {}
+        for k in keys:
+            values = [r.measured[k] for r in self.per_seed if k in r.measured and math.isfinite(r.measured[k])]
+            out[k] = sum(values) / len(values) if values else math.nan
+        return out
+
+    @property
+    def effects(self) -> list[float]:
+        """The declared effect at each seed (nan where it was not measured)."""
+        if self.spec is None:
+            return []
+        return [r.measured.get(self.spec.effect, math.nan) for r in self.per_seed]
+
+
+@dataclass
 class Reproduction:
     name: str
     sweep: Sweep
     trials: list[Trial]
-    claims: list[ClaimResult]
+    outcomes: list[Outcome]
     failed_trials: list[str]
     parent_run_id: str | None
     tracking_uri: str | None
     wall_s: float
+    seeds: list[int] = field(default_factory=lambda: [0])
+    smoke: bool = False
+
+    @property
+    def claims(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.kind == "claim"]
+
+    @property
+    def checks(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.kind == "check"]
 
     @property
     def holds(self) -> bool:
-        judged = [c for c in self.claims if c.judged]
-        return bool(judged) and all(c.holds for c in judged) and not self.failed_trials
+        """Every claim and check judged held at every seed, at least one claim was judged and no
+        trial failed: what a test at one seed asserts. The verdicts across seeds are `ok`."""
+        judged = [o for o in self.outcomes if o.judged]
+        return (any(o.judged for o in self.claims) and all(o.holds and not o.error for o in judged)
+                and not self.failed_trials)
+
+    @property
+    def ok(self) -> bool:
+        """No claim's verdict is 'fails' (or 'error'), every check holds, no trial failed: what
+        `ladder reproduce` exits 0 on. An inconclusive claim is not a failure."""
+        bad_claim = any(o.verdict in (judging.FAILS, "error") for o in self.claims)
+        bad_check = any(o.verdict in (judging.FAILS, "error") for o in self.checks)
+        return not (bad_claim or bad_check or self.failed_trials)
 
     def failures(self, names: list[str] | None = None) -> list[str]:
-        """Why the reproduction (or, given `names`, those of its claims) does not hold: one line per
-        failed trial and per claim that fails or was not judged, each named first (what a test's
-        assertion message shows); [] when it holds."""
+        """Why the reproduction (or, given `names`, those of its claims and checks) does not hold
+        at every seed: one line per failed trial and per claim or check that fails or was not
+        judged at a seed, each named first (what a test's assertion message shows); [] when it holds."""
         lines = [f"trial failed: {t}" for t in self.failed_trials]
-        chosen = [c for c in self.claims if names is None or c.name in names]
-        for c in chosen:
-            if c.judged and not c.holds:
-                numbers = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in c.measured.items())
-                lines.append(f"{c.name} does not hold: {c.error or numbers}")
-            elif not c.judged and names is not None:
-                lines.append(f"{c.name} was not judged")
-        if names is None and not any(c.judged for c in chosen):
+        chosen = [o for o in self.outcomes if names is None or o.name in names]
+        for o in chosen:
+            for r in o.per_seed:
+                at = f" at seed {r.seed}" if len(self.seeds) > 1 else ""
+                if r.judged and not r.holds:
+                    numbers = ", ".join(f"{k}={_fmt(v)}" for k, v in r.measured.items())
+                    lines.append(f"{o.name} does not hold{at}: {r.error or numbers}")
+                elif not r.judged and names is not None:
+                    lines.append(f"{o.name} was not judged{at}")
+        if names is None and not any(o.judged for o in self.claims):
             lines.append("no claim was judged")
         return lines
 
@@ -130,26 +219,128 @@ def load_repro(name: str, *, smoke: bool = False, seed: int = 0) -> Sweep:
     return sweep
 
 
-def evaluate(claims: list[Claim], trials: list[Trial]) -> list[ClaimResult]:
-    """Run every claim; one that raises is reported as not holding, with the error."""
-    out = []
-    for claim in claims:
-        name = getattr(claim, "__name__", repr(claim))
-        statement = ((claim.__doc__ or "").strip().splitlines() or [name])[0]
-        try:
-            holds, measured = claim(trials)
-            measured = {str(k): float(v) for k, v in dict(measured).items()}
-            out.append(ClaimResult(name, statement, None if holds is None else bool(holds), measured))
-        except Exception as exc:  # a claim that cannot be judged does not hold
-            out.append(ClaimResult(name, statement, False, {}, f"{type(exc).__name__}: {exc}"))
+def seeds_used(sweep: Sweep) -> list[int]:
+    """The config seeds the trials of one build run (sorted); [] when the config has no `seed`."""
+    base = sweep.check()
+    if not hasattr(base, "seed"):
+        return []
+    return sorted({int(apply_overrides(base, p).seed) for p in sweep.trial_params()})
+
+
+@dataclass
+class Plan:
+    """What `ladder reproduce --seeds K` runs: one sweep over K builds, and which trial is whose."""
+
+    sweep: Sweep
+    seeds: list[int]
+    """The seed each build was made with (the replicate's label)."""
+    groups: list[list[dict[str, Any]]]
+    """The trial params of each replicate, as the merged sweep runs them."""
+
+
+def plan(name: str, *, smoke: bool = False, seed: int = 0, seeds: int = 1) -> Plan:
+    """Build the reproduction at `seeds` seeds and merge them into one sweep; every check of the
+    input happens here, before anything runs."""
+    if seeds < 1:
+        raise ConfigError(f"--seeds {seeds}: a reproduction needs at least one seed (give --seeds 1 or more)")
+    first = load_repro(name, smoke=smoke, seed=seed)
+    if seeds == 1:
+        return Plan(first, [seed], [first.trial_params()])
+    if first.model_based:
+        raise SweepError(f"{name}: its reproduction sweep proposes trials as it goes (search={first.search!r}); "
+                         "--seeds needs the trials up front: use search='random' or 'grid'")
+    used = seeds_used(first)
+    stride = max(used) - min(used) + 1 if used else 1
+    labels = [seed + i * stride for i in range(seeds)]
+    builds = [first] + [load_repro(name, smoke=smoke, seed=s) for s in labels[1:]]
+    common = {k: v for k, v in first.overrides.items()
+              if all(k in b.overrides and b.overrides[k] == v for b in builds)}
+    groups = []
+    for b in builds:
+        extra = {k: v for k, v in b.overrides.items() if k not in common}
+        groups.append([{**extra, **p} for p in b.trial_params()])
+    merged = dataclasses.replace(first, overrides=common, space={}, points=tuple(p for g in groups for p in g),
+                                 num_samples=1)
+    merged.check()
+    return Plan(merged, labels, groups)
+
+
+def _key(params: Mapping[str, Any]) -> str:
+    return json.dumps(dict(params), sort_keys=True, default=str)
+
+
+def split_by_seed(p: Plan, trials: list[Trial], params: Mapping[str, Mapping[str, Any]]) -> list[list[Trial]]:
+    """The finished trials of each replicate (`params`: trial_id -> the params it ran with)."""
+    left = [[_key(q) for q in g] for g in p.groups]
+    out: list[list[Trial]] = [[] for _ in p.groups]
+    for t in trials:
+        key = _key(params[t["trial_id"]])
+        for i, keys in enumerate(left):
+            if key in keys:
+                keys.remove(key)
+                out[i].append(t)
+                break
     return out
+
+
+def evaluate(fns: list[Claim], trials: list[Trial], seed: int | None = None) -> list[ClaimResult]:
+    """Run every claim (or check) on one seed's trials; one that raises is reported as not
+    holding, with the error."""
+    out = []
+    for fn in fns:
+        name = getattr(fn, "__name__", repr(fn))
+        statement = ((fn.__doc__ or "").strip().splitlines() or [name])[0]
+        try:
+            holds, measured = fn(trials)
+            measured = {str(k): float(v) for k, v in dict(measured).items()}
+            out.append(ClaimResult(name, statement, None if holds is None else bool(holds), measured, seed=seed))
+        except Exception as exc:  # a claim that cannot be judged does not hold
+            out.append(ClaimResult(name, statement, False, {}, f"{type(exc).__name__}: {exc}", seed=seed))
+    return out
+
+
+def judge(fns: list[Claim], per_seed: list[list[ClaimResult]], kind: str) -> list[Outcome]:
+    """Judge each claim (kind 'claim') or check (kind 'check') over its per-seed results."""
+    outcomes = []
+    for i, fn in enumerate(fns):
+        results = [seed_results[i] for seed_results in per_seed]
+        spec = judging.spec_of(fn) if kind == "claim" else None
+        o = Outcome(results[0].name, results[0].statement, kind, results, judging.NOT_JUDGED, spec)
+        judged = [r for r in results if r.judged]
+        if any(r.error for r in results):
+            o.verdict = "error"
+        elif kind == "check":
+            o.verdict = judging.NOT_JUDGED if not judged else judging.HOLDS if all(r.holds for r in judged) else judging.FAILS
+        elif spec is not None:
+            values = []
+            for r in judged:
+                if spec.effect not in r.measured:
+                    o.notes.append(f"seed {r.seed}: the claim measured no {spec.effect!r} (it measured "
+                                   f"{sorted(r.measured)}): fix the key in its @claim")
+                    continue
+                value = r.measured[spec.effect]
+                values.append(value)
+                if math.isfinite(value) and spec.passes(value) != r.holds:
+                    o.notes.append(f"seed {r.seed}: the claim says holds={r.holds} but {spec.effect}={_fmt(value)} "
+                                   f"{'passes' if spec.passes(value) else 'misses'} {spec.describe}")
+            o.verdict, o.interval = judging.judge_effect(spec, values)
+            if o.notes and any("measured no" in n for n in o.notes):
+                o.verdict = "error"
+        else:
+            o.verdict, o.interval = judging.judge_rate([bool(r.holds) for r in judged])
+        outcomes.append(o)
+    return outcomes
 
 
 def trial_record(cfg: Any, final: Mapping[str, float], trial_id: str) -> Trial:
     return {**to_dict(cfg), **{k: float(v) for k, v in final.items()}, "trial_id": trial_id}
 
 
-def _run_local(sweep: Sweep) -> tuple[list[Trial], list[str], str, str]:
+Ran = tuple[list[Trial], dict[str, dict[str, Any]], list[str], str | None, str | None]
+"""Finished trials, trial_id -> params of every trial, failed trials, parent run id, tracking URI."""
+
+
+def _run_local(sweep: Sweep, tags: Mapping[str, str]) -> Ran:
     """Every trial in this process, one after another, each its own MLflow child run."""
     from orchestrator import zero
     from orchestrator.console import ProgressSink
@@ -164,13 +355,15 @@ def _run_local(sweep: Sweep) -> tuple[list[Trial], list[str], str, str]:
     sweep_id = f"{sweep.name}-{stamp}"
     parent = tracking.start_run(
         sweep.name, run_name=sweep_id, uri=uri,
-        tags={"workload": sweep.workload, "paper": workload.paper, "ladder.kind": "reproduce", "ladder.mode": "local"},
+        tags={"workload": sweep.workload, "paper": workload.paper, "ladder.kind": "reproduce", "ladder.mode": "local",
+              **tags},
         params={"sweep.trials": str(sweep.trial_count()), **{f"base.{k}": v for k, v in flatten(base).items()}},
     )
-    trials, failed = [], []
+    trials, failed, ran = [], [], {}
     root = Path(LOCAL_DIR).resolve() / sweep_id
     for i, params in enumerate(sweep.trial_params()):
         trial_id = f"trial_{i:03d}"
+        ran[trial_id] = params
         cfg = apply_overrides(base, params)
         run_id = tracking.start_run(
             sweep.name, run_name=f"{sweep_id}-{trial_id}", parent_run_id=parent, uri=uri, params=flatten(cfg),
@@ -195,32 +388,40 @@ def _run_local(sweep: Sweep) -> tuple[list[Trial], list[str], str, str]:
             run.close()
             tracking.end_run(run_id, status, uri=uri)
     tracking.end_run(parent, "FINISHED", uri=uri)
-    return trials, failed, parent, uri
+    return trials, ran, failed, parent, uri
 
 
-def _run_ray(sweep: Sweep, resume: bool, verbose: bool = False) -> tuple[list[Trial], list[str], str | None, str | None]:
+def _run_ray(sweep: Sweep, resume: bool, verbose: bool, tags: Mapping[str, str]) -> Ran:
     """The sweep on Ray Tune; each trial's final metrics are read back from its MLflow child run."""
     from orchestrator import tune_run
 
     result = tune_run.run_sweep(sweep, resume=resume, verbose=verbose)
     base = sweep.check()
     c = tracking.client(result.tracking_uri)
+    if result.parent_run_id and tags:
+        tracking.set_tags(result.parent_run_id, dict(tags), uri=result.tracking_uri)
     exp = c.get_experiment_by_name(sweep.name)
     runs = c.search_runs([exp.experiment_id], filter_string=f"tags.`ladder.sweep_id` = '{result.sweep_id}'")
     finals = {r.data.tags.get("ladder.trial_id"): tracking.get_final(r, result.tracking_uri) for r in runs}
-    trials, failed = [], []
+    trials, failed, ran = [], [], {}
     for t in sorted(result.trials, key=lambda t: t["trial_id"]):
+        ran[t["trial_id"]] = dict(t["params"])
         final = finals.get(t["trial_id"])
         if t["error"] or not final:
             failed.append(f"{t['trial_id']} {t['params']}: {t['error'] or 'no final metrics recorded'}")
             continue
         trials.append(trial_record(apply_overrides(base, t["params"]), final, t["trial_id"]))
-    return trials, failed, result.parent_run_id, result.tracking_uri
+    return trials, ran, failed, result.parent_run_id, result.tracking_uri
 
 
-def reproduce(name: str, *, smoke: bool = False, seed: int = 0, local: bool = False, resume: bool = False,
-              verbose: bool = False) -> Reproduction:
-    sweep = load_repro(name, smoke=smoke, seed=seed)  # every input check before anything runs
+def reproduce(name: str, *, smoke: bool = False, seed: int = 0, seeds: int | None = None, local: bool = False,
+              resume: bool = False, verbose: bool = False) -> Reproduction:
+    """Run the reproduction of workload `name` at `seeds` seeds (default: 1 with `smoke`, else
+    FULL_SEEDS) from `seed` on, and judge its claims and checks."""
+    if seeds is None:
+        seeds = 1 if smoke else FULL_SEEDS
+    p = plan(name, smoke=smoke, seed=seed, seeds=seeds)  # every input check before anything runs
+    sweep = p.sweep
     if local and resume:
         raise ConfigError("--resume continues a reproduction on Ray; a --local one runs again from the start")
     if not local and not os.environ.get("RAY_ADDRESS"):
@@ -228,45 +429,82 @@ def reproduce(name: str, *, smoke: bool = False, seed: int = 0, local: bool = Fa
 
         check_resources(sweep.workers, sweep.cpus_per_worker)
     workload = sweep.load_workload()
+    tags = {"ladder.seeds": ",".join(map(str, p.seeds)), "ladder.smoke": str(smoke).lower()}
     started = time.monotonic()
     if local:
-        trials, failed, parent, uri = _run_local(sweep)
+        trials, ran, failed, parent, uri = _run_local(sweep, tags)
     else:
-        trials, failed, parent, uri = _run_ray(sweep, resume, verbose)
-    results = evaluate(workload.claims, trials) if trials else []
-    rep = Reproduction(name, sweep, trials, results, failed, parent, uri, time.monotonic() - started)
+        trials, ran, failed, parent, uri = _run_ray(sweep, resume, verbose, tags)
+    by_seed = split_by_seed(p, trials, ran)
+    claim_fns, check_fns = workload.claims, workload.checks
+    outcomes = []
+    if trials:
+        outcomes = (judge(claim_fns, [evaluate(claim_fns, ts, s) for s, ts in zip(p.seeds, by_seed)], "claim")
+                    + judge(check_fns, [evaluate(check_fns, ts, s) for s, ts in zip(p.seeds, by_seed)], "check"))
+    rep = Reproduction(name, sweep, trials, outcomes, failed, parent, uri, time.monotonic() - started, p.seeds, smoke)
     if parent:
-        _log(rep, workload, seed=seed, smoke=smoke)
+        _log(rep, workload)
     return rep
 
 
-def _log(rep: Reproduction, workload: registry.Workload, *, seed: int, smoke: bool) -> None:
+def outcome_record(o: Outcome) -> dict[str, Any]:
+    """An outcome as plain JSON (what claims.json holds and `ladder report` reads back)."""
+    return {"name": o.name, "statement": o.statement, "kind": o.kind, "verdict": o.verdict,
+            "spec": dataclasses.asdict(o.spec) if o.spec else None,
+            "interval": dataclasses.asdict(o.interval) if o.interval else None, "notes": o.notes,
+            "per_seed": [dataclasses.asdict(r) for r in o.per_seed]}
+
+
+def outcome_from_record(d: Mapping[str, Any]) -> Outcome:
+    return Outcome(d["name"], d["statement"], d["kind"], [ClaimResult(**r) for r in d["per_seed"]], d["verdict"],
+                   judging.Spec(**d["spec"]) if d.get("spec") else None,
+                   judging.Interval(**d["interval"]) if d.get("interval") else None, list(d.get("notes") or []))
+
+
+def _log(rep: Reproduction, workload: registry.Workload) -> None:
     uri, run_id = rep.tracking_uri, rep.parent_run_id
     c = tracking.client(uri)
-    for claim in rep.claims:
-        if claim.judged:  # a claim not judged at this size has no 0/1 to log
-            c.log_metric(run_id, f"claim/{claim.name}", 1.0 if claim.holds else 0.0)
-        for key, value in claim.measured.items():
+    for o in rep.outcomes:
+        prefix = f"{o.kind}/{o.name}"
+        if o.judged:  # held at every seed judged: 1, else 0; not judged at this size: nothing to log
+            c.log_metric(run_id, prefix, 1.0 if o.holds else 0.0)
+        if o.interval is not None:
+            for part in ("mean", "low", "high"):
+                value = getattr(o.interval, part)
+                if math.isfinite(value):
+                    c.log_metric(run_id, f"{prefix}/{'rate' if o.spec is None else 'effect'}_{part}", value)
+        for key, value in o.measured.items():
             if math.isfinite(value):
-                c.log_metric(run_id, f"claim/{claim.name}/{key}", value)
+                c.log_metric(run_id, f"{prefix}/{key}", value)
     tracking.set_tags(run_id, {
         "ladder.claims": _count(rep),
-        "ladder.reproduced": str(rep.holds).lower(),
-        "ladder.seed": str(seed),
-        "ladder.smoke": str(smoke).lower(),
+        "ladder.reproduced": str(rep.ok).lower(),
+        "ladder.seed": str(rep.seeds[0]),
+        "ladder.seeds": ",".join(map(str, rep.seeds)),
+        "ladder.smoke": str(rep.smoke).lower(),
+        **{f"ladder.verdict.{o.name}": o.verdict for o in rep.outcomes},
     }, uri=uri)
     tracking.log_text(run_id, format_claims(rep), "claims.txt", uri=uri)
-    tracking.log_text(run_id, json.dumps([dataclasses.asdict(r) for r in rep.claims], indent=2), "claims.json", uri=uri)
+    tracking.log_text(run_id, json.dumps([outcome_record(o) for o in rep.outcomes], indent=2), "claims.json", uri=uri)
     tracking.log_text(run_id, json.dumps(rep.trials, indent=2, default=str), "repro_trials.json", uri=uri)
-    plot = getattr(workload.module, "plot", None)
-    if plot is not None and rep.trials:
+    if rep.trials:
         with tempfile.TemporaryDirectory(prefix="ladder-plot-") as tmp:
-            path = Path(tmp) / f"{rep.name}_claims.png"
-            try:
-                plot(rep.trials, path)
+            path = draw_plot(rep, workload, Path(tmp) / f"{rep.name}_claims.png")
+            if path is not None:
                 c.log_artifact(run_id, str(path))
-            except Exception as exc:  # a broken plot must not hide the measured claims
-                tracking.warn(f"{rep.name}: claim plot failed: {type(exc).__name__}: {exc}")
+
+
+def draw_plot(rep: Reproduction, workload: registry.Workload, path: Path) -> Path | None:
+    """The workload's claim plot over every trial of the reproduction, or None (no plot, or it failed)."""
+    plot = getattr(workload.module, "plot", None)
+    if plot is None or not rep.trials:
+        return None
+    try:
+        plot(rep.trials, path)
+        return path
+    except Exception as exc:  # a broken plot must not hide the measured claims
+        tracking.warn(f"{rep.name}: claim plot failed: {type(exc).__name__}: {exc}")
+        return None
 
 
 def _fmt(value: float) -> str:
@@ -277,25 +515,73 @@ def _fmt(value: float) -> str:
     return f"{value:.4g}"
 
 
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return ["  ".join([*(c.ljust(w) for c, w in zip(r, widths)), r[-1]]).rstrip() for r in rows]
+
+
+def interval_text(o: Outcome) -> str:
+    iv = o.interval
+    if iv is None:
+        return "-"
+    if o.spec is None:
+        return f"held at {round(iv.mean * iv.n)}/{iv.n} seeds, [{iv.low:.2f}, {iv.high:.2f}]"
+    if iv.n == 1:
+        return "- (1 seed: no interval)"
+    return f"[{_fmt(iv.low)}, {_fmt(iv.high)}]"
+
+
 def format_claims(rep: Reproduction) -> str:
-    rows = [("claim", "holds", "measured")]
-    for c in rep.claims:
-        measured = ", ".join(f"{k}={_fmt(v)}" for k, v in c.measured.items()) or c.error
-        rows.append((c.name, "not judged" if not c.judged else "yes" if c.holds else "NO", measured))
-    widths = [max(len(r[i]) for r in rows) for i in range(2)]
-    lines = [f"{r[0].ljust(widths[0])}  {r[1].ljust(widths[1])}  {r[2]}" for r in rows]
-    lines += [f"  {c.name}: {c.statement}" for c in rep.claims]
+    n = len(rep.seeds)
+    seeds = ", ".join(map(str, rep.seeds))
+    lines = [f"CLAIMS: effects the paper reports, judged over {n} seed{'s' * (n > 1)} ({seeds})"]
+    rows = [("claim", "effect, threshold", "mean", "95% interval", "per seed", "verdict")]
+    for o in rep.claims:
+        mean = _fmt(o.interval.mean) if o.interval is not None and o.spec is not None else "-"
+        per_seed = " ".join(_fmt(v) for v in o.effects) if o.spec else " ".join(
+            "-" if r.holds is None else "yes" if r.holds else "no" for r in o.per_seed)
+        rows.append((o.name, o.spec.describe if o.spec else "(undeclared: share of seeds)", mean, interval_text(o),
+                     per_seed, o.verdict.upper() if o.verdict in (judging.FAILS, "error") else o.verdict))
+    lines += _table(rows) if rep.claims else ["  (none)"]
+    lines.append("CHECKS: invariants and mechanism sanity, which must hold at every seed")
+    rows = [("check", "held", "measured" + (f" (seed {rep.seeds[0]})" if n > 1 else ""))]
+    for o in rep.checks:
+        held = sum(bool(r.holds) for r in o.per_seed if r.judged)
+        judged = sum(r.judged for r in o.per_seed)
+        first = o.per_seed[0]
+        measured = ", ".join(f"{k}={_fmt(v)}" for k, v in first.measured.items()) or o.error
+        state = "not judged" if not judged else f"{held}/{judged}" + ("" if held == judged else " FAILS")
+        rows.append((o.name, "error" if o.verdict == "error" else state, measured))
+    lines += _table(rows) if rep.checks else ["  (none)"]
+    for o in rep.claims:
+        lines.append(f"  {o.name}: {o.statement}")
+        if o.spec is not None:
+            lines.append(f"      paper: {o.spec.paper}; threshold from: {o.spec.source}")
+        if n == 1 or o.spec is not None:
+            for r in o.per_seed:
+                shown = ", ".join(f"{k}={_fmt(v)}" for k, v in r.measured.items()) or r.error
+                lines.append(f"      seed {r.seed}: {shown}")
+        lines += [f"      note: {x}" for x in o.notes]
+    for o in rep.checks:
+        lines.append(f"  {o.name}: {o.statement}")
+        lines += [f"      seed {r.seed}: {r.error}" for r in o.per_seed if r.error]
     for f in rep.failed_trials:
         lines.append(f"trial failed: {f}")
-    all_judged = all(c.judged for c in rep.claims)
-    verdict = ("all claims hold" if all_judged else "all judged claims hold") if rep.holds else "NOT reproduced"
-    lines.append(f"{rep.name}: {verdict} ({_count(rep).removesuffix(' hold')}, {len(rep.trials)} trials, {rep.wall_s:.0f} s)")
+    verdict = "reproduction OK (no claim fails)" if rep.ok else "NOT reproduced"
+    lines.append(f"{rep.name}: {verdict}: {_count(rep)} ({n} seed{'s' * (n > 1)}, {len(rep.trials)} trials, "
+                 f"{rep.wall_s:.0f} s)")
+    if n == 1 and rep.claims:
+        lines.append("  one seed gives no interval: run --seeds 3 or more for a verdict")
     return "\n".join(lines)
 
 
 def _count(rep: Reproduction) -> str:
-    """'3/4 claims hold', or '2/3 claims hold, 1 not judged' when some could not be decided."""
-    judged = [c for c in rep.claims if c.judged]
-    text = f"{sum(bool(c.holds) for c in judged)}/{len(judged)} claims hold"
-    skipped = len(rep.claims) - len(judged)
-    return text + (f", {skipped} not judged" if skipped else "")
+    """'claims: 2 hold, 1 inconclusive, 1 fails; checks: 3/3 hold'."""
+    order = [judging.HOLDS, judging.INCONCLUSIVE, judging.FAILS, "error", judging.NOT_JUDGED]
+    counts = {v: sum(o.verdict == v for o in rep.claims) for v in order}
+    claims = ", ".join(f"{counts[v]} {v}" for v in order if counts[v]) or "none"
+    checks = rep.checks
+    held = sum(o.verdict == judging.HOLDS for o in checks)
+    judged = sum(o.verdict != judging.NOT_JUDGED for o in checks)
+    return f"claims: {claims}; checks: {held}/{judged} hold" + (
+        f", {len(checks) - judged} not judged" if len(checks) > judged else "")

@@ -75,11 +75,12 @@ def workdir(tmp_path, monkeypatch):
 
 
 def assert_claims_hold(rep, names: list[str] | None = None) -> None:
-    """Assert that the named claims of a reproduction hold (every claim when `names` is None) and
-    that none of its trials failed; the message names each claim that fails, with its numbers."""
-    known = {c.name for c in rep.claims}
+    """Assert that the named claims and checks of a reproduction hold at every seed it ran (every
+    claim and check when `names` is None) and that none of its trials failed; the message names
+    each one that fails, with its numbers."""
+    known = {c.name for c in rep.outcomes}
     unknown = sorted(set(names or ()) - known)
-    assert not unknown, f"the reproduction has no claim {unknown}: it has {sorted(known)}"
+    assert not unknown, f"the reproduction has no claim or check {unknown}: it has {sorted(known)}"
     problems = rep.failures(names)
     assert not problems, problems
 

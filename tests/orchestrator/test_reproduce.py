@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import reproduce
-from orchestrator.config import ConfigError
+from orchestrator import claims as judging, reproduce
+from orchestrator.claims import claim
+from orchestrator.config import ConfigError, apply_overrides
 from orchestrator.registry import UnknownWorkload
 from orchestrator.sweep import Sweep, SweepError
 
@@ -65,37 +66,113 @@ def higher_is_better(trials):
     return by["b"] > by["a"], {"a": by["a"], "b": by["b"]}
 
 
+@claim("gain", at_least=0.5, paper="b scores at least 0.5 above a", threshold_from="calibrated on seeds 100-104")
+def b_gains(trials):
+    """b scores at least half a point above a."""
+    by = {t["variant"]: t["eval/score"] for t in trials}
+    return by["b"] - by["a"] >= 0.5, {"gain": by["b"] - by["a"]}
+
+
 def needs_a_missing_trial(trials):
     """Variant c beats a."""
     by = {t["variant"]: t["eval/score"] for t in trials}
     return by["c"] > by["a"], {}
 
 
+def scores_positive(trials):
+    """Every score is positive."""
+    return all(t["eval/score"] > 0 for t in trials), {"lowest": min(t["eval/score"] for t in trials)}
+
+
+def pair(a, b):
+    return [{"variant": "a", "eval/score": a}, {"variant": "b", "eval/score": b}]
+
+
+def rep_of(per_seed_trials, claims, checks=()):
+    """A Reproduction judged from the trials of each seed, as `reproduce` judges a finished sweep."""
+    seeds = list(range(len(per_seed_trials)))
+    outcomes = (reproduce.judge(list(claims), [reproduce.evaluate(list(claims), ts, s) for s, ts in zip(seeds, per_seed_trials)], "claim")
+                + reproduce.judge(list(checks), [reproduce.evaluate(list(checks), ts, s) for s, ts in zip(seeds, per_seed_trials)], "check"))
+    trials = [t for ts in per_seed_trials for t in ts]
+    return reproduce.Reproduction("demo", Sweep(name="x", workload="mx_anomaly"), trials, outcomes, [], None, None, 1.0,
+                                  seeds)
+
+
 def test_evaluate_measures_and_reports_errors():
-    trials = [{"variant": "a", "eval/score": 1.0}, {"variant": "b", "eval/score": 2.0}]
-    results = reproduce.evaluate([higher_is_better, needs_a_missing_trial], trials)
-    assert [(r.name, r.holds) for r in results] == [("higher_is_better", True), ("needs_a_missing_trial", False)]
+    trials = pair(1.0, 2.0)
+    results = reproduce.evaluate([higher_is_better, needs_a_missing_trial], trials, seed=4)
+    assert [(r.name, r.holds, r.seed) for r in results] == [("higher_is_better", True, 4), ("needs_a_missing_trial", False, 4)]
     assert results[0].measured == {"a": 1.0, "b": 2.0}
     assert results[0].statement == "Trial b beats trial a."
     assert "KeyError" in results[1].error
-    flipped = reproduce.evaluate([higher_is_better], [{"variant": "a", "eval/score": 3.0}, {"variant": "b", "eval/score": 2.0}])
+    flipped = reproduce.evaluate([higher_is_better], pair(3.0, 2.0))
     assert not flipped[0].holds
 
-    rep = reproduce.Reproduction("demo", Sweep(name="x", workload="mx_anomaly"), trials, results, [], None, None, 1.0)
+    rep = rep_of([trials], [higher_is_better, needs_a_missing_trial])
     table = reproduce.format_claims(rep)
-    assert "higher_is_better" in table and "yes" in table and "NO" in table and "KeyError" in table
-    assert "NOT reproduced (1/2 claims" in table
-    assert not rep.holds
+    assert "higher_is_better" in table and "ERROR" in table and "KeyError" in table
+    assert "NOT reproduced" in table and not rep.holds and not rep.ok
 
 
-def test_cli_rejects_bad_input_before_running(workdir):
-    proc = run_cli(["reproduce", "nope"], cwd=workdir, timeout=60)
-    assert proc.returncode == 2 and "unknown workload 'nope'" in proc.stderr
-    proc = run_cli(["reproduce", "celerity_lm", "--smoke"], cwd=workdir, timeout=60)
-    assert proc.returncode == 2 and "has no CLAIMS" in proc.stderr
-    proc = run_cli(["reproduce", "mx_anomaly", "--local", "--resume"], cwd=workdir, timeout=60)
-    assert proc.returncode == 2 and "drop --local" in proc.stderr
-    assert not (workdir / "mlruns.db").exists()  # nothing recorded for refused input
+def test_claims_are_judged_across_seeds_with_an_interval_and_checks_at_every_seed():
+    # gains 1.0, 1.2, 0.9: the whole t-interval is above 0.5
+    rep = rep_of([pair(1.0, 2.0), pair(1.0, 2.2), pair(0.5, 1.4)], [b_gains], [scores_positive])
+    (o,), (chk,) = rep.claims, rep.checks
+    assert o.verdict == "holds" and o.interval.n == 3 and o.interval.mean == pytest.approx(1.0333, abs=1e-3)
+    assert o.interval.low > 0.5 and o.effects == pytest.approx([1.0, 1.2, 0.9])
+    assert chk.verdict == "holds" and chk.kind == "check" and rep.ok and rep.holds
+    table = reproduce.format_claims(rep)
+    claims_part, checks_part = table.split("CHECKS")
+    assert "b_gains" in claims_part and "gain >= 0.5" in claims_part and "holds" in claims_part
+    assert "scores_positive" in checks_part and "3/3" in checks_part
+    assert "calibrated on seeds 100-104" in table and "b scores at least 0.5 above a" in table
+
+    # gains 0.1, 0.2, 0.0: wholly below
+    rep = rep_of([pair(1.0, 1.1), pair(1.0, 1.2), pair(1.0, 1.0)], [b_gains])
+    assert rep.claims[0].verdict == "fails" and not rep.ok and "FAILS" in reproduce.format_claims(rep)
+    # gains 1.0, 0.0, 0.9: the interval straddles 0.5
+    rep = rep_of([pair(1.0, 2.0), pair(1.0, 1.0), pair(1.0, 1.9)], [b_gains])
+    assert rep.claims[0].verdict == "inconclusive" and rep.ok and not rep.holds
+    assert "b_gains does not hold at seed 1" in rep.failures()[0]
+    # one seed: no interval, whatever the value
+    rep = rep_of([pair(1.0, 3.0)], [b_gains])
+    assert rep.claims[0].verdict == "inconclusive" and rep.holds and rep.ok
+    assert "1 seed: no interval" in reproduce.format_claims(rep)
+    # a check that fails at one seed of three fails
+    rep = rep_of([pair(1.0, 2.0), pair(-1.0, 2.0), pair(1.0, 2.0)], [b_gains], [scores_positive])
+    assert rep.checks[0].verdict == "fails" and not rep.ok and "2/3 FAILS" in reproduce.format_claims(rep)
+
+
+def test_an_undeclared_claim_is_judged_on_the_share_of_seeds_it_held_at():
+    held_everywhere = [pair(1.0, 2.0)] * 6
+    assert rep_of(held_everywhere, [higher_is_better]).claims[0].verdict == "holds"  # CP lower bound 0.54
+    assert rep_of(held_everywhere[:5], [higher_is_better]).claims[0].verdict == "inconclusive"  # 0.48
+    assert rep_of([pair(2.0, 1.0)] * 6, [higher_is_better]).claims[0].verdict == "fails"
+
+
+def test_a_declared_effect_the_claim_does_not_measure_is_an_error_named_with_the_fix():
+    @claim("gian", at_least=0.5, paper="x")
+    def typo(trials):
+        """b gains."""
+        return True, {"gain": 1.0}
+
+    o = rep_of([pair(1.0, 2.0), pair(1.0, 2.0)], [typo]).claims[0]
+    assert o.verdict == "error" and "measured no 'gian'" in o.notes[0] and "fix the key" in o.notes[0]
+    with pytest.raises(ValueError, match="exactly one of at_least= and at_most="):
+        claim("gain", paper="x")
+    with pytest.raises(ValueError, match="paper= must state"):
+        claim("gain", at_least=0.0, paper=" ")
+
+
+def test_interval_arithmetic_matches_the_tables():
+    assert judging.t_quantile(0.975, 1) == pytest.approx(12.706, abs=1e-3)
+    assert judging.t_quantile(0.975, 4) == pytest.approx(2.776, abs=1e-3)
+    assert judging.t_quantile(0.975, 30) == pytest.approx(2.042, abs=1e-3)
+    iv = judging.t_interval([1, 2, 3, 4, 5])
+    assert (iv.mean, iv.low, iv.high) == pytest.approx((3.0, 1.0368, 4.9632), abs=1e-4)
+    cp = judging.rate_interval(3, 5)
+    assert (cp.low, cp.high) == pytest.approx((0.1466, 0.9473), abs=1e-4)
+    assert judging.rate_interval(5, 5).low == pytest.approx(0.4782, abs=1e-4)
 
 
 def needs_the_full_size(trials):
@@ -105,22 +182,37 @@ def needs_the_full_size(trials):
 
 
 def test_a_claim_not_judged_at_this_size_is_shown_as_such_and_never_counts_as_holding():
-    trials = [{"variant": "a", "eval/score": 1.0}, {"variant": "b", "eval/score": 2.0}]
+    trials = pair(1.0, 2.0)
     results = reproduce.evaluate([higher_is_better, needs_the_full_size], trials)
     assert [(r.name, r.holds, r.judged) for r in results] == [
         ("higher_is_better", True, True), ("needs_the_full_size", None, False)]
     assert results[1].measured == {"a": 1.0, "b": 2.0}  # the numbers are still reported
-    rep = reproduce.Reproduction("demo", Sweep(name="x", workload="mx_anomaly"), trials, results, [], None, None, 1.0)
-    table = reproduce.format_claims(rep)
-    assert "not judged" in table and "all judged claims hold (1/1 claims hold, 1 not judged" in table
-    assert rep.holds  # every judged claim holds
+    rep = rep_of([trials], [higher_is_better, needs_the_full_size])
+    assert [o.verdict for o in rep.claims] == ["inconclusive", "not judged"]
+    assert "not judged" in reproduce.format_claims(rep) and rep.holds  # every judged claim held
+    only_unjudged = rep_of([trials], [needs_the_full_size])
+    assert not only_unjudged.holds  # nothing judged: nothing reproduced
 
-    failing = reproduce.evaluate([needs_a_missing_trial, needs_the_full_size], trials)
-    rep = reproduce.Reproduction("demo", Sweep(name="x", workload="mx_anomaly"), trials, failing, [], None, None, 1.0)
-    assert not rep.holds and "NOT reproduced (0/1 claims hold, 1 not judged" in reproduce.format_claims(rep)
-    only_unjudged = reproduce.evaluate([needs_the_full_size], trials)
-    rep = reproduce.Reproduction("demo", Sweep(name="x", workload="mx_anomaly"), trials, only_unjudged, [], None, None, 1.0)
-    assert not rep.holds  # nothing judged: nothing reproduced
+
+def test_seeds_build_disjoint_replicates_merged_into_one_sweep():
+    one = reproduce.plan("car_lora", smoke=True, seed=3)
+    assert one.seeds == [3] and one.sweep.trial_count() == len(one.groups[0])
+    three = reproduce.plan("car_lora", smoke=True, seed=3, seeds=3)
+    assert three.seeds == [3, 4, 5] and three.sweep.trial_count() == 3 * one.sweep.trial_count()
+    base = three.sweep.check()
+    assert [{apply_overrides(base, p).seed for p in g} for g in three.groups] == [{3}, {4}, {5}]
+    assert three.sweep.name == one.sweep.name  # one MLflow experiment per reproduction size
+    # a build that uses two seeds steps by two, so the replicates never share a seed
+    wide = reproduce.plan("car_lora", smoke=False, seed=0, seeds=2)
+    used = [sorted({apply_overrides(wide.sweep.check(), p).seed for p in g}) for g in wide.groups]
+    assert not set(used[0]) & set(used[1]) and wide.seeds[1] - wide.seeds[0] == len(used[0])
+    trials = [{"trial_id": f"t{i}", "x": i} for i in range(three.sweep.trial_count())]
+    ran = {f"t{i}": p for i, p in enumerate(three.sweep.trial_params())}
+    split = reproduce.split_by_seed(three, list(reversed(trials)), ran)
+    n = len(one.groups[0])
+    assert [sorted(t["x"] for t in g) for g in split] == [list(range(k * n, (k + 1) * n)) for k in range(3)]
+    with pytest.raises(ConfigError, match="at least one seed"):
+        reproduce.plan("car_lora", smoke=True, seeds=0)
 
 
 def test_a_workload_of_ones_own_reproduces_from_repro_py_in_its_package(tmp_path, monkeypatch):
