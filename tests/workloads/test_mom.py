@@ -13,9 +13,16 @@ import torch.nn.functional as F
 
 from orchestrator.run import LocalRun
 from workloads.celerity_lm import data as celerity_data
-from workloads.mom import CLAIMS, Config, plot, smoke, train, validate
+from orchestrator.claims import spec_of
+from workloads.mom import CHECKS, CLAIMS, Config, plot, smoke, train, validate
 from workloads.mom import data
-from workloads.mom.claims import PARAM_TOLERANCE, mom_recalls_more_than_single_memory, state_constant_in_length
+from workloads.mom.claims import (
+    PARAM_TOLERANCE,
+    mom_gap_grows_with_pairs,
+    mom_recalls_more_than_single_memory,
+    parameter_counts_matched,
+    state_constant_in_length,
+)
 from workloads.mom.memory import chunked, load_balancing_loss, recurrent_reference, route
 from workloads.mom.model import LM, MemoryMixer, param_count, state_bytes
 from workloads.mom.workload import build_model, count_params, matched_mlp_hidden, measure_state
@@ -387,20 +394,37 @@ def trials_for(mom=(0.9, 0.7), single=(0.7, 0.3), params=(1000, 1005), soft_stat
     ]
 
 
+def _agrees_with_its_spec(fn, trials) -> bool:
+    """What the claim says at these trials, asserting that its declared effect says the same."""
+    spec = spec_of(fn)
+    assert spec is not None, f"{fn.__name__} has no @claim"
+    holds, measured = fn(trials)
+    assert spec.passes(measured[spec.effect]) == holds, (fn.__name__, measured)
+    return holds
+
+
 def test_claims_hold_on_the_papers_pattern():
-    results = {c.__name__: c(trials_for()) for c in CLAIMS}
+    results = {c.__name__: c(trials_for()) for c in CLAIMS + CHECKS}
     assert all(holds for holds, _ in results.values()), results
+    assert all(_agrees_with_its_spec(c, trials_for()) for c in CLAIMS)
+    assert all(spec_of(c) is None for c in CHECKS)
     recall = results["mom_recalls_more_than_single_memory"][1]
-    assert recall["mean_gap"] == pytest.approx(0.3) and recall["param_gap"] == pytest.approx(0.005)
+    assert recall["mean_gap"] == pytest.approx(0.3)
     assert (recall["gap_shortest"], recall["gap_longest"]) == pytest.approx((0.2, 0.4))
+    assert results["mom_gap_grows_with_pairs"][1]["gap_growth"] == pytest.approx(0.2)
+    assert results["parameter_counts_matched"][1]["param_gap"] == pytest.approx(0.005)
     state = results["state_constant_in_length"][1]
     assert state["mom_growth"] == 1.0 and state["softmax_growth"] == 4.0 and state["softmax_bytes_per_token"] == 6.25
 
 
 def test_claims_fail_when_the_pattern_is_absent():
-    assert not mom_recalls_more_than_single_memory(trials_for(mom=(0.75, 0.35)))[0]  # gap below the margin
-    assert not mom_recalls_more_than_single_memory(trials_for(mom=(1.0, 0.5)))[0]  # gap shrinks with more pairs
-    assert not mom_recalls_more_than_single_memory(trials_for(params=(1000, 1500)))[0]  # unmatched parameters
+    small_gap = trials_for(mom=(0.75, 0.38))  # gap below the margin (0.065), growing
+    assert not _agrees_with_its_spec(mom_recalls_more_than_single_memory, small_gap)
+    assert _agrees_with_its_spec(mom_gap_grows_with_pairs, small_gap)
+    shrinking = trials_for(mom=(1.0, 0.5))  # gap above the margin, shrinking with more pairs
+    assert _agrees_with_its_spec(mom_recalls_more_than_single_memory, shrinking)
+    assert not _agrees_with_its_spec(mom_gap_grows_with_pairs, shrinking)
+    assert not parameter_counts_matched(trials_for(params=(1000, 1500)))[0]  # unmatched parameters
     assert not state_constant_in_length(trials_for(soft_state=(100, 120)))[0]  # softmax cache does not grow
     growing = trials_for()
     growing[0]["eval/state_bytes_T64"] = 51.0
@@ -411,11 +435,13 @@ def test_claims_average_seeds_and_refuse_unlike_memories():
     a = trials_for()
     b = [{**t, "seed": 1, "eval/recall_T32": 0.2 if t["mixer"] == "mom" else t["eval/recall_T32"]} for t in a]
     holds, measured = mom_recalls_more_than_single_memory(a + b)
-    assert measured["mom_T32"] == pytest.approx(0.45) and measured["mean_gap"] == pytest.approx(0.175)
-    assert not holds  # averaged over seeds the gap at 32 (0.15) falls below the one at 16 (0.2)
+    assert measured["mom_T32"] == pytest.approx(0.45) and measured["mean_gap"] == pytest.approx(0.175) and holds
+    # averaged over seeds the gap at 32 (0.15) falls below the one at 16 (0.2)
+    assert not _agrees_with_its_spec(mom_gap_grows_with_pairs, a + b)
     unlike = [{**t, "head_dim": 16} if t["mixer"] == "single" else t for t in a]
-    with pytest.raises(ValueError, match="differ in head_dim"):
-        mom_recalls_more_than_single_memory(unlike)
+    for fn in (mom_recalls_more_than_single_memory, mom_gap_grows_with_pairs, parameter_counts_matched):
+        with pytest.raises(ValueError, match="differ in head_dim"):
+            fn(unlike)
 
 
 def test_plot_writes_a_png(tmp_path):
@@ -434,7 +460,9 @@ def test_smoke_reproduction_holds(workdir):
     rep = reproduce("mom", smoke=True, local=True)
     assert not rep.failed_trials
     assert sorted(t["mixer"] for t in rep.trials) == ["mom", "single", "softmax"]
-    assert_claims_hold(rep, ["state_constant_in_length"])
+    assert {c.name for c in rep.claims} == {c.__name__ for c in CLAIMS}
+    assert {c.name for c in rep.checks} == {c.__name__ for c in CHECKS}
+    assert_claims_hold(rep, ["state_constant_in_length", "parameter_counts_matched"])
     # The recall claim's margin (a mean gap of 0.10) is judged and reported by `ladder reproduce`,
     # not asserted: at one seed it is within the processor's reach (seed 0: 0.086 with ATen's AVX2
     # kernels, 0.103 with its portable ones). What held at every seed and kernel path measured
@@ -445,6 +473,8 @@ def test_smoke_reproduction_holds(workdir):
     lengths = sorted(int(k[len("mom_T"):]) for k in m if k.startswith("mom_T"))
     behind = [n for n in lengths if m[f"mom_T{n}"] <= m[f"single_T{n}"]]
     assert not behind and m["gap_longest"] > m["gap_shortest"], (behind, m)
-    assert m["param_gap"] <= PARAM_TOLERANCE, m
-    for claim in rep.claims:
+    assert rep.checks and all(c.holds for c in rep.checks)
+    params = next(c for c in rep.checks if c.name == "parameter_counts_matched").measured
+    assert params["param_gap"] <= PARAM_TOLERANCE, params
+    for claim in rep.claims + rep.checks:
         assert all(math.isfinite(v) for v in claim.measured.values()), claim

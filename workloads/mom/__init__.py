@@ -20,11 +20,12 @@ measures the bytes of inference state carried from one generated token to the ne
 prefix lengths (`eval/state_bytes_T<len>`).
 
 The claims: MoM recalls more than single-memory linear attention at the same state per memory
-and parameter count; its inference state stays constant in sequence length while the softmax
-model's key/value cache grows with it.
+and parameter count, and its lead does not shrink with more pairs. The checks: its inference state
+stays constant in sequence length while the softmax model's key/value cache grows with it, and
+the parameter counts match.
 """
 
-from workloads.mom.claims import CLAIMS, plot
+from workloads.mom.claims import CHECKS, CLAIMS, plot
 from workloads.mom.workload import Config, preflight, smoke, train, validate
 
-__all__ = ["CLAIMS", "Config", "plot", "preflight", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "preflight", "smoke", "train", "validate"]
