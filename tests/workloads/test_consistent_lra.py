@@ -17,12 +17,15 @@ from workloads.consistent_lra.algorithms import (
     split_accuracy,
     subspace_cost,
 )
+from orchestrator.claims import spec_of
 from workloads.consistent_lra.claims import (
     iid_rows_barely_differ,
+    lazy_cost_ratio_exceeds_1_plus_eps_when_opt_is_small,
     lazy_cost_within_additive_bound,
     lazy_recourse_10x_below_baseline,
     lazy_refreshes_within_log_bound,
     multiplicative_cost_within_1_plus_eps,
+    multiplicative_recourse_10x_below_baseline,
 )
 from workloads.consistent_lra.streams import make_stream
 from workloads.consistent_lra.workload import curve_steps
@@ -329,25 +332,49 @@ def _trial(stream: str, algorithm: str, eps: float, **metrics: float) -> dict:
     return {**base, **{f"eval/{k}": v for k, v in metrics.items()}}
 
 
+def _judged(fn, trials) -> bool:
+    """What the claim says at these trials, asserting that its declared effect says the same."""
+    spec = spec_of(fn)
+    assert spec is not None, f"{fn.__name__} has no @claim"
+    holds, measured = fn(trials)
+    assert spec.passes(measured[spec.effect]) == holds, (fn.__name__, measured)
+    return holds
+
+
+def test_every_claim_is_declared_and_the_checks_are_not():
+    assert all(spec_of(fn) is not None for fn in clra.CLAIMS)
+    assert all(spec_of(fn) is None for fn in clra.CHECKS)
+    assert {fn.__name__ for fn in clra.CHECKS} == {"lazy_cost_within_additive_bound", "lazy_refreshes_within_log_bound"}
+
+
 def test_claims_measure_and_can_fail():
     every = _trial("flip", "every", 0.1, recourse=1000.0)
     good = _trial("flip", "additive", 0.1, recourse=25.0, max_excess=0.05, refreshes=10.0, frob_growth=1e4)
     close = _trial("flip", "additive", 0.1, recourse=200.0, max_excess=0.12, refreshes=200.0, frob_growth=1e4)
-    holds, measured = lazy_recourse_10x_below_baseline([every, good])
-    assert holds and measured["k2_eps0.1_ratio"] == pytest.approx(40.0)
-    assert not lazy_recourse_10x_below_baseline([every, close])[0]
-    assert not lazy_recourse_10x_below_baseline([good])[0]  # no baseline: nothing to judge
+    assert _judged(lazy_recourse_10x_below_baseline, [every, good])
+    assert lazy_recourse_10x_below_baseline([every, good])[1]["k2_eps0.1_ratio"] == pytest.approx(40.0)
+    assert not _judged(lazy_recourse_10x_below_baseline, [every, close])
+    with pytest.raises(ValueError, match="'every' trial to compare"):  # no baseline: nothing to judge
+        lazy_recourse_10x_below_baseline([good])
+    mult_good = {**good, "algorithm": "multiplicative", "sketch": "leverage", "eval/recourse": 50.0}
+    assert _judged(multiplicative_recourse_10x_below_baseline, [every, mult_good])
+    assert not _judged(multiplicative_recourse_10x_below_baseline, [every, {**mult_good, "eval/recourse": 150.0}])
+    # checks: the additive rule's own guarantees
     assert lazy_cost_within_additive_bound([good])[0] and not lazy_cost_within_additive_bound([close])[0]
     # bound: 1 + ceil(log(1e4) / log(1.1)) = 98
     holds, measured = lazy_refreshes_within_log_bound([good])
     assert holds and measured["flip_k2_eps0.1_bound"] == 98
     assert not lazy_refreshes_within_log_bound([close])[0]
     mult = _trial("gaussian", "multiplicative", 0.1, max_cost_ratio=1.2)
-    assert not multiplicative_cost_within_1_plus_eps([mult])[0]
-    assert not multiplicative_cost_within_1_plus_eps([{**mult, "eval/max_cost_ratio": math.nan}])[0]
+    assert not _judged(multiplicative_cost_within_1_plus_eps, [mult])
+    assert _judged(multiplicative_cost_within_1_plus_eps, [{**mult, "eval/max_cost_ratio": 1.1}])
+    assert not _judged(multiplicative_cost_within_1_plus_eps, [{**mult, "eval/max_cost_ratio": math.nan}])
+    lazy_emerging = _trial("emerging", "additive", 0.1, max_cost_ratio=3.0)
+    assert _judged(lazy_cost_ratio_exceeds_1_plus_eps_when_opt_is_small, [lazy_emerging])
+    assert not _judged(lazy_cost_ratio_exceeds_1_plus_eps_when_opt_is_small, [{**lazy_emerging, "eval/max_cost_ratio": 1.05}])
     iid_every = _trial("gaussian", "every", 0.1, recourse=1000.0)
-    assert not iid_rows_barely_differ([iid_every, _trial("gaussian", "additive", 0.1, recourse=10.0)])[0]
-    assert iid_rows_barely_differ([iid_every, _trial("gaussian", "additive", 0.1, recourse=800.0)])[0]
+    assert not _judged(iid_rows_barely_differ, [iid_every, _trial("gaussian", "additive", 0.1, recourse=10.0)])
+    assert _judged(iid_rows_barely_differ, [iid_every, _trial("gaussian", "additive", 0.1, recourse=800.0)])
 
 
 @pytest.mark.slow
@@ -358,7 +385,8 @@ def test_smoke_reproduction_holds(workdir):
     assert not rep.failed_trials
     assert rep.holds, rep.failures()
     assert {c.name for c in rep.claims} == {f.__name__ for f in clra.CLAIMS}
-    for claim in rep.claims:
+    assert {c.name for c in rep.checks} == {f.__name__ for f in clra.CHECKS}
+    for claim in rep.claims + rep.checks:
         assert claim.measured and all(math.isfinite(v) for v in claim.measured.values()), claim.name
     sep = next(c for c in rep.claims if c.name == "lazy_recourse_10x_below_baseline").measured
     assert sep["k2_eps0.1_ratio"] >= 10 and sep["k2_eps0.5_ratio"] >= 10

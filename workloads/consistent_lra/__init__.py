@@ -16,7 +16,7 @@ paper's UCI Rice and Skin, SuiteSparse's Landmark; `data.py`). `train/loss` is
 cost/||A^(t)||_F^2.
 """
 
-from workloads.consistent_lra.claims import CLAIMS, plot
+from workloads.consistent_lra.claims import CHECKS, CLAIMS, plot
 from workloads.consistent_lra.workload import Config, preflight, smoke, train, validate
 
-__all__ = ["CLAIMS", "Config", "plot", "preflight", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "preflight", "smoke", "train", "validate"]

@@ -1,9 +1,13 @@
-"""The claims of the reproduction sweep, and its plot.
+"""The claims and checks of the reproduction sweep, and its plot.
 
 Each trial is one (stream, algorithm, eps) run; trials that share a stream (every field that
 shapes the rows, seed included) are compared with that stream's `every` trial, the baseline.
 Measured numbers are the worst case over the seeds and streams a claim covers, labelled by k and
-eps (and the stream where a claim spans several).
+eps (and the stream where a claim spans several), with the one number each claim is judged on.
+
+The checks are the additive rule's own guarantees (Theorem 1.1: cost within OPT_t + eps
+||A^(t)||_F^2, and the count of recomputations and the recourse each may spend): the rule meets
+them by construction, whatever the stream, so they test the code rather than the paper.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable
 
+from orchestrator.claims import claim
 from workloads.consistent_lra.workload import curve_steps
 
 Trial = dict[str, Any]
@@ -58,11 +63,20 @@ def _recourse_separation(trials: list[Trial], algorithm: str) -> tuple[bool, dic
         lazy[f"{lab}_{algorithm}"].append(t["eval/recourse"])
         ratios[f"{lab}_ratio"].append(b["eval/recourse"] / max(t["eval/recourse"], 1e-12))
     if not ratios:
-        return False, {"pairs": 0.0}
-    holds = all(r >= RECOURSE_SEPARATION for rs in ratios.values() for r in rs)
-    return holds, {**_worst(every, min), **_worst(lazy, max), **_worst(ratios, min)}
+        raise ValueError(f"no {algorithm!r} trial on the flip stream has its stream's 'every' trial to compare with")
+    worst = min(r for rs in ratios.values() for r in rs)
+    return worst >= RECOURSE_SEPARATION, {**_worst(every, min), **_worst(lazy, max), **_worst(ratios, min),
+                                          "worst_ratio": worst}
 
 
+_SEPARATION = dict(
+    at_least=RECOURSE_SEPARATION,
+    paper="a more than 400-fold recourse separation from recomputing at every step (Section 4)",
+    threshold_from="ours: the issue's 'at least 10x below the baseline'",
+)
+
+
+@claim("worst_ratio", **_SEPARATION)
 def lazy_recourse_10x_below_baseline(trials: list[Trial]) -> tuple[bool, dict[str, float]]:
     """On the flip stream the lazy (additive) algorithm's recourse is at least 10x below recomputing every step."""
     return _recourse_separation(trials, "additive")
@@ -94,34 +108,62 @@ def lazy_refreshes_within_log_bound(trials: list[Trial]) -> tuple[bool, dict[str
     return holds, {**_worst(used, max), "max_recourse_over_2k_refreshes": max(per_refresh)}
 
 
+def _over_one_plus_eps(t: Trial) -> float:
+    """A trial's worst cost/OPT minus 1 + eps (inf when it measured nan: a bound that cannot be read fails)."""
+    ratio = float(t["eval/max_cost_ratio"])
+    return ratio - (1 + t["eps"]) if math.isfinite(ratio) else math.inf
+
+
+@claim("worst_over_bound", at_most=TOL,
+       paper="the multiplicative algorithm's cost is within (1+eps) OPT_t at every step, with recourse "
+             "k^2/eps^2 polylog (k^{3/2}/eps^2 polylog for integer matrices)",
+       threshold_from="paper: the bound 1+eps itself, with 1e-9 of rounding slack")
 def multiplicative_cost_within_1_plus_eps(trials: list[Trial]) -> tuple[bool, dict[str, float]]:
     """At every step the multiplicative variant's cost is within (1+eps)*OPT_t, on every stream."""
     ratios = defaultdict(list)
     mult = _select(trials, algorithm="multiplicative")
+    if not mult:
+        raise ValueError("no multiplicative trial")
     for t in mult:
         ratios[f"{_label(t, stream=True)}_max_ratio"].append(t["eval/max_cost_ratio"])
-    ok = all(t["eval/max_cost_ratio"] <= 1 + t["eps"] + TOL for t in mult)  # nan fails
-    return bool(mult) and ok, _worst(ratios, max)
+    worst = max(_over_one_plus_eps(t) for t in mult)
+    return worst <= TOL, {**_worst(ratios, max), "worst_over_bound": worst}
 
 
+@claim("least_over_bound", at_least=0.0,
+       paper="the lazy rule's guarantee (Theorem 1.1) is additive only, cost <= OPT_t + eps ||A^(t)||_F^2; "
+             "a (1+eps) OPT_t guarantee takes the multiplicative algorithm",
+       threshold_from="paper: the multiplicative bound 1+eps the additive rule does not promise")
 def lazy_cost_ratio_exceeds_1_plus_eps_when_opt_is_small(trials: list[Trial]) -> tuple[bool, dict[str, float]]:
-    """Where OPT_t is a sliver of ||A^(t)||_F^2 (the emerging stream) the lazy algorithm's cost/OPT exceeds 1+eps: its guarantee is additive only."""
+    """Where OPT_t is a sliver of ||A^(t)||_F^2 (the emerging stream) the lazy algorithm's cost/OPT reaches past 1+eps: its guarantee is additive only.
+
+    Judged on the smallest excess over 1+eps among the lazy trials (a tie, measure zero, counts as reaching it).
+    """
     lazy, mult = defaultdict(list), defaultdict(list)
-    for t in _select(trials, stream="emerging", algorithm="additive"):
+    additive = _select(trials, stream="emerging", algorithm="additive")
+    if not additive:
+        raise ValueError("no additive trial on the emerging stream")
+    for t in additive:
         lazy[f"{_label(t)}_additive_max_ratio"].append(t["eval/max_cost_ratio"])
     for t in _select(trials, stream="emerging", algorithm="multiplicative"):
         mult[f"{_label(t)}_multiplicative_max_ratio"].append(t["eval/max_cost_ratio"])
-    ok = all(t["eval/max_cost_ratio"] > 1 + t["eps"] for t in _select(trials, stream="emerging", algorithm="additive"))
-    return bool(lazy) and ok, {**_worst(lazy, min), **_worst(mult, max)}
+    least = min(float(t["eval/max_cost_ratio"]) - (1 + t["eps"]) for t in additive)
+    least = least if math.isfinite(least) else -math.inf  # nan: not shown to exceed
+    return least >= 0.0, {**_worst(lazy, min), **_worst(mult, max), "least_over_bound": least}
 
 
+@claim("worst_ratio", **_SEPARATION)
 def multiplicative_recourse_10x_below_baseline(trials: list[Trial]) -> tuple[bool, dict[str, float]]:
     """On the flip stream the multiplicative variant's recourse is at least 10x below recomputing every step."""
     return _recourse_separation(trials, "multiplicative")
 
 
+@claim("worst_ratio", at_most=IID_SIMILAR,
+       paper="none for i.i.d. rows: a control of ours (the paper's separation is on adversarial streams; i.i.d. "
+             "subspaces converge, so recomputing every step spends little recourse there)",
+       threshold_from="ours: 5x, set with the claim in the first implementation")
 def iid_rows_barely_differ(trials: list[Trial]) -> tuple[bool, dict[str, float]]:
-    """On i.i.d. Gaussian rows the algorithms barely differ: recomputing every step has under 5x the lazy algorithm's recourse."""
+    """On i.i.d. Gaussian rows the algorithms barely differ: recomputing every step has at most 5x the lazy algorithm's recourse."""
     base = _baselines(trials)
     every, ratios = defaultdict(list), defaultdict(list)
     for t in _select(trials, stream="gaussian", algorithm="additive"):
@@ -131,20 +173,19 @@ def iid_rows_barely_differ(trials: list[Trial]) -> tuple[bool, dict[str, float]]
         every[f"k{t['k']}_every"].append(b["eval/recourse"])
         ratios[f"{_label(t)}_ratio"].append(b["eval/recourse"] / max(t["eval/recourse"], 1e-12))
     if not ratios:
-        return False, {"pairs": 0.0}
-    holds = all(r < IID_SIMILAR for rs in ratios.values() for r in rs)
-    return holds, {**_worst(every, max), **_worst(ratios, max)}
+        raise ValueError("no additive trial on the gaussian stream has its stream's 'every' trial to compare with")
+    worst = max(r for rs in ratios.values() for r in rs)
+    return worst <= IID_SIMILAR, {**_worst(every, max), **_worst(ratios, max), "worst_ratio": worst}
 
 
 CLAIMS = [
     lazy_recourse_10x_below_baseline,
-    lazy_cost_within_additive_bound,
-    lazy_refreshes_within_log_bound,
     multiplicative_cost_within_1_plus_eps,
     lazy_cost_ratio_exceeds_1_plus_eps_when_opt_is_small,
     multiplicative_recourse_10x_below_baseline,
     iid_rows_barely_differ,
 ]
+CHECKS = [lazy_cost_within_additive_bound, lazy_refreshes_within_log_bound]
 
 _COLORS = {"every": "tab:red", "additive": "tab:blue", "multiplicative": "tab:green"}
 _STYLES = ("-", "--", ":", "-.")
