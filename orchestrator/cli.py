@@ -179,6 +179,17 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     return 0 if rep.ok else 1
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from orchestrator import report
+
+    if args.from_mlflow and args.local:
+        raise UsageError("--from-mlflow reads recorded reproductions; --local says how to run them: give one or the other")
+    out = report.build(args.names or None, smoke=args.smoke, seeds=args.seeds, local=args.local,
+                       use_mlflow=args.from_mlflow, out=Path(args.out), seed=args.seed)
+    print(f"wrote {out} (and its data in {out.parent / 'reproductions'})")
+    return 0
+
+
 def _cmd_audit(args: argparse.Namespace) -> int:
     from orchestrator.audit import main_audit
 
@@ -315,6 +326,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verbose", action="store_true", help="also show Ray's own output: Tune's configuration box and "
                    "status tables, its TensorBoard hint, Ray Train's line per report")
     p.set_defaults(func=_cmd_reproduce)
+
+    p = sub.add_parser("report", help="run the reproductions at several seeds and write the reproduction report",
+                       description="Run `ladder reproduce NAME --seeds K` for each NAME (every workload with CLAIMS by "
+                                   "default), or read the newest recorded ones from MLflow, and write the report: per "
+                                   "paper, each claim with the paper's number, ours, its 95%% interval, the seeds, the "
+                                   "verdict, the size, date and commit, and the claim plot. Sections of workloads not "
+                                   "named are kept.")
+    p.add_argument("names", nargs="*", metavar="NAME", help="workloads to (re)measure; default: all with CLAIMS")
+    p.add_argument("--smoke", action="store_true", help="the CPU-sized reproductions")
+    p.add_argument("--seeds", type=_positive_int, default=5, help="seeds per reproduction (default 5)")
+    p.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
+    p.add_argument("--local", action="store_true", help="run the trials in this process, without Ray")
+    p.add_argument("--from-mlflow", action="store_true", help="read the newest finished reproductions of this size and "
+                   "seed count from MLflow instead of running them")
+    p.add_argument("--out", default="docs/reproductions.md", help="the page to write (default docs/reproductions.md)")
+    p.set_defaults(func=_cmd_report)
 
     p = sub.add_parser("audit", help="replay stopping policies on a finished sweep's curves",
                        description="Replay collapse, ASHA, median, current-best and random stopping on the full curves "

@@ -32,6 +32,7 @@ import json
 import math
 import os
 import runpy
+import subprocess
 import tempfile
 import time
 import traceback
@@ -332,6 +333,19 @@ def judge(fns: list[Claim], per_seed: list[list[ClaimResult]], kind: str) -> lis
     return outcomes
 
 
+def source_commit(folder: Path | None = None) -> str:
+    """The checkout's commit, '-dirty' when tracked files differ from it; '' outside git."""
+    cwd = str(folder or Path(__file__).resolve().parents[1])
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=cwd, capture_output=True, text=True,
+                             timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd, capture_output=True,
+                               text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return sha + ("-dirty" if dirty else "")
+
+
 def trial_record(cfg: Any, final: Mapping[str, float], trial_id: str) -> Trial:
     return {**to_dict(cfg), **{k: float(v) for k, v in final.items()}, "trial_id": trial_id}
 
@@ -429,7 +443,8 @@ def reproduce(name: str, *, smoke: bool = False, seed: int = 0, seeds: int | Non
 
         check_resources(sweep.workers, sweep.cpus_per_worker)
     workload = sweep.load_workload()
-    tags = {"ladder.seeds": ",".join(map(str, p.seeds)), "ladder.smoke": str(smoke).lower()}
+    tags = {"ladder.seeds": ",".join(map(str, p.seeds)), "ladder.smoke": str(smoke).lower(),
+            "ladder.commit": source_commit()}
     started = time.monotonic()
     if local:
         trials, ran, failed, parent, uri = _run_local(sweep, tags)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from orchestrator import claims as judging, reproduce
@@ -235,3 +237,78 @@ def test_a_workload_of_ones_own_reproduces_from_repro_py_in_its_package(tmp_path
         "                 overrides={'seed': seed}, space={'lr': grid(1e-3, 1e-2)})\n")
     sweep = reproduce.load_repro(module, smoke=True, seed=2)
     assert sweep.name == "repro-lab.repro_moe-smoke" and sweep.trial_count() == 2 and sweep.base_config().seed == 2
+
+
+OWN_CLAIMS = '''
+
+from orchestrator.claims import claim
+
+
+@claim("gap", at_least=0.0, paper="a larger learning rate ends lower within the same budget")
+def larger_lr_ends_lower(trials):
+    """The larger learning rate ends with the lower held-out loss."""
+    by_lr = {t["lr"]: t["eval/loss"] for t in trials}
+    gap = by_lr[min(by_lr)] - by_lr[max(by_lr)]
+    return gap >= 0.0, {"gap": gap, "low_lr": by_lr[min(by_lr)], "high_lr": by_lr[max(by_lr)]}
+
+
+@claim("gap", at_least=10.0, paper="a made-up claim no run can meet")
+def loss_falls_by_ten(trials):
+    """The larger learning rate ends ten units of loss lower (losses here are below 1)."""
+    by_lr = {t["lr"]: t["eval/loss"] for t in trials}
+    gap = by_lr[min(by_lr)] - by_lr[max(by_lr)]
+    return gap >= 10.0, {"gap": gap}
+
+
+def losses_finite(trials):
+    """Every trial ends with a finite loss."""
+    import math
+    return all(math.isfinite(t["eval/loss"]) for t in trials), {"trials": len(trials)}
+
+
+CLAIMS = [larger_lr_ends_lower, loss_falls_by_ten]
+CHECKS = [losses_finite]
+'''
+
+
+@pytest.mark.slow
+def test_reproduce_over_seeds_prints_both_tables_exits_on_a_failing_claim_and_reports(tmp_path, monkeypatch):
+    from orchestrator import scaffold
+
+    monkeypatch.chdir(tmp_path)
+    folder, module = scaffold.new("seeded", tmp_path / "lab")
+    assert module == "lab.seeded"
+    with (folder / "__init__.py").open("a") as fh:
+        fh.write(OWN_CLAIMS)
+    (folder / "repro.py").write_text(
+        "from orchestrator.sweep import Sweep, grid\n"
+        "def build(*, smoke=False, seed=0):\n"
+        "    return Sweep(name='x', workload='lab.seeded', base='smoke', overrides={'seed': seed, 'steps': 40},\n"
+        "                 space={'lr': grid(1e-4, 1e-2)})\n")
+    env = {"PYTHONPATH": str(tmp_path)}
+    proc = run_cli(["reproduce", module, "--smoke", "--local", "--seeds", "3", "--seed", "7"], cwd=tmp_path, env=env,
+                   timeout=600)
+    out = proc.stdout
+    assert proc.returncode == 1, out + proc.stderr  # loss_falls_by_ten fails: its whole interval is below 10
+    claims_part, checks_part = out.split("CHECKS")
+    assert "judged over 3 seeds (7, 8, 9)" in claims_part
+    row = next(line for line in claims_part.splitlines() if line.startswith("loss_falls_by_ten"))
+    assert "gap >= 10" in row and row.rstrip().endswith("FAILS")
+    row = next(line for line in claims_part.splitlines() if line.startswith("larger_lr_ends_lower"))
+    assert "gap >= 0" in row and "[" in row  # an interval over three seeds
+    assert "losses_finite" in checks_part and "3/3" in checks_part
+    assert "claims: " in out and "1 fails" in out and "checks: 1/1 hold" in out
+
+    # the report reads that reproduction back from MLflow and writes the page
+    from orchestrator import report
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    page_path = report.build([module], smoke=True, seeds=3, use_mlflow=True, out=tmp_path / "docs" / "repro.md")
+    page = page_path.read_text()
+    data = json.loads((tmp_path / "docs" / "reproductions" / f"{module}.json").read_text())
+    assert data["seeds"] == [7, 8, 9] and data["smoke"] is True
+    assert f"| [`{module}`](#{module}) | smoke | 3 | " in page
+    assert "**fails**" in page and "a made-up claim no run can meet" in page and "`losses_finite` 3/3" in page
+    # no recorded reproduction at 5 seeds: refused, naming the command that records one
+    with pytest.raises(ConfigError, match=f"with 5 seeds .*ladder reproduce {module} --smoke --seeds 5"):
+        report.build([module], smoke=True, seeds=5, use_mlflow=True, out=tmp_path / "docs" / "repro.md")
