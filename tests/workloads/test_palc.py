@@ -11,7 +11,8 @@ import torch
 
 from conftest import assert_claims_hold
 from orchestrator.basemodel import base_world, load_base
-from workloads.palc import CLAIMS, plot, smoke, validate
+from orchestrator.claims import spec_of
+from workloads.palc import CHECKS, CLAIMS, plot, smoke, validate
 from workloads.palc.claims import (
     base_untouched, gamma_zero_is_base, latency_within_budget, preference_accuracy_rises, share_rises_with_gamma,
 )
@@ -213,7 +214,17 @@ def trial(**kw) -> dict:
 
 
 def test_claims_hold_on_the_papers_pattern():
-    assert [c([trial(), trial(seed=1)])[0] for c in CLAIMS] == [True] * len(CLAIMS)
+    assert [c([trial()])[0] for c in CLAIMS + CHECKS] == [True] * len(CLAIMS + CHECKS)
+    assert {c.__name__ for c in CHECKS} == {"gamma_zero_is_base", "base_untouched"}
+    # Each declared effect agrees with its function, on a pattern that holds and on one that fails.
+    flat = {f"eval/share_{k}/{gamma_key(g)}": 0.3 for k in ("greedy", "sampled") for g in (-1.0, 0.0, 0.5, 1.0, 2.0)}
+    failing = trial(**{"eval/pref_acc": 0.85, "perf/latency_ratio": 1.31, **flat})
+    for fn in CLAIMS:
+        spec = spec_of(fn)
+        assert spec is not None, fn.__name__
+        for t, expected in ((trial(), True), (failing, False)):
+            holds, measured = fn([t])
+            assert holds is expected and spec.passes(measured[spec.effect]) == holds, (fn.__name__, measured)
 
 
 @pytest.mark.parametrize("claim, change", [
@@ -230,6 +241,8 @@ def test_claims_hold_on_the_papers_pattern():
 def test_each_claim_fails_when_its_property_is_broken_in_one_seed(claim, change):
     holds, measured = claim([trial(), trial(seed=1, **change)])
     assert holds is False and measured
+    spec = spec_of(claim)
+    assert spec is None or not spec.passes(measured[spec.effect])
 
 
 def test_flat_shares_do_not_count_as_rising():

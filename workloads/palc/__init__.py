@@ -22,7 +22,7 @@ logits; per-token latency is at most 1.3x the base's; the base's parameters are 
 only B(H + V) parameters train.
 """
 
-from workloads.palc.claims import CLAIMS, plot
+from workloads.palc.claims import CHECKS, CLAIMS, plot
 from workloads.palc.workload import Config, smoke, train, validate
 
-__all__ = ["CLAIMS", "Config", "plot", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "smoke", "train", "validate"]
