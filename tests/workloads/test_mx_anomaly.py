@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from orchestrator import registry
+from orchestrator.claims import spec_of
 from orchestrator.config import ConfigError
 from workloads import celerity_lm
 from workloads import mx_anomaly as m
@@ -96,8 +97,41 @@ def _trial(fmt, glob, narrow_curve, wide_curve=(0.0125, 0.012, 0.011, 0.010, 0.0
 MONOTONE = (0.0125, 0.012, 0.011, 0.010, 0.009, 0.0073)
 
 
+def _lm_trial(t, weights, dloss, change=0.0):
+    """Add a narrowed LM's weight errors and loss increases (largest block first) to a synthetic trial."""
+    for b, w, d in zip(t["block_sizes"], weights, dloss):
+        t[f"eval/rel_mse/lm_narrow_weights/b{b}"] = w
+        t[f"eval/lm_narrow_dloss_w4/b{b}"] = d
+    t["eval/lm_narrow_loss_change"] = change
+    return t
+
+
+RISING = (0.0144, 0.0142, 0.0141, 0.0141, 0.0186, 0.0539)
+
+
+def _papers_pattern():
+    return [_lm_trial(_trial("ue4m3", False, RISING), RISING, (0.010, 0.009, 0.009, 0.009, 0.012, 0.030)),
+            _trial("ue4m3", True, MONOTONE),
+            _lm_trial(_trial("ue5m3", False, MONOTONE), MONOTONE, (0.010, 0.009, 0.009, 0.008, 0.008, 0.007))]
+
+
+def _absent_pattern():
+    return [_lm_trial(_trial("ue4m3", False, MONOTONE), MONOTONE, (0.010, 0.009, 0.009, 0.009, 0.009, 0.009), 1e-3),
+            _trial("ue4m3", True, (0.0125, 0.012, 0.011, 0.010, 0.009, 0.0095)),
+            _lm_trial(_trial("ue5m3", False, RISING), RISING, (0.010, 0.009, 0.009, 0.009, 0.012, 0.030))]
+
+
+def _spec_agrees(fn, trials) -> bool:
+    """What `fn` says at these trials, after asserting its declared effect agrees with it."""
+    spec = spec_of(fn)
+    assert spec is not None, f"{fn.__name__} has no @claim"
+    holds, measured = fn(trials)
+    assert spec.passes(measured[spec.effect]) == holds, (fn.__name__, measured)
+    return holds
+
+
 def test_claims_judge_the_curves_they_are_given():
-    rising = _trial("ue4m3", False, (0.0144, 0.0142, 0.0141, 0.0141, 0.0186, 0.0539))
+    rising = _trial("ue4m3", False, RISING)
     flat = _trial("ue4m3", False, MONOTONE)
     holds, measured = claims.ue4m3_anomaly([rising])
     assert holds and measured["threshold_block"] in (32.0, 64.0) and measured["narrow_rise"] == pytest.approx(0.0539 / 0.0141)
@@ -106,6 +140,23 @@ def test_claims_judge_the_curves_they_are_given():
     assert not claims.ue5m3_no_rise([_trial("ue5m3", False, (0.0125, 0.012, 0.011, 0.010, 0.009, 0.0095))])[0]
     with pytest.raises(LookupError, match="no trial with scale_format='ue5m3'"):
         claims.ue5m3_no_rise([rising])
+    # the wide tensor's error rising too: not the anomaly, however much the narrow one rises
+    wide_rises = _trial("ue4m3", False, RISING, wide_curve=tuple(reversed(MONOTONE)))
+    assert not _spec_agrees(claims.ue4m3_anomaly, [wide_rises])
+
+
+def test_claims_hold_on_the_papers_pattern_and_fail_without_it():
+    assert [spec_of(fn) is not None for fn in claims.CLAIMS] == [True] * len(claims.CLAIMS)
+    assert all(spec_of(fn) is None for fn in claims.CHECKS)
+    for fn in claims.CLAIMS:
+        assert _spec_agrees(fn, _papers_pattern()), fn.__name__
+        assert not _spec_agrees(fn, _absent_pattern()), fn.__name__
+    assert claims.narrowing_keeps_the_function(_papers_pattern())[0]
+    assert not claims.narrowing_keeps_the_function(_absent_pattern())[0]
+    # UE5M3 equal to UE4M3 + global scale but 10% off at one block: no match, though neither rises
+    off = _papers_pattern()
+    off[2]["eval/rel_mse/s0.005/b8"] *= 1.1
+    assert not _spec_agrees(claims.ue5m3_matches_global_scale, off) and claims.ue5m3_no_rise(off)[0]
 
 
 def test_quantizes_a_celerity_run_folder(workdir):
@@ -138,15 +189,17 @@ def test_the_lm_cache_key_is_the_lm_config_and_celerity_lm_code(monkeypatch, tmp
 
 @pytest.mark.slow
 def test_reproduce_mx_anomaly_on_ray(workdir):
-    """`ladder reproduce mx_anomaly --smoke` on the local Ray: every claim holds, the table and the
-    plot are in MLflow."""
+    """`ladder reproduce mx_anomaly --smoke` on the local Ray: every claim and check holds at its
+    seed, the tables and the plot are in MLflow."""
+    names = ("ue4m3_anomaly", "ue5m3_no_rise", "global_scale_also_removes_it", "ue5m3_matches_global_scale",
+             "lm_weight_anomaly", "lm_loss_anomaly")
     proc = run_cli(["reproduce", "mx_anomaly", "--smoke"], cwd=workdir, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    names = ("ue4m3_anomaly", "ue5m3_no_rise", "global_scale_also_removes_it", "lm_loss_anomaly")
-    verdicts = {line.split()[0]: line.split()[1] for line in proc.stdout.splitlines()
+    # one seed gives no interval: every claim is inconclusive, none fails, and the check holds
+    verdicts = {line.split()[0]: line.split()[-1] for line in proc.stdout.splitlines()
                 if line.split() and line.split()[0] in names}
-    assert verdicts == {n: "yes" for n in names}, proc.stdout
-    assert "all claims hold (4/4 claims, 4 trials" in proc.stdout
+    assert verdicts == {n: "inconclusive" for n in names}, proc.stdout
+    assert "claims: 6 inconclusive; checks: 1/1 hold (1 seed, 4 trials" in proc.stdout
 
     from orchestrator import tracking
 
@@ -155,14 +208,18 @@ def test_reproduce_mx_anomaly_on_ray(workdir):
     parents = [r for r in c.search_runs([exp.experiment_id]) if r.data.tags.get("ladder.kind") == "sweep"]
     assert len(parents) == 1
     parent = parents[0]
-    assert parent.data.tags["ladder.claims"] == "4/4 claims hold"
+    assert parent.data.tags["ladder.claims"] == "claims: 6 inconclusive; checks: 1/1 hold"
     assert parent.data.metrics["claim/ue4m3_anomaly"] == 1.0
     assert parent.data.metrics["claim/ue4m3_anomaly/narrow_rise"] > 2.0
+    assert parent.data.metrics["check/narrowing_keeps_the_function"] == 1.0
     artifacts = {a.path for a in c.list_artifacts(parent.info.run_id)}
     assert {"claims.txt", "claims.json", "repro_trials.json", "mx_anomaly_claims.png"} <= artifacts
     recorded = json.loads(open(c.download_artifacts(parent.info.run_id, "claims.json", str(workdir))).read())
-    assert {r["name"] for r in recorded} == {"ue4m3_anomaly", "ue5m3_no_rise", "global_scale_also_removes_it",
-                                             "lm_loss_anomaly"}
+    assert {r["name"]: r["kind"] for r in recorded} == {**{n: "claim" for n in names},
+                                                        "narrowing_keeps_the_function": "check"}
+    # every claim's declared effect passes its threshold at the seed judged
+    for r in recorded:
+        assert [s["holds"] for s in r["per_seed"]] == [True], r
     # The four trials quantize one LM: one trial trained it (a curve of held-out LM losses), the
     # others read it from the cache (one point), and all measured the same full-precision loss.
     trials = [r for r in c.search_runs([exp.experiment_id]) if "ladder.trial_id" in r.data.tags]

@@ -14,7 +14,7 @@ shrink below a threshold (the scale falls into UE4M3's subnormal range, where it
 coarse); with UE5M3 scales the error does not rise as blocks shrink.
 """
 
-from workloads.mx_anomaly.claims import CLAIMS, plot
+from workloads.mx_anomaly.claims import CHECKS, CLAIMS, plot
 from workloads.mx_anomaly.workload import Config, preflight, smoke, train, validate
 
-__all__ = ["CLAIMS", "Config", "plot", "preflight", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "preflight", "smoke", "train", "validate"]

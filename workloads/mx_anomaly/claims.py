@@ -1,15 +1,24 @@
-"""The paper's claims, measured on the trials of `sweeps/repro/mx_anomaly.py`, and its plot."""
+"""The paper's claims, measured on the trials of `sweeps/repro/mx_anomaly.py`, its check, and its plot.
+
+Each claim declares one scalar effect (`orchestrator.claims.claim`); where a claim is a conjunction
+(a rise here and none there), the effect is the smaller of the conditions' margins, each a ratio to
+its threshold, so it reaches 1 exactly when every condition holds. The LM narrowing keeping the
+model's function is a check: it holds by construction whatever the quantizer does.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from orchestrator.claims import claim
 from workloads.mx_anomaly.workload import sigma_key
 
 NARROW = 0.005  # a narrow weight distribution: its UE4M3 block scales are subnormal below B ~ 32
 WIDE = 1.0  # far inside UE4M3's normal range at every block size
 NO_RISE_TOL = 1.02  # halving the block may raise the error by 2% (sampling noise) and still count as "no rise"
+ANOMALY_RISE = 2.0  # the notes' CPU test: UE4M3's error at the smallest block at least twice its best
+MATCH_GAP = 0.05  # UE5M3 alone within 5% of UE4M3 + global scale at every block size
 
 
 def _trial(trials: list[dict[str, Any]], scale_format: str, global_scale: bool) -> dict[str, Any]:
@@ -37,6 +46,11 @@ def max_halving_ratio(points: list[tuple[int, float]]) -> float:
     return max(small / large for (_, large), (_, small) in zip(points, points[1:]))
 
 
+@claim("margin", at_least=1.0,
+       paper="below a threshold block size the output of an MX-quantized LLM gets worse, caused by narrow "
+             "distributions and the limited dynamic range of UE4M3 scales (no numbers in the notes)",
+       threshold_from="ours: the 2x rise is the implementation notes' CPU test, set before any run; margin 1 means "
+                      "rise/2 and the wide tensor's b_large/b_small error ratio both reach 1")
 def ue4m3_anomaly(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
     """UE4M3 scales without a global scale: a narrow tensor's error rises as blocks shrink below a threshold (a wide one's does not)."""
     t = _trial(trials, "ue4m3", False)
@@ -44,7 +58,7 @@ def ue4m3_anomaly(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]
     wide = curve(t, _need_sigma(t, WIDE))
     best_block, best = min(narrow, key=lambda p: p[1])
     smallest_block, at_smallest = narrow[-1]
-    rise = at_smallest / best
+    rise = at_smallest / best  # > 1 only when the best block is not the smallest: a threshold exists
     wide_ratio = wide[-1][1] / wide[0][1]
     measured = {
         f"narrow_mse_b{smallest_block}": at_smallest,
@@ -52,10 +66,16 @@ def ue4m3_anomaly(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]
         "threshold_block": float(best_block),
         "narrow_rise": rise,
         f"wide_mse_b{smallest_block}_over_b{wide[0][0]}": wide_ratio,
+        # >= 1 exactly when the narrow rise reaches 2x and the wide error does not rise
+        "margin": min(rise / ANOMALY_RISE, 1.0 / wide_ratio),
     }
-    return rise > 2.0 and best_block > smallest_block and wide_ratio <= 1.0, measured
+    return measured["margin"] >= 1.0, measured
 
 
+@claim("worst_halving_ratio", at_most=NO_RISE_TOL,
+       paper="the proposed fix, FP8 unsigned E5M3 (UE5M3) block scales for FP4, removes the anomaly (no numbers "
+             "in the notes)",
+       threshold_from="ours: 2% sampling-noise allowance on 'no rise', set when the workload was written, before any run")
 def ue5m3_no_rise(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
     """UE5M3 scales without a global scale: no tensor's error rises as blocks shrink, narrow ones included."""
     t = _trial(trials, "ue5m3", False)
@@ -64,53 +84,98 @@ def ue5m3_no_rise(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]
     narrow = curve(t, sigma_key(NARROW))
     measured = {f"max_halving_ratio_{k}": v for k, v in ratios.items()}
     measured[f"narrow_mse_b{narrow[-1][0]}_over_b{narrow[0][0]}"] = narrow[-1][1] / narrow[0][1]
-    return all(r <= NO_RISE_TOL for r in ratios.values()), measured
+    measured["worst_halving_ratio"] = max(ratios.values())
+    return measured["worst_halving_ratio"] <= NO_RISE_TOL, measured
 
 
+@claim("max_halving_ratio", at_most=NO_RISE_TOL,
+       paper="a per-tensor global scale also resolves it: UE5M3 obviates the need of global scaling (abstract; "
+             "no numbers in the notes)",
+       threshold_from="ours: 2% sampling-noise allowance on 'no rise', set when the workload was written, before any run")
 def global_scale_also_removes_it(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
-    """UE4M3 with NVFP4's per-tensor FP32 global scale shows no rise either; UE5M3 alone matches it within 5%."""
+    """UE4M3 with NVFP4's per-tensor FP32 global scale shows no rise on the narrow tensor either."""
+    g = _trial(trials, "ue4m3", True)
+    ratio = max_halving_ratio(curve(g, _need_sigma(g, NARROW)))
+    return ratio <= NO_RISE_TOL, {"max_halving_ratio": ratio}
+
+
+@claim("ue5m3_vs_global_max_gap", at_most=MATCH_GAP,
+       paper="UE5M3 scales match UE4M3 scales while obviating the need of global scaling (abstract; no numbers "
+             "in the notes)",
+       threshold_from="ours: 5%, set when the workload was written, before any run")
+def ue5m3_matches_global_scale(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
+    """On the narrow tensor, UE5M3 alone is within 5% of UE4M3 with the global scale at every block size."""
     g = _trial(trials, "ue4m3", True)
     u = _trial(trials, "ue5m3", False)
     key = _need_sigma(g, NARROW)
-    ratio = max_halving_ratio(curve(g, key))
     gap = max(abs(a[1] / b[1] - 1) for a, b in zip(curve(u, key), curve(g, key)))
-    return ratio <= NO_RISE_TOL and gap <= 0.05, {"max_halving_ratio": ratio, "ue5m3_vs_global_max_gap": gap}
+    return gap <= MATCH_GAP, {"ue5m3_vs_global_max_gap": gap}
 
 
 LOSS_FLOOR = 0.002  # nats: loss changes below this are within the held-out estimate's resolution
+WEIGHT_RISE = 1.5  # UE4M3's error on the narrowed LM weights at the smallest block over its best block
 
 
 def _dloss(trial: dict[str, Any], block: int) -> float:
     return trial[f"eval/lm_narrow_dloss_w4/b{block}"]
 
 
-def lm_loss_anomaly(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
-    """On a trained LM with narrow weights (same function), UE4M3 without a global scale errs more and loses more held-out loss at the smallest block; UE5M3 does not."""
+def _narrowed(trials: list[dict[str, Any]]) -> dict[str, Any]:
     a = _trial(trials, "ue4m3", False)
-    u = _trial(trials, "ue5m3", False)
     if f"eval/lm_narrow_dloss_w4/b{min(a['block_sizes'])}" not in a:
         raise LookupError("the trials measured no narrowed LM: set lm_narrow_std > 0")
+    return a
+
+
+@claim("ue4m3_weight_mse_rise", at_least=WEIGHT_RISE,
+       paper="the block-size anomaly appears on LLM weights, whose std (about 0.01-0.03) puts UE4M3 block scales "
+             "in the subnormal range (per-model numbers not verified in the notes)",
+       threshold_from="ours: set after measuring seeds 0-2, which include the seed a smoke run judges (not yet "
+                      "recalibrated on disjoint seeds)")
+def lm_weight_anomaly(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
+    """On a trained LM with narrow weights, UE4M3 without a global scale errs at least 1.5x more on its weights at the smallest block than at its best block."""
+    a = _narrowed(trials)
+    weights = curve(a, "lm_narrow_weights")
+    best_block, best = min(weights, key=lambda p: p[1])
+    rise = weights[-1][1] / best
+    return rise >= WEIGHT_RISE, {"ue4m3_weight_mse_rise": rise, "threshold_block": float(best_block)}
+
+
+@claim("margin_nats", at_least=0.0,
+       paper="perplexity of an MX-quantized LLM gets worse below a threshold block size with UE4M3 scales and no "
+             "global scale, not with UE5M3 (model list and perplexity numbers not verified in the notes)",
+       threshold_from="ours: a 0.002-nat resolution of the held-out loss, set when the workload was written, before "
+                      "any run; margin 0 means both loss conditions hold")
+def lm_loss_anomaly(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
+    """On a trained LM with narrow weights (same function), UE4M3 without a global scale loses more held-out loss at the smallest block than at its best one; UE5M3 does not lose more at the smallest block than at the largest."""
+    a = _narrowed(trials)
+    u = _trial(trials, "ue5m3", False)
     blocks = sorted(a["block_sizes"])
     small, large = blocks[0], blocks[-1]
     best = min(_dloss(a, b) for b in blocks)
-    weights = curve(a, "lm_narrow_weights")
-    weight_rise = weights[-1][1] / min(v for _, v in weights)
+    # How much loss a given weight error costs varies with the trained model (0.004-0.06 nats at
+    # B=8 over seeds 0-2), so the loss part asks for a rise beyond the estimate's resolution.
+    ue4m3_excess = _dloss(a, small) - best - LOSS_FLOOR  # >= 0: UE4M3 loses more at the smallest block
+    ue5m3_slack = _dloss(u, large) + LOSS_FLOOR - _dloss(u, small)  # >= 0: UE5M3 does not
     measured = {
-        "ue4m3_weight_mse_rise": weight_rise,
         f"ue4m3_dloss_b{small}": _dloss(a, small),
         "ue4m3_dloss_best": best,
         f"ue5m3_dloss_b{small}": _dloss(u, small),
         f"ue5m3_dloss_b{large}": _dloss(u, large),
-        "narrowing_loss_change": a["eval/lm_narrow_loss_change"],
+        "margin_nats": min(ue4m3_excess, ue5m3_slack),
     }
-    # How much loss a given weight error costs varies with the trained model (0.004-0.06 nats at
-    # B=8 over seeds 0-2), so the loss part asks for a rise beyond the estimate's resolution.
-    holds = (weight_rise > 1.5 and _dloss(a, small) > best + LOSS_FLOOR
-             and _dloss(u, small) <= _dloss(u, large) + LOSS_FLOOR and abs(a["eval/lm_narrow_loss_change"]) < 1e-4)
-    return holds, measured
+    return measured["margin_nats"] >= 0.0, measured
 
 
-CLAIMS = [ue4m3_anomaly, ue5m3_no_rise, global_scale_also_removes_it, lm_loss_anomaly]
+def narrowing_keeps_the_function(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
+    """Narrowing the LM's weights (LayerNorm gains compensate) leaves its held-out loss unchanged within 1e-4 nats."""
+    change = _narrowed(trials)["eval/lm_narrow_loss_change"]
+    return abs(change) < 1e-4, {"narrowing_loss_change": change}
+
+
+CLAIMS = [ue4m3_anomaly, ue5m3_no_rise, global_scale_also_removes_it, ue5m3_matches_global_scale, lm_weight_anomaly,
+          lm_loss_anomaly]
+CHECKS = [narrowing_keeps_the_function]
 
 
 def _label(t: dict[str, Any]) -> str:
