@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+from orchestrator.claims import spec_of
 from orchestrator.run import LocalRun
 from workloads.frl import claims as C
 from workloads.frl import workload as W
@@ -237,22 +238,36 @@ def _trial(backbone: str, frl: bool, e1: float, e4: float, solver=(0.1, 0.01)) -
     return t
 
 
+def _judged(claim, trials) -> bool:
+    """What the claim says at these trials, asserting that its declared effect says the same."""
+    spec = spec_of(claim)
+    assert spec is not None, f"{claim.__name__} has no @claim"
+    holds, measured = claim(trials)
+    assert spec.passes(measured[spec.effect]) == holds, (claim.__name__, measured)
+    return holds
+
+
 def test_claims_hold_on_the_paper_pattern_and_fail_without_it():
     paper = [_trial("fno", False, 0.05, 0.052), _trial("fno", True, 0.05, 0.02),
              _trial("cnn", False, 0.06, 0.12), _trial("cnn", True, 0.06, 0.04)]
-    for claim in C.CLAIMS:
+    assert C.CHECKS == [C.solver_calibration] and spec_of(C.solver_calibration) is None
+    for claim in C.CLAIMS + C.CHECKS:
         holds, measured = claim(paper)
         assert holds, claim.__name__
         assert all(math.isfinite(v) for v in measured.values())
+    for claim in C.CLAIMS:
+        assert _judged(claim, paper)
     holds, measured = C.baseline_anchored(paper)
     assert measured["burgers/fno/baseline_ratio"] == pytest.approx(1.04)
+    assert measured["least_baseline_ratio"] == pytest.approx(1.04)  # the CNN's is 2
 
     unanchored = [_trial("fno", False, 0.05, 0.04)] + paper[1:]
-    assert not C.baseline_anchored(unanchored)[0]
-    flat = paper[:1] + [_trial("fno", True, 0.05, 0.05)] + paper[2:]
-    assert not C.frl_error_falls(flat)[0]
+    assert not _judged(C.baseline_anchored, unanchored)
+    rising = paper[:1] + [_trial("fno", True, 0.05, 0.06)] + paper[2:]
+    assert not _judged(C.frl_error_falls, rising)
+    assert C.frl_error_falls(rising)[1]["worst_frl_ratio"] == pytest.approx(1.2)
     worse = paper[:1] + [_trial("fno", True, 0.06, 0.055)] + paper[2:]
-    assert C.frl_error_falls(worse)[0] and not C.frl_below_baseline(worse)[0]
+    assert _judged(C.frl_error_falls, worse) and not _judged(C.frl_below_baseline, worse)
     assert not C.solver_calibration([_trial("fno", False, 0.05, 0.05, solver=(0.01, 0.02))])[0]
 
 
@@ -330,9 +345,10 @@ def test_smoke_reproduction(workdir):
 
     rep = reproduce("frl", smoke=True, local=True)
     assert not rep.failed_trials
+    assert {c.name for c in rep.checks} == {c.__name__ for c in C.CHECKS}
     by_name = {c.name: c for c in rep.claims}
     assert set(by_name) == {c.__name__ for c in C.CLAIMS}
-    for claim in rep.claims:
+    for claim in rep.claims + rep.checks:
         assert claim.measured and not claim.error, claim.name
     for backbone in ("fno", "cnn"):
         assert f"burgers/{backbone}/baseline_ratio" in by_name["baseline_anchored"].measured

@@ -23,7 +23,7 @@ well copying the input's band would do) and, as a calibration control, the solve
 each resolution. `claims.py` says when the baseline is anchored and when it is not.
 """
 
-from workloads.frl.claims import CLAIMS, plot
+from workloads.frl.claims import CHECKS, CLAIMS, plot
 from workloads.frl.workload import Config, preflight, smoke, train, validate
 
-__all__ = ["CLAIMS", "Config", "plot", "preflight", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "preflight", "smoke", "train", "validate"]
