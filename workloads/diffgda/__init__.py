@@ -18,7 +18,7 @@ node descriptors, and a fresh domain classifier's accuracy), and the GCN trained
 evolution beats the source-only GCN in target Macro-F1.
 """
 
-from workloads.diffgda.claims import CLAIMS, plot
+from workloads.diffgda.claims import CHECKS, CLAIMS, plot
 from workloads.diffgda.workload import Config, smoke, train, validate
 
-__all__ = ["CLAIMS", "Config", "plot", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "smoke", "train", "validate"]

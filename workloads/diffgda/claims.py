@@ -7,6 +7,11 @@ the same score model and draw the same reverse-SDE noise, so the comparisons are
 claims compare means over seeds per task and must hold on every task. Where several guidance
 scales ran, the one the claims judge is chosen without target labels, by the lowest mean MMD of
 its evolved graphs to the target graphs; the others must still land closer than unguided.
+
+Each claim declares one scalar effect (`orchestrator.claims.claim`), the worst over tasks (and, for
+the distance, over conditions) of its margin, so it passes exactly when the claim holds on every
+task. The thresholds were calibrated at smoke size on seeds 0-5, which include the seed a smoke
+reproduction judges by default; they have not been recalibrated on disjoint seeds.
 """
 
 from __future__ import annotations
@@ -14,6 +19,11 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+
+from orchestrator.claims import claim
+
+CALIBRATION = ("ours: calibrated at smoke size on seeds 0-5, which include the seeds a smoke run judges "
+               "(not yet recalibrated on disjoint seeds)")
 
 DISTANCE_RATIO = 0.5
 """Guided over unguided MMD^2 to the target must be at most this (smoke size, seeds 0-5: 0.18-0.27)."""
@@ -67,10 +77,15 @@ def selected_scale(arms: dict[str, list[dict[str, Any]]]) -> str:
     return min(_guided(arms), key=lambda a: _mean(arms[a], "eval/evolved_mmd"))
 
 
+@claim("worst_slack", at_least=0.0,
+       paper="a domain-aware (density-ratio) guidance network steers the source-to-target evolution towards the "
+             "target domain (no numbers in the notes)",
+       threshold_from=CALIBRATION + "; slack 0 means every condition holds: MMD^2 ratio <= 0.5 and domain accuracy "
+                                    "0.05 lower at the selected scale, both lower at the others")
 def guided_closer_to_target(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
     """Guided evolution lands closer to the target than unguided: MMD^2 at most 0.5x and a fresh domain classifier's accuracy 0.05 lower at the selected scale, closer at every scale."""
     measured: dict[str, float] = {}
-    holds = True
+    slacks = []  # each condition's margin, >= 0 when it holds (an MMD^2 ratio or an accuracy, both fractions)
     for task, arms in by_task(trials).items():
         guided = _guided(arms)
         _need(arms, ["unguided"] + (guided or ["guided_s*"]), task, "guided_closer_to_target")
@@ -86,16 +101,21 @@ def guided_closer_to_target(trials: list[dict[str, Any]]) -> tuple[bool, dict[st
             measured[f"{pre}acc_{g}"] = acc
             measured[f"{pre}mmd_ratio_{g}"] = mmd / un_mmd
             if g == chosen:
-                holds &= mmd <= DISTANCE_RATIO * un_mmd and acc <= un_acc - DOMAIN_ACC_MARGIN
+                slacks += [DISTANCE_RATIO - mmd / un_mmd, un_acc - acc - DOMAIN_ACC_MARGIN]
             else:  # a scale not chosen must still move the samples towards the target
-                holds &= mmd < un_mmd and acc < un_acc
-    return holds, measured
+                slacks += [1.0 - mmd / un_mmd, un_acc - acc]
+    measured["worst_slack"] = min(slacks)
+    return measured["worst_slack"] >= 0.0, measured
 
 
+@claim("worst_gain", at_least=F1_MARGIN,
+       paper="DiffGDA beats graph domain adaptation baselines in target Micro-/Macro-F1 on 14 transfer tasks over "
+             "8 datasets (per-task numbers not verified in the notes)",
+       threshold_from=CALIBRATION)
 def beats_source_only(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
     """The GCN trained on source plus guided-evolved graphs beats the source-only GCN in target Macro-F1 by 0.05."""
     measured: dict[str, float] = {}
-    holds = True
+    gains = []
     for task, arms in by_task(trials).items():
         guided = _guided(arms)
         _need(arms, ["source_only"] + (guided or ["guided_s*"]), task, "beats_source_only")
@@ -109,11 +129,13 @@ def beats_source_only(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, flo
         measured[f"{pre}f1_guided"] = ours
         measured[f"{pre}selected_scale"] = float(chosen.split("_s")[1])
         measured[f"{pre}gain"] = ours - base
-        holds &= ours - base >= F1_MARGIN
-    return holds, measured
+        gains.append(ours - base)
+    measured["worst_gain"] = min(gains)
+    return measured["worst_gain"] >= F1_MARGIN, measured
 
 
 CLAIMS = [guided_closer_to_target, beats_source_only]
+CHECKS: list = []  # both effects depend on what training learns: neither holds by construction
 
 
 def plot(trials: list[dict[str, Any]], path: str | Path) -> None:
