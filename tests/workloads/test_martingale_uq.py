@@ -15,7 +15,8 @@ import torch
 from scipy import stats
 
 from orchestrator.run import LocalRun
-from workloads.martingale_uq import CLAIMS, Config, plot, smoke, train, validate
+from orchestrator.claims import spec_of
+from workloads.martingale_uq import CHECKS, CLAIMS, Config, plot, smoke, train, validate
 from workloads.martingale_uq import bytemodel, tabular
 from workloads.martingale_uq.claims import (
     bootstrap_undercovers_rare_alert, exact_covers_rare_alert, shortcut_wider_than_exact,
@@ -338,10 +339,22 @@ def trial(metric="alert_rate", shift=0.3, gap=0.02, exact=0.95, boot=0.5, short=
     return t
 
 
+def _judged(fn, trials) -> bool:
+    """What the claim says at these trials, asserting that its declared effect says the same."""
+    spec = spec_of(fn)
+    assert spec is not None, f"{fn.__name__} has no @claim"
+    holds, measured = fn(trials)
+    assert spec.passes(measured[spec.effect]) == holds, (fn.__name__, measured)
+    return holds
+
+
 def test_claims_hold_on_the_papers_pattern_and_report_the_under_stating_prior():
     trials = [trial(), trial(shift=-0.3, gap=-0.01, exact=0.5), trial(metric="mean_score", boot=0.87)]
-    results = {c.__name__: c(trials) for c in CLAIMS}
+    results = {c.__name__: c(trials) for c in CLAIMS + CHECKS}
     assert all(holds for holds, _ in results.values()), results
+    assert CHECKS == [shortcut_wider_than_exact] and spec_of(shortcut_wider_than_exact) is None
+    for c in CLAIMS:
+        assert _judged(c, trials)
     measured = results["exact_covers_rare_alert"][1]
     assert measured["exact_coverage"] == 0.95 and measured["exact_coverage_prior_below"] == 0.5
     assert results["bootstrap_undercovers_rare_alert"][1]["exact_minus_bootstrap"] == pytest.approx(0.45)
@@ -351,8 +364,9 @@ def test_claims_hold_on_the_papers_pattern_and_report_the_under_stating_prior():
 def test_claims_pool_seeds_by_repetitions_and_fail_without_the_pattern():
     cov = exact_covers_rare_alert([trial(exact=0.9, reps=200), trial(exact=0.8, reps=600)])[1]
     assert cov["exact_coverage"] == pytest.approx(0.825) and cov["repetitions"] == 800
-    assert not exact_covers_rare_alert([trial(exact=0.84)])[0]
-    assert not bootstrap_undercovers_rare_alert([trial(boot=0.6)])[0]
+    assert not _judged(exact_covers_rare_alert, [trial(exact=0.84)])
+    assert not _judged(bootstrap_undercovers_rare_alert, [trial(boot=0.61)])
+    assert _judged(bootstrap_undercovers_rare_alert, [trial(boot=0.6)])
     assert not shortcut_wider_than_exact([trial(), trial(metric="mean_score", ratio=0.99)])[0]
     with pytest.raises(ValueError, match="needs >= 200"):
         exact_covers_rare_alert([trial(reps=100)])
@@ -381,7 +395,9 @@ def test_smoke_reproduction_holds(workdir):
     by_name = {c.name: c.measured for c in rep.claims}
     assert by_name["exact_covers_rare_alert"]["repetitions"] >= 200
     assert by_name["exact_covers_rare_alert"]["exact_coverage"] >= 0.85
-    assert by_name["bootstrap_undercovers_rare_alert"]["bootstrap_coverage"] < 0.60
+    assert by_name["bootstrap_undercovers_rare_alert"]["bootstrap_coverage"] <= 0.60
+    assert {c.name for c in rep.checks} == {c.__name__ for c in CHECKS}
+    assert next(c for c in rep.checks if c.name == "shortcut_wider_than_exact").measured["min_sd_ratio"] > 1
     assert "exact_coverage_prior_below" in by_name["exact_covers_rare_alert"]
     for t in rep.trials:  # the coverage-vs-n plot has its points
         assert {f"eval/coverage/{v}/n{n}" for v in ("exact", "shortcut", "bootstrap", "horizon")

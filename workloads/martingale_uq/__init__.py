@@ -23,13 +23,13 @@ metric of the deployed distribution. The paper's own text setting is a third gen
 texts of a text file (WikiText-2 raw) and its own generations (`sweeps/repro/martingale_uq_real.py`).
 
 The claims: for a rare alert rate (3.7%) at n = 20, with a prior that does not under-state it,
-the exact intervals cover >= 85% and the bootstrap's < 60%; the shortcut's posterior is wider
-than the exact one. With k = 0 alerts among the n samples (half the repetitions) the exact
+the exact intervals cover >= 85% and the bootstrap's at most 60%. The check: the shortcut's
+posterior is wider than the exact one. With k = 0 alerts among the n samples (half the repetitions) the exact
 interval's upper end is about the prior's own rate, so a prior that under-states the rate (shift
 < 0) leaves those repetitions uncovered: its coverage is reported beside the claim, not judged.
 """
 
-from workloads.martingale_uq.claims import CLAIMS, plot
+from workloads.martingale_uq.claims import CHECKS, CLAIMS, plot
 from workloads.martingale_uq.workload import Config, preflight, smoke, train, validate
 
-__all__ = ["CLAIMS", "Config", "plot", "preflight", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "preflight", "smoke", "train", "validate"]

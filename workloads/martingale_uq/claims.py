@@ -1,7 +1,10 @@
-"""The claims over a reproduction sweep (generator x metric x shift x seeds, each trial every n), and the plot.
+"""The claims and the check over a reproduction sweep (generator x metric x shift x seeds, each trial
+every n), and the plot.
 
 A trial holds, per n, the coverage of every variant over its repetitions; a claim pools
-trials by repetition count (the coverage over all their repetitions together).
+trials by repetition count (the coverage over all their repetitions together). The check
+(`CHECKS`) is the shortcut's width: it puts one draw h(Z_0), of variance Var_Q(h), where the exact
+draw has theta(G_0), of variance Var_Q(h) / (alpha + 1), so its posterior is wider by construction.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from orchestrator.claims import claim
+
 CLAIM_N = 20
 """The sample size the paper's headline is stated at."""
 MIN_REPETITIONS = 200
@@ -18,7 +23,7 @@ MIN_REPETITIONS = 200
 EXACT_MIN_COVERAGE = 0.85
 """The exact draw's 90% intervals must cover at least this often."""
 BOOTSTRAP_MAX_COVERAGE = 0.60
-"""The bootstrap's must cover less often than this."""
+"""The bootstrap's may cover at most this often."""
 VARIANTS = ("exact", "shortcut", "bootstrap", "horizon")
 
 
@@ -51,6 +56,9 @@ def _rare_alert_trials(trials: list[dict[str, Any]], what: str) -> tuple[list, l
     return at_or_above, below
 
 
+@claim("exact_coverage", at_least=EXACT_MIN_COVERAGE,
+       paper="about 90% coverage of 90% intervals at n = 20 (GPT-2, WikiText-2 NLL per token), against 37% for the bootstrap",
+       threshold_from="ours: 0.85 for 90% intervals at >= 200 repetitions, set with the claim in the first implementation")
 def exact_covers_rare_alert(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
     """Rare alert rate at n = 20 (prior not under-stating it): the exact draw's 90% intervals cover the true rate in >= 85% of >= 200 repetitions."""
     trials_ok, below = _rare_alert_trials(trials, "exact_covers_rare_alert")
@@ -65,12 +73,15 @@ def exact_covers_rare_alert(trials: list[dict[str, Any]]) -> tuple[bool, dict[st
     return cov >= EXACT_MIN_COVERAGE, measured
 
 
+@claim("bootstrap_coverage", at_most=BOOTSTRAP_MAX_COVERAGE,
+       paper="the bootstrap's 90% intervals cover 37% at n = 20 (GPT-2, WikiText-2), against about 90% for the martingale posterior",
+       threshold_from="ours: 0.60, set with the claim in the first implementation")
 def bootstrap_undercovers_rare_alert(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
-    """Rare alert rate at n = 20, same trials: the bootstrap's 90% intervals cover the true rate in < 60% of repetitions."""
+    """Rare alert rate at n = 20, same trials: the bootstrap's 90% intervals cover the true rate in at most 60% of repetitions."""
     trials_ok, _ = _rare_alert_trials(trials, "bootstrap_undercovers_rare_alert")
     boot, reps = pooled(trials_ok, "eval/coverage/bootstrap", CLAIM_N)
     exact, _ = pooled(trials_ok, "eval/coverage/exact", CLAIM_N)
-    return boot < BOOTSTRAP_MAX_COVERAGE, {"bootstrap_coverage": boot, "exact_minus_bootstrap": exact - boot,
+    return boot <= BOOTSTRAP_MAX_COVERAGE, {"bootstrap_coverage": boot, "exact_minus_bootstrap": exact - boot,
                                           "repetitions": reps,
                                           "bootstrap_width": pooled(trials_ok, "eval/width/bootstrap", CLAIM_N)[0]}
 
@@ -97,7 +108,8 @@ def shortcut_wider_than_exact(trials: list[dict[str, Any]]) -> tuple[bool, dict[
     return measured["min_sd_ratio"] > 1.0, measured
 
 
-CLAIMS = [exact_covers_rare_alert, bootstrap_undercovers_rare_alert, shortcut_wider_than_exact]
+CLAIMS = [exact_covers_rare_alert, bootstrap_undercovers_rare_alert]
+CHECKS = [shortcut_wider_than_exact]
 
 
 def plot(trials: list[dict[str, Any]], path: str | Path) -> None:
