@@ -10,8 +10,9 @@ import math
 import pytest
 import torch
 
+from orchestrator.claims import spec_of
 from orchestrator.run import LocalRun
-from workloads.pft import CLAIMS, Config, data, method, plot, smoke, train, validate
+from workloads.pft import CHECKS, CLAIMS, Config, data, method, plot, smoke, train, validate
 from workloads.pft.claims import (
     exp_loss_prevents_collapse, only_translator_adapted, pft_beats_finetune, pft_beats_source,
 )
@@ -373,19 +374,31 @@ def trial(target, *, source=0.6, finetune=0.7, pft=0.8, expr_pft=0.9, expr_no_ex
     return t
 
 
+def _judged(fn, trials) -> bool:
+    """What `fn` says at these trials, after asserting its declared effect agrees with it."""
+    spec = spec_of(fn)
+    assert spec is not None, f"{fn.__name__} has no @claim"
+    holds, measured = fn(trials)
+    assert spec.passes(measured[spec.effect]) == holds, (fn.__name__, measured)
+    return holds
+
+
 def test_claims_hold_on_the_papers_pattern():
     trials = [trial(0), trial(1, source=0.7, finetune=0.75, pft=0.78)]
     results = {c.__name__: c(trials) for c in CLAIMS}
     assert all(holds for holds, _ in results.values()), results
+    assert all(_judged(c, trials) for c in CLAIMS)
     assert results["pft_beats_source"][1]["gain"] == pytest.approx(0.14)
     assert results["pft_beats_finetune"][1]["wins"] == 1.0
     assert results["exp_loss_prevents_collapse"][1]["min_drop"] == pytest.approx(0.5)
+    assert CHECKS == [only_translator_adapted] and only_translator_adapted not in CLAIMS
+    assert spec_of(only_translator_adapted) is None and only_translator_adapted(trials)[0]
 
 
 def test_claims_fail_when_the_pattern_is_absent():
-    assert not pft_beats_source([trial(0, source=0.78), trial(1, source=0.8)])[0]
-    assert not pft_beats_finetune([trial(0, finetune=0.8), trial(1, finetune=0.79)])[0]
-    assert not exp_loss_prevents_collapse([trial(0, expr_no_exp=0.8)])[0]
+    assert not _judged(pft_beats_source, [trial(0, source=0.78), trial(1, source=0.8)])
+    assert not _judged(pft_beats_finetune, [trial(0, finetune=0.8), trial(1, finetune=0.79)])
+    assert not _judged(exp_loss_prevents_collapse, [trial(0, expr_no_exp=0.8)])
     assert not only_translator_adapted([trial(0), trial(1, frozen=1.0)])[0]
     assert not only_translator_adapted([trial(0, moved=0.0)])[0]
 
@@ -424,7 +437,8 @@ def test_smoke_reproduction_holds(workdir):
     assert len(rep.trials) == 8
     assert sorted((t["seed"], t["target"]) for t in rep.trials) == [(s, t) for s in (0, 1) for t in range(4)]
     assert rep.holds, rep.failures()
-    for claim in rep.claims:
+    assert [c.name for c in rep.checks] == ["only_translator_adapted"] and rep.checks[0].verdict == "holds"
+    for claim in rep.outcomes:
         assert claim.measured and all(math.isfinite(v) for v in claim.measured.values()), claim
 
 

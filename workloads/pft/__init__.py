@@ -26,7 +26,7 @@ fine-tune's; without L_exp the translator collapses towards 'neutral'; and PFT c
 but the translator.
 """
 
-from workloads.pft.claims import CLAIMS, plot
+from workloads.pft.claims import CHECKS, CLAIMS, plot
 from workloads.pft.workload import Config, preflight, smoke, train, validate
 
-__all__ = ["CLAIMS", "Config", "plot", "preflight", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "preflight", "smoke", "train", "validate"]

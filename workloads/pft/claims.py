@@ -4,7 +4,12 @@ Every trial is one target subject; it carries all arms of the comparison, traine
 source model on the same neutral frames, so the comparisons are paired. A setting is everything
 in a trial's config but its seed and target subject; each claim is judged per setting, on the
 mean over that setting's trials (the paper's own per-dataset average over target subjects), and
-must hold in every setting.
+must hold in every setting. Each claim declares one scalar effect (`orchestrator.claims.claim`):
+the smallest gain (or drop) over the settings.
+
+That the adaptation changes nothing but the translator is a check, not a claim: it holds by
+construction of the adaptation step (only the translator's parameters are given to the
+optimizer), whatever training learns.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from orchestrator.claims import claim
 from workloads.pft.workload import ARMS
 
 SOURCE_MARGIN = 0.05
@@ -21,6 +27,9 @@ FINETUNE_MARGIN = 0.03
 """PFT's mean target accuracy must exceed the plain neutral fine-tune's by this much."""
 COLLAPSE_MARGIN = 0.2
 """Without L_exp the non-neutral recall must fall at least this far below PFT's."""
+
+NOT_CALIBRATED = ("ours: set when the workload was written, before any run (the notes leave the margins to be "
+                  "calibrated); not yet calibrated on seeds disjoint from those a smoke run judges")
 
 _PER_TRIAL = {"seed", "target", "trial_id"}
 
@@ -69,16 +78,29 @@ def _compare(trials: list[dict[str, Any]], arm: str, margin: float) -> tuple[boo
     return measured["min_gain"] >= margin, measured
 
 
+@claim("min_gain", at_least=SOURCE_MARGIN,
+       paper="adapting only the latent translator on the target subject's unlabelled neutral frames improves "
+             "expression recognition on that subject over the source model (no verified numbers in the notes)",
+       threshold_from=NOT_CALIBRATED)
 def pft_beats_source(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
     """After adaptation on neutral frames, PFT's mean target accuracy beats the unadapted source model's by >= 0.05."""
     return _compare(trials, "source", SOURCE_MARGIN)
 
 
+@claim("min_gain", at_least=FINETUNE_MARGIN,
+       paper="PFT is an efficient source-free adaptation from neutral target frames only (no verified numbers in "
+             "the notes); the plain neutral fine-tune is the notes' negative control, not a baseline of the paper",
+       threshold_from="ours: 0.02 when the workload was written, raised to 0.03 when the smoke reproduction moved to "
+                      "seeds 0-1, the seeds a smoke run judges by default (not calibrated on disjoint seeds)")
 def pft_beats_finetune(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
     """PFT's mean target accuracy beats a plain fine-tune towards 'neutral' on the same frames and budget by >= 0.03."""
     return _compare(trials, "finetune", FINETUNE_MARGIN)
 
 
+@claim("min_drop", at_least=COLLAPSE_MARGIN,
+       paper="the expression-consistency loss L_exp keeps the expression while the translator adapts on neutral "
+             "frames (the ablation is the notes' CPU plan; no number in the notes)",
+       threshold_from=NOT_CALIBRATED)
 def exp_loss_prevents_collapse(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
     """Without L_exp in the target phase the translator collapses towards 'neutral': non-neutral recall falls >= 0.2 below PFT's."""
     groups = settings(trials)
@@ -102,7 +124,8 @@ def only_translator_adapted(trials: list[dict[str, Any]]) -> tuple[bool, dict[st
     return measured["max_frozen_tensors_changed"] == 0 and measured["min_translator_tensors_changed"] > 0, measured
 
 
-CLAIMS = [pft_beats_source, pft_beats_finetune, exp_loss_prevents_collapse, only_translator_adapted]
+CLAIMS = [pft_beats_source, pft_beats_finetune, exp_loss_prevents_collapse]
+CHECKS = [only_translator_adapted]
 
 
 def plot(trials: list[dict[str, Any]], path: str | Path) -> None:
