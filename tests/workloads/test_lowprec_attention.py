@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from orchestrator import registry
+from orchestrator.claims import spec_of
 from orchestrator.config import ConfigError
 from workloads import celerity_lm
 from workloads import lowprec_attention as m
@@ -68,16 +69,29 @@ def _trial(fix, rs, loss=2.9, nonfinite=0.0):
     return t
 
 
+def _judged(fn, trials) -> bool:
+    """What `fn` says at these trials, after asserting its declared effect agrees with it."""
+    spec = spec_of(fn)
+    assert spec is not None, f"{fn.__name__} has no @claim"
+    holds, measured = fn(trials)
+    assert spec.passes(measured[spec.effect]) == holds, (fn.__name__, measured)
+    return holds
+
+
 def test_claims_judge_what_they_are_given():
     good = [_trial(False, [1.3, 1.2, 1.4]), _trial(True, [0.1, -0.05, 0.2], loss=2.91)]
-    assert all(c(good)[0] for c in claims.CLAIMS)
+    assert all(_judged(c, good) for c in claims.CLAIMS) and all(c(good)[0] for c in claims.CHECKS)
     weak = [_trial(False, [1.1, 0.5, 0.9]), _trial(True, [0.4, -0.1, 0.5], loss=3.2)]
-    assert not any(c(weak)[0] for c in claims.CLAIMS)
+    assert not any(_judged(c, weak) for c in claims.CLAIMS) and not any(c(weak)[0] for c in claims.CHECKS)
     assert claims.fix_removes_bias(good)[1]["removed_fraction"] == pytest.approx(1 - (0.25 / 3) / 1.3)
     one_noisy_set = [_trial(False, [1.3, 1.2, 0.95]), _trial(True, [0.1, -0.32, 0.2])]
-    assert claims.baseline_is_biased(one_noisy_set)[0] and claims.fix_removes_bias(one_noisy_set)[0]
+    assert _judged(claims.baseline_is_biased, one_noisy_set) and _judged(claims.fix_removes_bias, one_noisy_set)
+    negative = [_trial(False, [-1.3, -1.2]), _trial(True, [-0.1, 0.0])]  # V's mean flipped: the bias's sign too
+    assert _judged(claims.baseline_is_biased, negative)
     exploded = [_trial(False, [1.3, 1.2]), _trial(True, [0.1, 0.0], nonfinite=3.0)]
     assert not claims.fix_keeps_training(exploded)[0]
+    assert claims.CHECKS == [claims.fix_keeps_training] and claims.fix_keeps_training not in claims.CLAIMS
+    assert spec_of(claims.fix_keeps_training) is None
 
 
 @pytest.mark.slow
@@ -86,6 +100,9 @@ def test_reproduce_lowprec_attention_smoke_holds(workdir):
 
     rep = reproduce("lowprec_attention", smoke=True, local=True)
     assert rep.holds, rep.failures()
-    by = {c.name: c.measured for c in rep.claims}
+    by = {c.name: c.measured for c in rep.outcomes}
     assert by["baseline_is_biased"]["r_mean"] > 1.0 and abs(by["fix_removes_bias"]["r_mean"]) < 0.25
+    # a sanity check at this size (neither arm diverges), not the paper's effect
+    assert [c.name for c in rep.checks] == ["fix_keeps_training"] and rep.checks[0].verdict == "holds"
+    assert by["fix_keeps_training"]["relative_gap"] < 0.02
     assert len(rep.trials) == 2 and rep.parent_run_id

@@ -10,7 +10,7 @@ low-precision training run of a decoder (celerity_lm's model with its attention 
 (which honours `precision`), on a GPU the Triton kernel.
 """
 
-from workloads.lowprec_attention.claims import CLAIMS, plot
+from workloads.lowprec_attention.claims import CHECKS, CLAIMS, plot
 from workloads.lowprec_attention.workload import Config, smoke, train, validate
 
-__all__ = ["CLAIMS", "Config", "plot", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "smoke", "train", "validate"]

@@ -1,9 +1,19 @@
-"""The paper's claims, measured on the trials of `sweeps/repro/lowprec_attention.py`, and its plot."""
+"""The paper's claims, measured on the trials of `sweeps/repro/lowprec_attention.py`, its check,
+and its plot.
+
+The claims are the bias of bf16 flash attention's error on tied row maxima and its removal by the
+fix, each declared with one scalar effect (`orchestrator.claims.claim`): |r|, the mean error over
+its standard deviation, averaged over the input sets. That training with the fix reaches the
+same loss is a check: at the smoke size neither arm diverges, so it is a sanity check of the fix
+(the same maths), not the paper's stabilisation effect.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+from orchestrator.claims import claim
 
 BIASED = 1.0  # the baseline's mean error lies beyond one standard deviation of it
 FIXED = 0.25  # the fix leaves less than a quarter of one
@@ -33,24 +43,35 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs)
 
 
+@claim("r_abs", at_least=BIASED,
+       paper="biased rounding errors of BF16 arithmetic in flash attention (with similar low-rank representations) "
+             "make low-precision training fail (no bias number from the paper in the notes)",
+       threshold_from="ours: the implementation notes' CPU assertion |r_base| > 1, set before any run (their numpy "
+                      "prototype measured |r| 1.28-1.54 over 5 seeds)")
 def baseline_is_biased(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
-    """Without the fix, bf16 flash attention's error on tied row maxima is biased: its mean lies beyond one standard deviation."""
+    """Without the fix, bf16 flash attention's error on tied row maxima is biased: its mean lies at least one standard deviation from zero."""
     rs = _rs(_trials(trials, False))
     # One statistic, as the paper states it: the bias averaged over the input sets (each set's own
     # estimate is noisy: it ranges over about +-0.2 around the mean).
-    return abs(_mean(rs)) > BIASED, {"r_mean": _mean(rs), "r_abs_min": min(abs(r) for r in rs),
-                                     "r_abs_max": max(abs(r) for r in rs), "input_sets": float(len(rs))}
+    return abs(_mean(rs)) >= BIASED, {"r_mean": _mean(rs), "r_abs": abs(_mean(rs)), "r_abs_min": min(abs(r) for r in rs),
+                                      "r_abs_max": max(abs(r) for r in rs), "input_sets": float(len(rs))}
 
 
+@claim("r_abs", at_most=FIXED,
+       paper="a minimal modification to flash attention mitigates the rounding bias, which stabilizes training "
+             "(no bias number from the paper in the notes)",
+       threshold_from="ours: set when the workload was written, before any run; tighter than the implementation "
+                      "notes' CPU assertion |r_fix| < 0.3")
 def fix_removes_bias(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
-    """With the fix, the bias falls below a quarter of one standard deviation."""
+    """With the fix, the bias is at most a quarter of one standard deviation."""
     base, fixed = _rs(_trials(trials, False)), _rs(_trials(trials, True))
-    return abs(_mean(fixed)) < FIXED, {"r_mean": _mean(fixed), "r_abs_max": max(abs(r) for r in fixed),
-                                       "removed_fraction": 1 - abs(_mean(fixed)) / abs(_mean(base))}
+    return abs(_mean(fixed)) <= FIXED, {"r_mean": _mean(fixed), "r_abs": abs(_mean(fixed)),
+                                        "r_abs_max": max(abs(r) for r in fixed),
+                                        "removed_fraction": 1 - abs(_mean(fixed)) / abs(_mean(base))}
 
 
 def fix_keeps_training(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
-    """Training with the fix reaches the same held-out loss (it changes the rounding, not the maths)."""
+    """Training with the fix reaches the same held-out loss, no step non-finite in either arm (it changes the rounding, not the maths)."""
     base, fixed = _trials(trials, False), _trials(trials, True)
     a = sum(t["eval/loss"] for t in base) / len(base)
     b = sum(t["eval/loss"] for t in fixed) / len(fixed)
@@ -59,7 +80,8 @@ def fix_keeps_training(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, fl
     return rel < SAME_LOSS and finite, {"loss_baseline": a, "loss_fixed": b, "relative_gap": rel}
 
 
-CLAIMS = [baseline_is_biased, fix_removes_bias, fix_keeps_training]
+CLAIMS = [baseline_is_biased, fix_removes_bias]
+CHECKS = [fix_keeps_training]
 
 
 def plot(trials: list[dict[str, Any]], path: str | Path) -> None:
