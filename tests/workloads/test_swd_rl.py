@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from orchestrator.run import LocalRun
-from workloads.swd_rl import CLAIMS, Config, plot, smoke, train, validate
+from orchestrator.claims import spec_of
+from workloads.swd_rl import CHECKS, CLAIMS, Config, plot, smoke, train, validate
 from workloads.swd_rl.learners import QNet
 from workloads.swd_rl.claims import FULL_MIN_STEPS, critic_grad_ordered_late, swd_return_not_below_uniform
 from workloads.swd_rl.diagnostics import effective_rank, feature_rank, grad_stats, jacobian, ntk_rank
@@ -294,13 +295,32 @@ def trials_for(grads: dict[str, list[float]], returns: dict[str, list[float]], *
     return out
 
 
+def _judged(fn, trials):
+    """What the claim says at these trials, asserting that its declared effect says the same
+    wherever it is judged."""
+    spec = spec_of(fn)
+    assert spec is not None, f"{fn.__name__} has no @claim"
+    holds, measured = fn(trials)
+    if holds is not None:
+        assert spec.passes(measured[spec.effect]) == holds, (fn.__name__, measured)
+    return holds
+
+
+def test_every_claim_is_declared():
+    assert all(spec_of(fn) is not None for fn in CLAIMS) and CHECKS == []
+
+
 def test_gradient_claim_measures_the_ordering():
     ordered = {"reverse": [1.0, 1.2], "uniform": [2.0, 2.2], "swd": [3.0, 3.4]}
     rets = {s: [-100.0, -110.0] for s in ordered}
-    holds, measured = critic_grad_ordered_late(trials_for(ordered, rets))
-    assert holds and measured["swd"] == pytest.approx(3.2) and measured["uniform_over_reverse"] == pytest.approx(2.1 / 1.1)
+    assert _judged(critic_grad_ordered_late, trials_for(ordered, rets))
+    measured = critic_grad_ordered_late(trials_for(ordered, rets))[1]
+    assert measured["swd"] == pytest.approx(3.2) and measured["uniform_over_reverse"] == pytest.approx(2.1 / 1.1)
+    assert measured["smallest_ratio"] == pytest.approx(3.2 / 2.1)
     swapped = {"reverse": [2.5, 2.5], "uniform": [2.0, 2.2], "swd": [3.0, 3.4]}
-    assert not critic_grad_ordered_late(trials_for(swapped, rets))[0]
+    assert not _judged(critic_grad_ordered_late, trials_for(swapped, rets))
+    swd_smallest = {"reverse": [1.0, 1.2], "uniform": [2.0, 2.2], "swd": [1.5, 1.6]}  # the smoke size's pattern
+    assert not _judged(critic_grad_ordered_late, trials_for(swd_smallest, rets))
     with pytest.raises(ValueError, match="all three samplers"):
         critic_grad_ordered_late([t for t in trials_for(ordered, rets) if t["sampler"] != "reverse"])
 
@@ -310,11 +330,16 @@ def test_return_claim_is_not_judged_at_smoke_size_and_judged_at_full_size():
     close = {"reverse": [0.0] * 5, "uniform": [3000, 3100, 2900, 3050, 2950], "swd": [2980, 3120, 2880, 3000, 2960]}
     holds, measured = swd_return_not_below_uniform(trials_for(grads, close))
     assert holds is None and measured["gap"] == pytest.approx(-12.0)  # smoke steps: numbers shown, not judged
+    one_seed = swd_return_not_below_uniform(trials_for(grads, {k: v[:1] for k, v in close.items()}))
+    assert one_seed[0] is None and math.isnan(one_seed[1]["worst_gap_in_seed_noise"])
     full = trials_for(grads, close, steps=FULL_MIN_STEPS, env="Hopper-v5")
-    assert swd_return_not_below_uniform(full)[0] is True
+    assert _judged(swd_return_not_below_uniform, full) is True
     worse = {**close, "swd": [2000, 2100, 1900, 2050, 1950]}
-    holds, measured = swd_return_not_below_uniform(trials_for(grads, worse, steps=FULL_MIN_STEPS, env="Hopper-v5"))
-    assert holds is False and measured["gap"] < -2 * measured["seed_noise"]
+    worse_trials = trials_for(grads, worse, steps=FULL_MIN_STEPS, env="Hopper-v5")
+    holds, measured = swd_return_not_below_uniform(worse_trials)
+    assert _judged(swd_return_not_below_uniform, worse_trials) is False
+    assert measured["gap"] < -2 * measured["seed_noise"]
+    assert measured["worst_gap_in_seed_noise"] == pytest.approx(measured["gap"] / measured["seed_noise"])
     two_seeds = {s: v[:2] for s, v in close.items()}
     assert swd_return_not_below_uniform(trials_for(grads, two_seeds, steps=FULL_MIN_STEPS))[0] is None
 
@@ -347,7 +372,7 @@ def test_smoke_reproduction(workdir):
     rep = reproduce("swd_rl", smoke=True, local=True)
     assert not rep.failed_trials and len(rep.trials) == 3
     by_name = {c.name: c for c in rep.claims}
-    assert set(by_name) == {c.__name__ for c in CLAIMS}
+    assert set(by_name) == {c.__name__ for c in CLAIMS} and not rep.checks
     returns = by_name["swd_return_not_below_uniform"]
     assert returns.holds is None and not returns.error  # Pendulum at 4,000 steps: shown, not judged
     assert all(math.isfinite(returns.measured[k]) for k in ("return_swd", "return_uniform", "gap"))

@@ -21,7 +21,7 @@ several seeds). At the sizes a CPU runs the measured gradient ordering is the op
 `claims`): the paper states it for million-step MuJoCo runs.
 """
 
-from workloads.swd_rl.claims import CLAIMS, plot
+from workloads.swd_rl.claims import CHECKS, CLAIMS, plot
 from workloads.swd_rl.workload import Config, smoke, train, validate
 
-__all__ = ["CLAIMS", "Config", "plot", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "smoke", "train", "validate"]

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from orchestrator.claims import claim
+
 FULL_MIN_SEEDS = 3
 """The return claim is judged only with at least this many seeds per compared arm ..."""
 FULL_MIN_STEPS = 300_000
@@ -54,32 +56,42 @@ def _mean(trials: list[dict[str, Any]], key: str) -> float:
 
 
 def _ordered(trials: list[dict[str, Any]], key: str) -> tuple[bool, dict[str, float]]:
-    """reverse < uniform < swd on the seed-mean of `key`, in every group that has all three."""
+    """reverse < uniform < swd on the seed-mean of `key`, in every group that has all three; judged on
+    `smallest_ratio`, the smallest of swd/uniform and uniform/reverse over the groups (above 1: ordered)."""
     groups = _groups(trials)
     complete = {g: arms for g, arms in groups.items() if {"reverse", "uniform", "swd"} <= set(arms)}
     if not complete:
         raise ValueError(f"no (env, algo, utd) group has all three samplers; have {sorted(map(str, groups))}")
-    holds, measured = True, {}
+    measured, steps = {}, []
     for g, arms in sorted(complete.items()):
         label = _label(g, len(complete) > 1)
         rev, uni, swd = (_mean(arms[s], key) for s in ("reverse", "uniform", "swd"))
         measured.update({f"{label}reverse": rev, f"{label}uniform": uni, f"{label}swd": swd,
                          f"{label}swd_over_uniform": swd / uni, f"{label}uniform_over_reverse": uni / rev})
-        holds = holds and rev < uni < swd
-    return holds, measured
+        steps += [swd / uni, uni / rev]
+    measured["smallest_ratio"] = min(steps)
+    return measured["smallest_ratio"] >= 1.0, measured
 
 
+@claim("smallest_ratio", at_least=1.0,
+       paper="the ordering SWA < uniform < SWD in performance, critic-gradient L1 norm and GraMa",
+       threshold_from="paper: its ordering, each neighbour's ratio above 1 (a tie, measure zero, is judged as holding)")
 def critic_grad_ordered_late(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
     """Late in training the critic's gradient L1 norm on each arm's own batches is ordered reverse < uniform < SWD."""
     return _ordered(trials, "train/grad_l1_late")
 
 
+@claim("worst_gap_in_seed_noise", at_least=-SEED_NOISE_Z,
+       paper="SWD improves TD3 on MuJoCo (and Double DQN on ALE, SimBa-SAC on DMC); DMC Humanoid-Run IQM "
+             "+25.4%, +17.3% and +30.1% at UTD 1, 2 and 5",
+       threshold_from="ours: no worse than 2 standard errors of the difference of the seed means, set with the "
+                      "claim in the first implementation (the implementation notes' check: SWD >= uniform - 15%)")
 def swd_return_not_below_uniform(trials: list[dict[str, Any]]) -> tuple[bool | None, dict[str, float]]:
     """SWD's late return is not below uniform's beyond seed noise (judged on the full configuration only)."""
     groups = {g: arms for g, arms in _groups(trials).items() if {"uniform", "swd"} <= set(arms)}
     if not groups:
         raise ValueError("no (env, algo, utd) group has both the swd and the uniform sampler")
-    judged, holds, measured = True, True, {}
+    judged, measured, zs = True, {}, []
     for g, arms in sorted(groups.items()):
         label = _label(g, len(groups) > 1)
         swd = [float(t["eval/return_late"]) for t in arms["swd"]]
@@ -91,11 +103,22 @@ def swd_return_not_below_uniform(trials: list[dict[str, Any]]) -> tuple[bool | N
                          f"{label}gap": gap, f"{label}seed_noise": noise, f"{label}seeds": float(n)})
         steps = min(int(t["total_steps"]) for t in arms["swd"] + arms["uniform"])
         judged = judged and n >= FULL_MIN_SEEDS and steps >= FULL_MIN_STEPS
-        holds = holds and gap >= -SEED_NOISE_Z * noise
-    return (holds if judged else None), measured
+        if not math.isfinite(noise):  # fewer than two seeds: no noise to measure the gap in
+            z = math.nan
+        elif noise > 0:
+            z = gap / noise
+        else:
+            z = math.inf if gap >= 0 else -math.inf
+        measured[f"{label}gap_in_seed_noise"] = z
+        zs.append(z)
+    measured["worst_gap_in_seed_noise"] = math.nan if any(math.isnan(z) for z in zs) else min(zs)
+    return (measured["worst_gap_in_seed_noise"] >= -SEED_NOISE_Z if judged else None), measured
 
 
 CLAIMS = [critic_grad_ordered_late, swd_return_not_below_uniform]
+CHECKS: list = []
+"""No invariant of this workload is judged on the reproduction's trials (the sampler's
+distribution and the gradient diagnostics are unit-tested)."""
 
 COLORS = {"reverse": "tab:blue", "uniform": "tab:gray", "swd": "tab:red"}
 
