@@ -15,7 +15,7 @@ with spectral initialisation the error grows with R; early stopping lands near t
 and without it, small initialisation eventually over-fits the noise.
 """
 
-from workloads.tubal_fgd.claims import CLAIMS, plot
+from workloads.tubal_fgd.claims import CHECKS, CLAIMS, plot
 from workloads.tubal_fgd.workload import Config, smoke, train, validate
 
-__all__ = ["CLAIMS", "Config", "plot", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "smoke", "train", "validate"]

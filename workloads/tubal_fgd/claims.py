@@ -12,6 +12,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from orchestrator.claims import claim
 from workloads.tubal_fgd.workload import CURVE_PREFIX
 
 FLAT_TOLERANCE = 1.15
@@ -50,18 +51,25 @@ def _spread(values: dict[int, float]) -> float:
     return max(values.values()) / min(values.values())
 
 
+@claim("worst_spread", at_most=FLAT_TOLERANCE,
+       paper="small initialisation (best or early-stopped iterate) matches the exact-rank error at every R; "
+             "its bound does not depend on R",
+       threshold_from="ours: the issue's 'within 15%' (the implementation notes' check said 1.2)")
 def small_init_flat_in_rank(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
-    """Small init: the best and the early-stopped error stay flat in R (largest/smallest over R <= 1.15)."""
+    """Small init: the best and the early-stopped error stay flat in R (largest/smallest over R <= 1.15, the worse of the two judged)."""
     r = _true_rank(trials)
     best = mean_by_rank(trials, "small", "eval/best_rse")
     es = mean_by_rank(trials, "small", "eval/es_rse")
     _need(best, [r, 8 * r], "small_init_flat_in_rank")
     measured = {"best_spread": _spread(best), "es_spread": _spread(es)}
     measured.update({f"best_R{R}": v for R, v in best.items()})
-    holds = measured["best_spread"] <= FLAT_TOLERANCE and measured["es_spread"] <= FLAT_TOLERANCE
-    return holds, measured
+    measured["worst_spread"] = max(measured["best_spread"], measured["es_spread"])
+    return measured["worst_spread"] <= FLAT_TOLERANCE, measured
 
 
+@claim("ratio_8r_to_r", at_least=SPECTRAL_GROWTH,
+       paper="spectral initialisation's error grows with R (linearly in R, by its bound), while small initialisation's does not",
+       threshold_from="ours: 2x, set with the claim in the first implementation (the implementation notes' check said 2.5)")
 def spectral_grows_with_rank(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
     """Spectral init: the best error grows with R, at R = 8r at least 2x its error at R = r."""
     r = _true_rank(trials)
@@ -75,6 +83,10 @@ def spectral_grows_with_rank(trials: list[dict[str, Any]]) -> tuple[bool, dict[s
     return measured["ratio_8r_to_r"] >= SPECTRAL_GROWTH, measured
 
 
+@claim("worst_es_over_best", at_most=ES_TOLERANCE,
+       paper="validation early stopping is near the best iterate: colour-image PSNR 23.66 (FGD-ES) vs 23.84 "
+             "(FGD-best) at sigma 0.07, 22.72 vs 22.86 at sigma 0.10",
+       threshold_from="ours: 10%, the implementation notes' check (1.1x the best), set with the claim in the first implementation")
 def early_stopping_near_best(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
     """Small init: validation-based early stopping lands within 10% of the best iterate's error at every R."""
     best = mean_by_rank(trials, "small", "eval/best_rse")
@@ -87,6 +99,9 @@ def early_stopping_near_best(trials: list[dict[str, Any]]) -> tuple[bool, dict[s
     return measured["worst_es_over_best"] <= ES_TOLERANCE, measured
 
 
+@claim("last_over_best_8r", at_least=OVERFIT_FACTOR,
+       paper="four phases, the last over-fitting the noise: run on past its minimum, small-init FGD's error rises again",
+       threshold_from="ours: 1.5x, set with the claim in the first implementation (the implementation notes' check said 2x for R >= 4)")
 def small_init_overfits_late(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
     """Small init at R = 8r over-fits the noise if run on: the last iterate's error is at least 1.5x the best's."""
     r = _true_rank(trials)
@@ -100,6 +115,9 @@ def small_init_overfits_late(trials: list[dict[str, Any]]) -> tuple[bool, dict[s
 
 
 CLAIMS = [small_init_flat_in_rank, spectral_grows_with_rank, early_stopping_near_best, small_init_overfits_late]
+CHECKS: list = []
+"""No invariant of this workload is judged on the reproduction's trials (the t-product, the
+measurement operator and the initialisations are unit-tested)."""
 
 
 def mean_curves(trials: list[dict[str, Any]], init: str) -> dict[int, tuple[list[int], list[float]]]:
