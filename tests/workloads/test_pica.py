@@ -10,8 +10,9 @@ import math
 import pytest
 import torch
 
+from orchestrator.claims import spec_of
 from orchestrator.run import LocalRun
-from workloads.pica import CLAIMS, Config, plot, smoke, train, validate
+from workloads.pica import CHECKS, CLAIMS, Config, plot, smoke, train, validate
 from workloads.pica import data
 from workloads.pica.adapter import (
     PiCa, column_projector, count_at_depths, merge, random_projector, shared_gradient_error,
@@ -229,8 +230,17 @@ def trials_for(column_losses, random_losses, **diag):
 
 
 def test_claims_hold_on_the_papers_pattern():
-    results = {c.__name__: c(trials_for([1.0, 1.2, 0.9], [1.3, 1.1, 1.2])) for c in CLAIMS}
+    results = {c.__name__: c(trials_for([1.0, 1.2, 0.9], [1.3, 1.1, 1.2])) for c in CLAIMS + CHECKS}
     assert all(h for h, _ in results.values()), results
+    assert [c.__name__ for c in CLAIMS] == ["column_beats_random"]
+    # Each declared effect agrees with its function, on a pattern that holds and on one that fails.
+    for fn in CLAIMS:
+        spec = spec_of(fn)
+        assert spec is not None, fn.__name__
+        for trials, expected in ((trials_for([1.0, 1.2, 0.9], [1.3, 1.1, 1.2]), True),
+                                 (trials_for([1.2, 1.2, 1.2], [1.0, 1.3, 1.2]), False)):
+            holds, measured = fn(trials)
+            assert holds is expected and spec.passes(measured[spec.effect]) == holds, (fn.__name__, measured)
     assert results["column_beats_random"][1]["seeds_column_wins"] == 2
     assert results["column_beats_random"][1]["column_loss"] == pytest.approx(31 / 30)
     assert results["column_beats_random"][1]["column_grad_energy"] == pytest.approx(0.3)
@@ -263,8 +273,9 @@ def test_smoke_reproduction_holds(workdir, tiny_base):
     rep = reproduce("pica", smoke=True, local=True)
     assert not rep.failed_trials
     assert len(rep.trials) == 6
-    results = {c.name: c for c in rep.claims}
-    for claim in rep.claims:
+    results = {c.name: c for c in rep.outcomes}
+    assert {c.name for c in rep.checks} >= {"merged_equals_w0_plus_mp", "trainable_count_independent_of_depth"}
+    for claim in rep.outcomes:
         assert claim.judged and all(math.isfinite(v) for v in claim.measured.values()), claim
     exact = ["merged_equals_w0_plus_mp", "update_in_span_of_p", "shared_gradient_aggregates_layers",
              "trainable_count_independent_of_depth"]

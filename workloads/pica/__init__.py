@@ -14,11 +14,11 @@ trained model: the merged weight against W0 + M P, the update's residual outside
 shared gradient against the sum of per-layer gradients, and the trainable count on untrained
 models of several depths.
 
-The claims: those four exact properties, and that the column space beats a random subspace of
-the same rank (equal parameters) in held-out loss, averaged over seeds.
+The claim: the column space beats a random subspace of the same rank (equal parameters) in
+held-out loss, averaged over seeds. The checks: those four exact properties.
 """
 
-from workloads.pica.claims import CLAIMS, plot
+from workloads.pica.claims import CHECKS, CLAIMS, plot
 from workloads.pica.workload import Config, smoke, train, validate
 
-__all__ = ["CLAIMS", "Config", "plot", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "smoke", "train", "validate"]
