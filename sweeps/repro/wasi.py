@@ -7,19 +7,20 @@ weight thresholds and activation ranks, the memory-vs-rank curve of the claim pl
 judge the WASI configurations run at every seed; `RANK_POINTS` (full size only) are trained at
 one seed each to show accuracy against rank and are plotted, not judged.
 
-`ladder reproduce wasi --smoke --seed N` runs seeds N and N+1 (each seed pretrains its own model
-and fine-tunes it vanilla and with WASI): the accuracy claim is a mean of paired gaps, and one
-seed of a ~450-image test set is too noisy to judge 1 point on. Seeds that share one pretrained
-model (`pretrain_seed`) have strongly correlated gaps, so the smoke pretrains per seed; a third
-seed would not fit the CPU budget of the smoke. The full size is the larger model on 16x16
-digits with ten seeds.
+`ladder reproduce wasi --smoke --seed N` runs seed N: the seed pretrains its own model and
+fine-tunes it vanilla and with WASI, so the claims compare the two paired within the seed. One
+seed of a ~450-image test set is too noisy to judge the 1-point accuracy claim on: run
+`--seeds K` (K builds, seeds N to N+K-1), and ladder judges each claim's per-seed effect across
+them with a 95% interval. Seeds that share one pretrained model (`pretrain_seed`) have strongly
+correlated gaps, so each seed pretrains its own. The full size is the larger model on 16x16
+digits with ten seeds in one build (the accuracy gap is then their mean).
 """
 
 from __future__ import annotations
 
 from orchestrator.sweep import Sweep
 
-SMOKE_SEEDS = 2
+SMOKE_SEEDS = 1
 FULL_SEEDS = 10
 CLAIMED = {"method": "wasi"}
 """The judged WASI configuration: the base config's threshold and activation ranks."""

@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from conftest import assert_claims_hold
+from orchestrator.claims import spec_of
 from orchestrator.run import LocalRun
-from workloads.wasi import CLAIMS, Config, plot, smoke, train, validate
+from workloads.wasi import CHECKS, CLAIMS, Config, plot, smoke, train, validate
 from workloads.wasi.claims import accuracy_within_one_point, flops_not_higher, memory_ten_times_lower
 from workloads.wasi.data import augment_batch, make_splits
 from workloads.wasi.lowrank import (
@@ -428,23 +429,36 @@ def paper_pattern(gaps=(0.5, -0.2, 0.9), mem=12.0, flops=0.7):
     return out
 
 
+def _judged(fn, trials) -> bool:
+    """What `fn` says at these trials, after asserting its declared effect agrees with it."""
+    spec = spec_of(fn)
+    assert spec is not None, f"{fn.__name__} has no @claim"
+    holds, measured = fn(trials)
+    assert spec.passes(measured[spec.effect]) == holds, (fn.__name__, measured)
+    return holds
+
+
 def test_claims_hold_on_the_papers_pattern():
     results = {c.__name__: c(paper_pattern()) for c in CLAIMS}
     assert all(holds for holds, _ in results.values()), results
+    assert all(_judged(c, paper_pattern()) for c in CLAIMS) and CHECKS == []
+    assert all(_judged(c, paper_pattern(gaps=(0.5,))) for c in CLAIMS)  # one seed per build, as the smoke runs
     mem = results["memory_ten_times_lower"][1]
-    assert mem["eps0.8_r16x8x16/min_ratio"] == pytest.approx(12.0)
+    assert mem["eps0.8_r16x8x16/min_ratio"] == pytest.approx(12.0) and mem["worst_ratio"] == pytest.approx(12.0)
     acc = results["accuracy_within_one_point"][1]
-    assert acc["eps0.8_r16x8x16/gap_pts"] == pytest.approx(0.4)
+    assert acc["eps0.8_r16x8x16/gap_pts"] == pytest.approx(0.4) and acc["worst_gap_pts"] == pytest.approx(0.4)
     assert acc["eps0.8_r16x8x16/gap_pts_seed2"] == pytest.approx(0.9)
     assert acc["eps0.8_r16x8x16/gap_sd_pts"] == pytest.approx(math.sqrt(((0.1) ** 2 + 0.6**2 + 0.5**2) / 2))
     assert results["flops_not_higher"][1]["eps0.8_r16x8x16/max_ratio"] == pytest.approx(0.7)
+    assert results["flops_not_higher"][1]["worst_ratio"] == pytest.approx(0.7)
 
 
 def test_claims_fail_when_the_pattern_is_absent():
-    assert not memory_ten_times_lower(paper_pattern(mem=9.0))[0]
-    assert not accuracy_within_one_point(paper_pattern(gaps=(1.5, 0.5, 1.2)))[0]
-    assert accuracy_within_one_point(paper_pattern(gaps=(1.5, 0.5, 0.9)))[0]  # judged on the mean gap
-    assert not flops_not_higher(paper_pattern(flops=1.05))[0]
+    assert not _judged(memory_ten_times_lower, paper_pattern(mem=9.0))
+    assert not _judged(accuracy_within_one_point, paper_pattern(gaps=(1.5, 0.5, 1.2)))
+    assert _judged(accuracy_within_one_point, paper_pattern(gaps=(1.5, 0.5, 0.9)))  # judged on the mean gap
+    assert not _judged(accuracy_within_one_point, paper_pattern(gaps=(1.5,)))  # one seed: its own gap
+    assert not _judged(flops_not_higher, paper_pattern(flops=1.05))
 
 
 def test_only_arms_run_at_every_seed_are_judged():
@@ -473,18 +487,15 @@ def test_smoke_reproduction(workdir):
 
     rep = reproduce("wasi", smoke=True, local=True)
     assert not rep.failed_trials
-    assert sorted((t["method"], t["seed"]) for t in rep.trials) == [
-        ("vanilla", 0), ("vanilla", 1), ("wasi", 0), ("wasi", 1)]
+    assert sorted((t["method"], t["seed"]) for t in rep.trials) == [("vanilla", 0), ("wasi", 0)]  # one seed
     claims = {c.name: c for c in rep.claims}
     assert_claims_hold(rep, ["memory_ten_times_lower", "flops_not_higher"])
     memory = claims["memory_ten_times_lower"].measured
     assert memory["eps0.8_r16x8x16/whole_step_ratio"] < memory["eps0.8_r16x8x16/min_ratio"]
-    # accuracy_within_one_point is judged and reported by `ladder reproduce`, not asserted: at two
-    # seeds of 448 test images the processor decides it (seeds 0/1: a mean gap of 1.73 points with
-    # ATen's AVX2 kernels; within a point on another machine at seeds 0-9). Asserted instead, with
-    # a wide margin: WASI trains to above 90% and trails vanilla by less than 3 points on average,
-    # three times the largest gap measured on the calibration seeds 100-101 (0.95 with AVX2
-    # kernels, 0.36 with the portable ones).
+    # accuracy_within_one_point is judged across seeds by `ladder reproduce --seeds K`, not asserted:
+    # one seed of 448 test images cannot decide 1 point (paired gaps at seeds 0-9 ranged over -0.62
+    # to +0.73 points on one machine; seeds 0/1 averaged 1.73 with ATen's AVX2 kernels). Asserted
+    # instead, with a wide margin: WASI trains to above 90% and trails vanilla by less than 3 points.
     accuracy = claims["accuracy_within_one_point"].measured
     assert accuracy["eps0.8_r16x8x16/acc"] > 0.9, accuracy
     assert accuracy["eps0.8_r16x8x16/gap_pts"] < 3.0, accuracy

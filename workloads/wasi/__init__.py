@@ -23,7 +23,7 @@ folder) or any image folder through Hugging Face `datasets`, and `model` fine-tu
 ViT loaded by `from_pretrained` (ViT-B/32 in `sweeps/repro/wasi_real.py`) instead of the local one.
 """
 
-from workloads.wasi.claims import CLAIMS, plot
+from workloads.wasi.claims import CHECKS, CLAIMS, plot
 from workloads.wasi.workload import Config, preflight, smoke, train, validate
 
-__all__ = ["CLAIMS", "Config", "plot", "preflight", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "preflight", "smoke", "train", "validate"]

@@ -9,6 +9,12 @@ Memory is the paper's accounting, measured: bytes of the tensors autograd saves 
 linear layers during one training step, activations plus weights (for vanilla the layer inputs
 and weights, for WASI the Tucker cores and factors and L, R). The whole-step ratio, which also
 counts attention, layer norms and GELU (identical in both), is reported beside it.
+
+Each claim declares one scalar effect (`orchestrator.claims.claim`), the worst over the judged
+WASI arms; a reproduction builds one seed (`sweeps/repro/wasi.py`, smoke size) and ladder judges
+that effect across the seeds of `--seeds K` with an interval. Where one build holds several seeds
+(the full size), the accuracy gap is the mean of the paired per-seed gaps, memory and flops the
+worst seed.
 """
 
 from __future__ import annotations
@@ -18,13 +24,16 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from orchestrator.claims import claim
+
 MEMORY_FACTOR = 10.0
-"""Vanilla's saved linear activation+weight bytes over WASI's must reach this at every seed."""
+"""Vanilla's saved linear activation+weight bytes over WASI's must reach this."""
 ACCURACY_POINTS = 1.0
-"""WASI's test accuracy may trail vanilla's by at most this many points, mean over seeds."""
+"""WASI's test accuracy may trail vanilla's by at most this many points (the paired gap of a seed)."""
 FLOPS_RATIO = 1.0
 """WASI's step flops (forward, backward and refresh) over vanilla's must not exceed this."""
 PROBE_PREFIX = "perf/probe/"
+SET_BEFORE_ANY_RUN = "ours: set when the workload was written, before any run"
 
 
 def arm_key(t: dict[str, Any]) -> tuple:
@@ -51,6 +60,10 @@ def paired(trials: list[dict[str, Any]]) -> tuple[dict[int, dict], dict[tuple, d
     return vanilla, judged
 
 
+@claim("worst_ratio", at_least=MEMORY_FACTOR,
+       paper="WASI cuts training memory up to 62x against vanilla training (ViT-B/32, Swin-T; which total the 62x "
+             "counts is not verified in the notes)",
+       threshold_from=SET_BEFORE_ANY_RUN + ", well below the paper's 62x for a 4-block ViT")
 def memory_ten_times_lower(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
     """WASI keeps at least 10x fewer bytes for the linear layers' backward (activations + weights) than vanilla."""
     vanilla, arms = paired(trials)
@@ -66,11 +79,16 @@ def memory_ten_times_lower(trials: list[dict[str, Any]]) -> tuple[bool, dict[str
             measured[f"{name}/{part}_ratio"] = min(vanilla[s][metric] / by_seed[s][metric] for s in vanilla)
         measured[f"{name}/wasi_MB"] = sum(t["perf/saved_linear_bytes"] for t in by_seed.values()) / len(by_seed) / 1e6
     measured["vanilla_MB"] = sum(t["perf/saved_linear_bytes"] for t in vanilla.values()) / len(vanilla) / 1e6
+    measured["worst_ratio"] = worst
     return worst >= MEMORY_FACTOR, measured
 
 
+@claim("worst_gap_pts", at_most=ACCURACY_POINTS,
+       paper="WASI keeps accuracy comparable to vanilla fine-tuning (per-dataset numbers not verified in the notes)",
+       threshold_from=SET_BEFORE_ANY_RUN + " (the notes' CPU plan says within about 3 points); the smoke's 400 "
+                      "fine-tuning steps were chosen on seeds 0-9, which include the seeds a smoke run judges")
 def accuracy_within_one_point(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
-    """WASI's fine-tuned test accuracy is within 1 point of vanilla's (mean of the paired per-seed gaps)."""
+    """WASI's fine-tuned test accuracy is within 1 point of vanilla's (the paired gap; its mean over the seeds of one build)."""
     vanilla, arms = paired(trials)
     measured: dict[str, float] = {}
     worst = -math.inf
@@ -88,9 +106,13 @@ def accuracy_within_one_point(trials: list[dict[str, Any]]) -> tuple[bool, dict[
         measured[f"{name}/acc"] = sum(by_seed[s]["eval/acc"] for s in seeds) / len(seeds)
     measured["vanilla_acc"] = sum(vanilla[s]["eval/acc"] for s in seeds) / len(seeds)
     measured["test_size"] = min(float(vanilla[s]["eval/test_size"]) for s in seeds)
+    measured["worst_gap_pts"] = worst
     return worst <= ACCURACY_POINTS, measured
 
 
+@claim("worst_ratio", at_most=FLOPS_RATIO,
+       paper="WASI cuts training FLOPs up to 2x against vanilla training",
+       threshold_from=SET_BEFORE_ANY_RUN + ": no more flops than vanilla, weaker than the paper's up to 2x")
 def flops_not_higher(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
     """A WASI training step (forward with compression, backward, subspace refresh) costs no more flops than vanilla's."""
     vanilla, arms = paired(trials)
@@ -105,10 +127,12 @@ def flops_not_higher(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, floa
             measured[f"{name}/{part}_ratio"] = max(
                 by_seed[s][f"perf/flops_{part}"] / vanilla[s][f"perf/flops_{part}"] for s in vanilla)
     measured["vanilla_GFLOP"] = sum(t["perf/flops_step"] for t in vanilla.values()) / len(vanilla) / 1e9
+    measured["worst_ratio"] = worst
     return worst <= FLOPS_RATIO, measured
 
 
 CLAIMS = [memory_ten_times_lower, accuracy_within_one_point, flops_not_higher]
+CHECKS: list = []  # the ranks follow the pretrained weights' spectrum and accuracy follows training: none by construction
 
 
 def probes(trial: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
