@@ -10,8 +10,9 @@ import math
 import pytest
 import torch
 
+from orchestrator.claims import spec_of
 from orchestrator.run import LocalRun
-from workloads.lmao import CLAIMS, Config, plot, smoke, train, validate
+from workloads.lmao import CHECKS, CLAIMS, Config, plot, smoke, train, validate
 from workloads.lmao import data, zo
 from workloads.lmao.claims import lmao_beats_lora_and_mezo, no_base_grad_after_zo, three_forwards_one_backward
 from conftest import DiesAtSave
@@ -208,10 +209,20 @@ def trials_for(losses: dict[str, list[float]], **diag):
 
 def test_claims_hold_on_the_papers_pattern():
     trials = trials_for({"lmao": [2.0, 2.2], "lora": [2.3, 2.1], "mezo": [5.0, 5.0]})
-    results = {c.__name__: c(trials) for c in CLAIMS}
+    results = {c.__name__: c(trials) for c in CLAIMS + CHECKS}
     assert all(h for h, _ in results.values()), results
     assert results["lmao_beats_lora_and_mezo"][1]["seeds_lmao_best"] == 1
     assert results["three_forwards_one_backward"][1]["mezo_forwards"] == 2
+    assert [c.__name__ for c in CLAIMS] == ["lmao_beats_lora_and_mezo"]
+    # Each declared effect agrees with its function, on a pattern that holds and on ones that fail.
+    for fn in CLAIMS:
+        spec = spec_of(fn)
+        assert spec is not None, fn.__name__
+        for losses, expected in (({"lmao": [2.0, 2.2], "lora": [2.3, 2.1], "mezo": [5.0, 5.0]}, True),
+                                 ({"lmao": [2.5], "lora": [2.3], "mezo": [5.0]}, False),
+                                 ({"lmao": [2.0], "lora": [2.3], "mezo": [1.0]}, False)):
+            holds, measured = fn(trials_for(losses))
+            assert holds is expected and spec.passes(measured[spec.effect]) == holds, (fn.__name__, measured)
 
 
 def test_claims_fail_when_the_pattern_is_absent():
@@ -242,8 +253,9 @@ def test_smoke_reproduction_holds(workdir, tiny_base):
 
     rep = reproduce("lmao", smoke=True, local=True)
     assert not rep.failed_trials and len(rep.trials) == 3
-    results = {c.name: c for c in rep.claims}
-    for claim in rep.claims:
+    results = {c.name: c for c in rep.outcomes}
+    assert {c.name for c in rep.checks} == {"three_forwards_one_backward", "no_base_grad_after_zo"}
+    for claim in rep.outcomes:
         assert claim.judged and all(math.isfinite(v) for v in claim.measured.values()), claim
     assert results["three_forwards_one_backward"].holds, results["three_forwards_one_backward"].measured
     assert results["no_base_grad_after_zo"].holds, results["no_base_grad_after_zo"].measured

@@ -16,7 +16,7 @@ The claims: LMAO's final loss ends below both LoRA of the same rank and MeZO alo
 is exactly three forwards and one backward; no base parameter ever holds a gradient.
 """
 
-from workloads.lmao.claims import CLAIMS, plot
+from workloads.lmao.claims import CHECKS, CLAIMS, plot
 from workloads.lmao.workload import Config, smoke, train, validate
 
-__all__ = ["CLAIMS", "Config", "plot", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "smoke", "train", "validate"]

@@ -1,8 +1,9 @@
-"""LMAO's claims over a reproduction sweep (method x seeds), and its plot.
+"""LMAO's claim and checks over a reproduction sweep (method x seeds), and its plot.
 
 Within a seed the three methods see the same bijection, the same batches and (lmao vs mezo) the
-same perturbation seeds, so the loss comparison is paired; with several seeds it is judged on the
-mean. The pass counts and the gradient check are measured by hooks inside every trial.
+same perturbation seeds, so the loss comparison (the claim) is paired; with several trial seeds in
+one replicate it is judged on their mean. The checks, the pass counts and the absence of base
+gradients, are measured by hooks inside every trial and hold by construction of the loop.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+
+from orchestrator.claims import claim
 
 METHODS = ("lmao", "lora", "mezo")
 
@@ -21,6 +24,11 @@ def _by_method(trials: list[dict[str, Any]], key: str) -> dict[str, dict[int, fl
     return out
 
 
+@claim("margin", at_least=0.0,
+       paper="LMAO above both halves, e.g. RoBERTa-large k=16 SST-2: 92.8 vs LoRA 91.4 and MeZO 90.5; OPT-1.3B: "
+             "above LoRA on 8 of 9 tasks",
+       threshold_from="ours: no margin (LMAO's loss not above either half's), the implementation notes' CPU "
+                      "assertion, set before any run")
 def lmao_beats_lora_and_mezo(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
     """On the random bijection LMAO's final loss ends below both LoRA of the same rank and MeZO alone (mean over seeds)."""
     loss = _by_method(trials, "eval/loss")
@@ -37,7 +45,9 @@ def lmao_beats_lora_and_mezo(trials: list[dict[str, Any]]) -> tuple[bool, dict[s
     measured["lmao_minus_lora"] = mean["lmao"] - mean["lora"]
     measured["seeds_lmao_best"] = float(sum(loss["lmao"][s] < min(loss["lora"][s], loss["mezo"][s]) for s in seeds))
     measured["seeds"] = float(len(seeds))
-    return mean["lmao"] < mean["lora"] and mean["lmao"] < mean["mezo"], measured
+    # LMAO's lead over the better of its halves (positive: LMAO's loss is the lowest).
+    measured["margin"] = min(mean["lora"], mean["mezo"]) - mean["lmao"]
+    return measured["margin"] >= 0, measured
 
 
 def three_forwards_one_backward(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
@@ -72,7 +82,10 @@ def no_base_grad_after_zo(trials: list[dict[str, Any]]) -> tuple[bool, dict[str,
     return all(t["diag/base_params_with_grad"] == 0 for t in zo), measured
 
 
-CLAIMS = [lmao_beats_lora_and_mezo, three_forwards_one_backward, no_base_grad_after_zo]
+CLAIMS = [lmao_beats_lora_and_mezo]
+CHECKS = [three_forwards_one_backward, no_base_grad_after_zo]
+"""By construction of the loop: a LoRA step (one forward, one backward) and a MeZO step (two
+forwards, no backward) per update, and a zeroth-order phase that never calls backward."""
 
 
 def plot(trials: list[dict[str, Any]], path: str | Path) -> None:
