@@ -4,7 +4,10 @@ nothing: test_sweep_schedulers_e2e, on the module's shared Ray.)
 
 The sweeps are the shipped `celerity_reference.py` and `celerity_tuning.py` (those `make demo`
 runs), each narrowed to two of their three tau values: two seeds per tau still calibrate the
-seed noise, and of two tuning trials collapse stops one, at two thirds of the demo's compute."""
+seed noise, and of two tuning trials collapse stops one, at two thirds of the demo's compute. The
+tuning trials run one at a time: a rung compares a trial with those that reached it before, so the
+better trial must get there first, whatever the machine's load (run side by side on a loaded
+machine, the worse one reached both rungs first once and ran out)."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from orchestrator import tracking
 
 NARROW = """
 import dataclasses as _dc
-sweep = _dc.replace(sweep, space={**sweep.space, "tau": grid(0.05, 0.8)})
+sweep = _dc.replace(sweep, space={**sweep.space, "tau": grid(0.05, 0.8)}, max_concurrent=1)
 """
 
 
