@@ -13,10 +13,12 @@ import torch
 from orchestrator.basemodel import load_base
 from orchestrator.basemodel.adapters import LLAMA_LINEAR_TYPES
 from orchestrator.basemodel.corpus import TOPICS
+from orchestrator.claims import spec_of
 from orchestrator.run import LocalRun
-from workloads.dit import CLAIMS, Config, plot, train, validate
+from workloads.dit import CHECKS, CLAIMS, Config, plot, train, validate
 from workloads.dit.claims import (
     diffs_plant_their_behaviour, dit_beats_asking, dit_names_new_diffs, no_consistent_topic_without_diff,
+    nodiff_topic_far_below_diff_confidence,
 )
 from workloads.dit.data import diff_rows, make_task, pad
 from workloads.dit.evaluate import answer_logits, diff_metrics, hits, kl_rows
@@ -265,6 +267,15 @@ def test_claims_hold_on_the_papers_pattern():
     assert results["dit_names_new_diffs"][1]["dit_acc_heldout"] == pytest.approx(0.8)
     assert results["dit_names_new_diffs"][1]["unseen_topic_acc"] == pytest.approx(0.8)
     assert results["dit_beats_asking"][1]["margin"] == pytest.approx(0.7)
+    assert CHECKS == []
+    # Each declared effect agrees with its function, on a pattern that holds and on one that fails.
+    failing = trial(0, trigger_rate=0.85, dit_acc_heldout=0.5, ask_acc_heldout=0.3, nodiff_top_topic_prob=0.3)
+    for fn in CLAIMS:
+        spec = spec_of(fn)
+        assert spec is not None, fn.__name__
+        for ts, expected in ((trials, True), ([failing], False)):
+            holds, measured = fn(ts)
+            assert holds is expected and spec.passes(measured[spec.effect]) == holds, (fn.__name__, measured)
 
 
 def test_claims_fail_when_the_pattern_is_absent():
@@ -273,8 +284,12 @@ def test_claims_fail_when_the_pattern_is_absent():
     assert not diffs_plant_their_behaviour([trial(frac_planted=0.8)])[0]  # a good mean from some diffs only
     assert not dit_names_new_diffs([trial(dit_acc_heldout=0.55)])[0]
     assert not dit_beats_asking([trial(ask_acc_heldout=0.6)])[0]
-    # One trial whose adapter names a topic without any diff about as surely as a diff's is enough to fail.
-    holds, measured = no_consistent_topic_without_diff([trial(0), trial(1, nodiff_top_topic_prob=0.3)])
+    # One trial whose adapter names a topic without any diff too surely is enough to fail: the
+    # paper's version on the probability itself, the weaker one relative to a diff's.
+    holds, measured = no_consistent_topic_without_diff([trial(0), trial(1, nodiff_top_topic_prob=0.21)])
+    assert not holds and measured["worst_top_topic_prob"] == pytest.approx(0.21)
+    assert nodiff_topic_far_below_diff_confidence([trial(0), trial(1, nodiff_top_topic_prob=0.21)])[0]
+    holds, measured = nodiff_topic_far_below_diff_confidence([trial(0), trial(1, nodiff_top_topic_prob=0.3)])
     assert not holds and measured["worst_ratio"] == pytest.approx(0.6)
     assert no_consistent_topic_without_diff([trial(0), trial(1, nodiff_top_topic_prob=0.2)])[0]
 

@@ -19,7 +19,7 @@ the adapter names the topic of new diffs far above chance and far above asking w
 with no diff applied it names no consistent topic. Unseen-topic accuracy is reported.
 """
 
-from workloads.dit.claims import CLAIMS, plot
+from workloads.dit.claims import CHECKS, CLAIMS, plot
 from workloads.dit.workload import Config, smoke, train, validate
 
-__all__ = ["CLAIMS", "Config", "plot", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "smoke", "train", "validate"]

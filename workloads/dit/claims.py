@@ -1,15 +1,17 @@
 """The paper's claims over a reproduction sweep, and its plot.
 
 One trial is a whole experiment (diffs, adapter, every measurement); a claim averages its
-metrics over the trials (seeds) of the sweep, and each trial's own values are in the table too.
-Calibrated at the smoke size (`sweeps/repro/dit.py`) over seeds 0-7: the ranges below are the
-per-seed values over those seeds.
+metrics over the trials (seeds) of one replicate, and each trial's own values are in the table too.
+The ranges below are the per-seed values at the smoke size (`sweeps/repro/dit.py`) over seeds
+0-7; PLANTED_FRAC and NODIFF_RATIO were chosen from them, that is, on the seeds the smoke judges.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+from orchestrator.claims import claim
 
 TRIGGER_RATE = 0.9
 """Mean trigger rate over diffs and held-out contexts (the issue's 90%); measured 0.976-0.992."""
@@ -24,13 +26,16 @@ DIT_ACC = 0.6
 measured 0.80-1.00."""
 DIT_MARGIN = 0.4
 """DIT accuracy minus the accuracy of asking without the adapter; measured 0.63-0.90."""
+NODIFF_TOPIC = 0.2
+"""With no diff, the probability that the adapter names its likeliest topic t* must stay under this
+in every trial (naming a topic consistently means saying it a good share of the time). Measured
+0.02-0.28 over seeds 0-7 (against 0.88-0.99 with a diff planting t*): above it at some seeds."""
 NODIFF_RATIO = 0.5
-"""With no diff, the probability that the adapter names its likeliest topic t*, over the probability
-it names t* when a diff planting t* is applied, must stay under this in every trial: it names no
-topic the way it names a diff's. Measured ratio 0.02-0.31 (seeds 0-3, 5; t* had probability
-0.02-0.28 over seeds 0-7, against 0.88-0.99 with a diff). Greedy decoding with no diff does give
-a topic word in some trials (seeds 0, 3, 5), at that low probability: the claim is about
-confidence, not about the argmax."""
+"""The weaker variant, chosen after the probability above failed: the probability of t* with no
+diff, over the probability of t* when a diff planting t* is applied, stays under this in every
+trial: it names no topic the way it names a diff's. Measured ratio 0.02-0.31 (seeds 0-3, 5).
+Greedy decoding with no diff does give a topic word in some trials (seeds 0, 3, 5), at that low
+probability: both claims are about confidence, not about the argmax."""
 
 Trial = dict[str, Any]
 
@@ -46,6 +51,12 @@ def _per_seed(trials: list[Trial], key: str, name: str) -> dict[str, float]:
     return {f"{name}_seed{int(t['seed'])}": float(t[key]) for t in trials if key in t}
 
 
+@claim("margin", at_least=0.0,
+       paper="each rank-1 diff plants a trigger-gated topic and otherwise matches the base (trained with a KL to the "
+             "base); the notes' CPU version: trigger->topic rate >= 90%, small off-trigger KL",
+       threshold_from="ours: the 90% trigger rate from the implementation notes and the 0.25-nat KL, both set before "
+                      "any run; the 85% of diffs planted one by one fitted on seeds 0-7, the seeds the smoke judges "
+                      "(not yet recalibrated on disjoint seeds)")
 def diffs_plant_their_behaviour(trials: list[Trial]) -> tuple[bool, dict[str, float]]:
     """Each diff plants its trigger-gated topic: mean trigger rate >= 90% with at least 85% of the diffs at 90% or more each, off-trigger KL to the base <= 0.25 nats."""
     m = {
@@ -58,10 +69,14 @@ def diffs_plant_their_behaviour(trials: list[Trial]) -> tuple[bool, dict[str, fl
         **_per_seed(trials, "eval/frac_planted", "frac_planted"),
         **_per_seed(trials, "eval/kl_off", "kl_off"),
     }
-    holds = m["trigger_rate"] >= TRIGGER_RATE and m["frac_diffs_planted"] >= PLANTED_FRAC and m["kl_off"] <= KL_OFF
-    return holds, m
+    # The smallest distance to a bound (fractions and nats): >= 0 exactly when all three hold.
+    m["margin"] = min(m["trigger_rate"] - TRIGGER_RATE, m["frac_diffs_planted"] - PLANTED_FRAC, KL_OFF - m["kl_off"])
+    return m["margin"] >= 0, m
 
 
+@claim("dit_acc_heldout", at_least=DIT_ACC,
+       paper="DIT 4.71 (Qwen3-8B) and 4.82 (Gemma3-4B) of 5 on naming a diff's hidden topic (LLM judge)",
+       threshold_from="ours: the implementation notes' CPU assertion (top-1 >= 60%, chance 1/60), set before any run")
 def dit_names_new_diffs(trials: list[Trial]) -> tuple[bool, dict[str, float]]:
     """DIT names the topic of new diffs on seen topics (greedy, whole vocabulary) at least 60% of the time; unseen-topic accuracy reported."""
     n_topics = {int(t["eval/n_topics"]) for t in trials}
@@ -79,6 +94,9 @@ def dit_names_new_diffs(trials: list[Trial]) -> tuple[bool, dict[str, float]]:
     return m["dit_acc_heldout"] >= DIT_ACC, m
 
 
+@claim("margin", at_least=DIT_MARGIN,
+       paper="DIT 4.71 vs 1.08 for asking the base question without it (hidden topic, Qwen3-8B, judge score of 5)",
+       threshold_from="ours: set with the first implementation, not fitted on seeds since")
 def dit_beats_asking(trials: list[Trial]) -> tuple[bool, dict[str, float]]:
     """DIT is far above asking the same question without it: accuracy at least 0.4 higher on new diffs."""
     m = {
@@ -90,21 +108,42 @@ def dit_beats_asking(trials: list[Trial]) -> tuple[bool, dict[str, float]]:
     return m["margin"] >= DIT_MARGIN, m
 
 
-def no_consistent_topic_without_diff(trials: list[Trial]) -> tuple[bool, dict[str, float]]:
-    """With no diff applied, DIT names no consistent topic: its likeliest topic gets under half the probability a diff planting that topic gives it, in every trial."""
-    ratios = [float(t["eval/nodiff_top_topic_prob"]) / float(t["eval/nodiff_top_topic_with_diff_prob"]) for t in trials]
-    m = {
-        "worst_ratio": max(ratios),
+def _nodiff_measured(trials: list[Trial]) -> dict[str, float]:
+    return {
         "nodiff_top_topic_prob": _mean(trials, "eval/nodiff_top_topic_prob"),
         "same_topic_with_diff_prob": _mean(trials, "eval/nodiff_top_topic_with_diff_prob"),
         "nodiff_topic_mass": _mean(trials, "eval/nodiff_topic_mass"),
         "nodiff_greedy_is_topic": _mean(trials, "eval/nodiff_names_topic"),
         **_per_seed(trials, "eval/nodiff_top_topic_prob", "top_topic_prob"),
     }
-    return m["worst_ratio"] < NODIFF_RATIO, m
 
 
-CLAIMS = [diffs_plant_their_behaviour, dit_names_new_diffs, dit_beats_asking, no_consistent_topic_without_diff]
+@claim("worst_top_topic_prob", at_most=NODIFF_TOPIC,
+       paper="with no diff applied DIT names no consistent topic (the notes' CPU assertion (d); the paper reports "
+             "the base question alone at 1.08 of 5)",
+       threshold_from="ours: set with the first implementation before it was measured; measured 0.02-0.28 over "
+                      "seeds 0-7")
+def no_consistent_topic_without_diff(trials: list[Trial]) -> tuple[bool, dict[str, float]]:
+    """With no diff applied, DIT names no consistent topic: its likeliest topic has probability at most 0.2, in every trial."""
+    m = {"worst_top_topic_prob": max(float(t["eval/nodiff_top_topic_prob"]) for t in trials), **_nodiff_measured(trials)}
+    return m["worst_top_topic_prob"] <= NODIFF_TOPIC, m
+
+
+@claim("worst_ratio", at_most=NODIFF_RATIO,
+       paper="with no diff applied DIT names no consistent topic (a weaker reading: relative to its confidence with "
+             "a diff)",
+       threshold_from="ours: chosen after the probability claim failed, from ratios measured on seeds 0-3 and 5, "
+                      "the seeds the smoke judges (not yet recalibrated on disjoint seeds)")
+def nodiff_topic_far_below_diff_confidence(trials: list[Trial]) -> tuple[bool, dict[str, float]]:
+    """Weaker variant: with no diff, its likeliest topic gets at most half the probability a diff planting that topic gives it, in every trial."""
+    ratios = [float(t["eval/nodiff_top_topic_prob"]) / float(t["eval/nodiff_top_topic_with_diff_prob"]) for t in trials]
+    m = {"worst_ratio": max(ratios), **_nodiff_measured(trials)}
+    return m["worst_ratio"] <= NODIFF_RATIO, m
+
+
+CLAIMS = [diffs_plant_their_behaviour, dit_names_new_diffs, dit_beats_asking, no_consistent_topic_without_diff,
+          nodiff_topic_far_below_diff_confidence]
+CHECKS: list = []  # every property above depends on training; the exact diff application is a unit test
 
 
 def plot(trials: list[Trial], path: str | Path) -> None:
