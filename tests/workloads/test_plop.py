@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from orchestrator.run import LocalRun
-from workloads.plop import CLAIMS, Config, plot, smoke, train, validate
+from orchestrator.claims import spec_of
+from workloads.plop import CHECKS, CLAIMS, Config, plot, smoke, train, validate
 from workloads.plop.claims import (
     choice_stable_across_samples, equal_trainable_params, plop_not_worse_than_blocks, scores_one_at_random_init,
-    scores_separate_when_pretrained,
+    scores_same_in_every_trial_of_a_seed, scores_separate_when_pretrained,
 )
 from workloads.plop.data import TASKS, answer_loss, encode, split
 from workloads.plop.nfn import (
@@ -311,15 +312,28 @@ def trials(**kw):
 
 
 def test_claims_hold_on_the_papers_pattern():
-    results = {c.__name__: c(trials()) for c in CLAIMS}
+    results = {c.__name__: c(trials()) for c in CLAIMS + CHECKS}
     assert all(holds for holds, _ in results.values()), results
     assert results["plop_not_worse_than_blocks"][1]["worst_margin"] == pytest.approx(-0.05)
     assert results["scores_one_at_random_init"][1]["max_abs_dev"] == pytest.approx(0.02)
+    assert {c.__name__ for c in CHECKS} == {"scores_one_at_random_init", "scores_same_in_every_trial_of_a_seed",
+                                            "equal_trainable_params"}
+    # Each declared effect agrees with its function, on a pattern that holds and on ones that fail.
+    failing = [trials(top=1.2), trials(tau=0.6), trials(same=0.0),
+               trials(accs={"plop": 0.4, "attention": 0.85, "mlp": 0.4})]
+    for fn in CLAIMS:
+        spec = spec_of(fn)
+        assert spec is not None, fn.__name__
+        for ts in [trials(), *failing]:
+            holds, measured = fn(ts)
+            assert spec.passes(measured[spec.effect]) == holds, (fn.__name__, measured)
+        assert not all(fn(ts)[0] for ts in failing), fn.__name__
 
 
 def test_claims_fail_when_the_pattern_is_absent():
     assert not scores_one_at_random_init(trials(control=1.2))[0]
     assert not scores_separate_when_pretrained(trials(top=1.2))[0]
+    assert not scores_separate_when_pretrained(trials(control=1.35))[0]  # the control spreads too
     assert not choice_stable_across_samples(trials(tau=0.6))[0]
     assert not choice_stable_across_samples(trials(same=0.0))[0]
     assert not plop_not_worse_than_blocks(trials(accs={"plop": 0.4, "attention": 0.85, "mlp": 0.4}))[0]
@@ -331,7 +345,7 @@ def test_claims_fail_when_the_pattern_is_absent():
     assert not holds and measured["max_rel_diff"] == pytest.approx(0.1)
     drift = trials()
     drift[1]["diag/nfn_a/q_proj"] += 0.01  # a trial of the same seed scored differently
-    assert not choice_stable_across_samples(drift)[0]
+    assert choice_stable_across_samples(drift)[0] and not scores_same_in_every_trial_of_a_seed(drift)[0]
 
 
 def test_claims_average_over_seeds_and_need_every_placement():
@@ -374,7 +388,8 @@ def test_smoke_reproduction_holds(workdir, tiny_base):
     assert not rep.failed_trials
     assert sorted(t["placement"] for t in rep.trials) == ["attention", "mlp", "plop"]
     assert_claims_hold(rep, ["scores_one_at_random_init", "scores_separate_when_pretrained",
-                             "choice_stable_across_samples", "equal_trainable_params"])
+                             "choice_stable_across_samples", "scores_same_in_every_trial_of_a_seed",
+                             "equal_trainable_params"])
     # plop_not_worse_than_blocks is judged and reported by `ladder reproduce`, not asserted: one
     # seed's 30 held-out pairs (0.033 each) on a base pre-trained on this processor decide it
     # (seed 0: PLoP minus the best block -0.167 with ATen's AVX2 kernels, +0.033 with its portable
@@ -384,6 +399,6 @@ def test_smoke_reproduction_holds(workdir, tiny_base):
         assert t["eval/base_heldout_acc"] < 0.2  # the base cannot already do the task
         assert t["eval/train_acc"] > 0.5  # every placement learnt it (attention-only most slowly)
         assert t["eval/heldout_acc"] > t["eval/base_heldout_acc"], t
-    claims = {c.name: c.measured for c in rep.claims}
+    claims = {c.name: c.measured for c in rep.outcomes}
     assert claims["equal_trainable_params"]["max_rel_diff"] == 0.0
     assert all(math.isfinite(v) for m in claims.values() for v in m.values())

@@ -14,7 +14,7 @@ chosen types are the same on disjoint samples; PLoP's placement is not worse tha
 and MLP-only at equal trainable parameters; the counts are equal.
 """
 
-from workloads.plop.claims import CLAIMS, plot
+from workloads.plop.claims import CHECKS, CLAIMS, plot
 from workloads.plop.workload import Config, smoke, train, validate
 
-__all__ = ["CLAIMS", "Config", "plot", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "smoke", "train", "validate"]
