@@ -71,13 +71,21 @@ def fix_removes_bias(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, floa
 
 
 def fix_keeps_training(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
-    """Training with the fix reaches the same held-out loss, no step non-finite in either arm (it changes the rounding, not the maths)."""
+    """Training with the fix reaches the same held-out loss, no step non-finite in either arm (it changes the rounding, not the maths).
+
+    A sanity check where neither arm diverges (the smoke size). Where the baseline itself has
+    non-finite steps (the paper's failure regime) the two losses are not comparable: not judged
+    then, but the fixed arm must still be finite."""
     base, fixed = _trials(trials, False), _trials(trials, True)
     a = sum(t["eval/loss"] for t in base) / len(base)
     b = sum(t["eval/loss"] for t in fixed) / len(fixed)
     rel = abs(b - a) / a
-    finite = all(t["train/nonfinite_steps"] == 0 for t in base + fixed)
-    return rel < SAME_LOSS and finite, {"loss_baseline": a, "loss_fixed": b, "relative_gap": rel}
+    measured = {"loss_baseline": a, "loss_fixed": b, "relative_gap": rel}
+    if not all(t["train/nonfinite_steps"] == 0 for t in fixed):
+        return False, measured
+    if not all(t["train/nonfinite_steps"] == 0 for t in base):
+        return None, measured
+    return rel < SAME_LOSS, measured
 
 
 CLAIMS = [baseline_is_biased, fix_removes_bias]
