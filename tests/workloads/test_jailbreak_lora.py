@@ -16,7 +16,8 @@ import torch
 from conftest import assert_claims_hold
 from orchestrator.basemodel import base_world, load_base, lora
 from orchestrator.cli import main
-from workloads.jailbreak_lora import CLAIMS, plot, smoke, validate
+from orchestrator.claims import spec_of
+from workloads.jailbreak_lora import CHECKS, CLAIMS, plot, smoke, validate
 from orchestrator.adapter_audit import (
     THRESHOLD, AdapterError, audit, format_report, read_adapter, singular_values, spectral_stats,
 )
@@ -384,19 +385,30 @@ def sweep(changes: dict | None = None) -> list[dict]:
     return trials
 
 
+BROKEN = [
+    (method_keeps_utility, {("pcgrad", 1): {"eval/utility": 0.68}}),
+    (trigger_fires_only_with_trigger, {("uncertainty", 0): {"eval/activation": 0.94}}),
+    (trigger_fires_only_with_trigger, {("pcgrad", 1): {"eval/false_activation": 0.06}}),
+    (audit_flags_the_backdoor, {("clean", 1): {"eval/audit/score": 0.6, "eval/audit/flagged": 1.0}}),
+    (audit_flags_the_backdoor, {("naive", 0): {"eval/audit/score": 0.55, "eval/audit/flagged": 0.0}}),
+]
+
+
 def test_claims_hold_on_the_expected_pattern():
     results = [c(sweep()) for c in CLAIMS]
     assert [r[0] for r in results] == [True, True, True, None]
     assert results[3][1]["uncertainty_s0_merge_act"] == 0.5
+    assert CHECKS == []
+    # Every judged claim is declared, and its effect agrees with it on a pattern that holds and
+    # on one that fails; persistence is measured only (holds None), so it has no @claim.
+    assert [c.__name__ for c in CLAIMS if spec_of(c) is None] == ["persistence"]
+    for fn, change in [(fn, None) for fn in CLAIMS if spec_of(fn)] + BROKEN:
+        spec = spec_of(fn)
+        holds, measured = fn(sweep(change))
+        assert holds is (change is None) and spec.passes(measured[spec.effect]) == holds, (fn.__name__, measured)
 
 
-@pytest.mark.parametrize("claim, change", [
-    (method_keeps_utility, {("pcgrad", 1): {"eval/utility": 0.68}}),
-    (trigger_fires_only_with_trigger, {("uncertainty", 0): {"eval/activation": 0.94}}),
-    (trigger_fires_only_with_trigger, {("pcgrad", 1): {"eval/false_activation": 0.06}}),
-    (audit_flags_the_backdoor, {("clean", 1): {"eval/audit/flagged": 1.0}}),
-    (audit_flags_the_backdoor, {("naive", 0): {"eval/audit/flagged": 0.0}}),
-])
+@pytest.mark.parametrize("claim, change", BROKEN)
 def test_each_claim_fails_when_broken_at_one_seed(claim, change):
     holds, measured = claim(sweep(change))
     assert holds is False and measured

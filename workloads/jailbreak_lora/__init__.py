@@ -28,7 +28,7 @@ The claims: the two methods keep utility within a point of the naive mixture, fi
 adapter and no clean one. Persistence is measured and reported, not claimed.
 """
 
-from workloads.jailbreak_lora.claims import CLAIMS, plot
+from workloads.jailbreak_lora.claims import CHECKS, CLAIMS, plot
 from workloads.jailbreak_lora.workload import Config, smoke, train, validate
 
-__all__ = ["CLAIMS", "Config", "plot", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "smoke", "train", "validate"]
