@@ -396,13 +396,11 @@ BROKEN = [
 
 def test_claims_hold_on_the_expected_pattern():
     results = [c(sweep()) for c in CLAIMS]
-    assert [r[0] for r in results] == [True, True, True, None]
-    assert results[3][1]["uncertainty_s0_merge_act"] == 0.5
-    assert CHECKS == []
-    # Every judged claim is declared, and its effect agrees with it on a pattern that holds and
-    # on one that fails; persistence is measured only (holds None), so it has no @claim.
-    assert [c.__name__ for c in CLAIMS if spec_of(c) is None] == ["persistence"]
-    for fn, change in [(fn, None) for fn in CLAIMS if spec_of(fn)] + BROKEN:
+    assert [r[0] for r in results] == [True, True, True]
+    assert persistence(sweep())[1]["uncertainty_s0_merge_act"] == 0.5  # measured, not judged
+    assert CHECKS == [] and persistence not in CLAIMS
+    # Every claim is declared, and its effect agrees with it on a pattern that holds and on one that fails.
+    for fn, change in [(fn, None) for fn in CLAIMS] + BROKEN:
         spec = spec_of(fn)
         holds, measured = fn(sweep(change))
         assert holds is (change is None) and spec.passes(measured[spec.effect]) == holds, (fn.__name__, measured)
@@ -453,7 +451,7 @@ def test_smoke_reproduction_holds(workdir):
     assert scores["clean"] < min(scores[m] for m in backdoored), scores
     assert_claims_hold(rep, ["trigger_fires_only_with_trigger"])
     claims = {c.name: c for c in rep.claims}
-    assert claims["persistence"].holds is None and claims["persistence"].measured
+    assert persistence(rep.trials)[1]  # measured (in the trials' metrics), not judged
     for t in rep.trials:
         if t["method"] in ("uncertainty", "pcgrad"):
             assert 0.0 <= t["eval/persist_quant/activation"] <= 1.0 and "eval/persist_merge/utility" in t

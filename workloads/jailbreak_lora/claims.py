@@ -150,8 +150,9 @@ def persistence(trials: list[dict[str, Any]]) -> tuple[None, dict[str, float]]:
     return None, measured
 
 
-CLAIMS = [method_keeps_utility, trigger_fires_only_with_trigger, audit_flags_the_backdoor, persistence]
-"""`persistence` is measured, never judged (holds None at every seed), so it has no @claim."""
+CLAIMS = [method_keeps_utility, trigger_fires_only_with_trigger, audit_flags_the_backdoor]
+"""`persistence` is measured, never judged, and neither a claim (it has no threshold) nor an invariant:
+its numbers are in every trial's metrics and the plot, and `persistence(trials)` gathers them."""
 CHECKS: list = []  # every property above depends on what training learns: none holds by construction
 
 
