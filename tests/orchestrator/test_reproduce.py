@@ -26,8 +26,12 @@ def test_every_workload_with_claims_has_a_reproduction_sweep():
             sweep = reproduce.load_repro(name, smoke=smoke, seed=3)
             assert sweep.workload == name and sweep.name == f"repro-{name}{'-smoke' if smoke else ''}"
             assert sweep.trial_count() >= 1
-        for claim in w.claims:
-            assert callable(claim) and (claim.__doc__ or "").strip(), f"{name}: claim {claim} needs a docstring"
+        for fn in w.claims + w.checks:
+            assert callable(fn) and (fn.__doc__ or "").strip(), f"{name}: {fn} needs a docstring"
+        # Every built-in claim says what it measures, at what threshold, and what the paper reported.
+        undeclared = [fn.__name__ for fn in w.claims if judging.spec_of(fn) is None]
+        assert not undeclared, f"{name}: claims without @claim: {undeclared}"
+        assert not {fn.__name__ for fn in w.claims} & {fn.__name__ for fn in w.checks}, name
 
 
 def test_seed_reaches_the_trials():
