@@ -79,18 +79,29 @@ def build(names: list[str] | None = None, *, smoke: bool = True, seeds: int = SE
         reproduce.plan(name, smoke=smoke, seed=seed, seeds=seeds)
     data_dir = out.parent / "reproductions"
     data_dir.mkdir(parents=True, exist_ok=True)
+    errors = []
     for name in names:
-        if use_mlflow:
-            record = from_mlflow(name, smoke=smoke, seeds=seeds, data_dir=data_dir)
-        else:
-            rep = reproduce.reproduce(name, smoke=smoke, seed=seed, seeds=seeds, local=local)
-            print(reproduce.format_claims(rep), flush=True)
-            record = entry(rep)
-            plot = reproduce.draw_plot(rep, registry.load(name), data_dir / f"{name}.png")
-            if plot is None:
-                (data_dir / f"{name}.png").unlink(missing_ok=True)
+        try:
+            if use_mlflow:
+                record = from_mlflow(name, smoke=smoke, seeds=seeds, data_dir=data_dir)
+            else:
+                rep = reproduce.reproduce(name, smoke=smoke, seed=seed, seeds=seeds, local=local)
+                print(reproduce.format_claims(rep), flush=True)
+                record = entry(rep)
+                plot = reproduce.draw_plot(rep, registry.load(name), data_dir / f"{name}.png")
+                if plot is None:
+                    (data_dir / f"{name}.png").unlink(missing_ok=True)
+        except ConfigError:
+            raise
+        except Exception as exc:  # one broken reproduction must not cost the others theirs
+            errors.append(f"{name}: {type(exc).__name__}: {exc}")
+            tracking.warn(f"report: {errors[-1]}")
+            continue
         (data_dir / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
+        out.write_text(render(data_dir))  # after each one: an interrupted report keeps what it measured
     out.write_text(render(data_dir))
+    if errors:
+        raise RuntimeError("some reproductions could not run (their sections are unchanged): " + "; ".join(errors))
     return out
 
 
