@@ -17,9 +17,9 @@ the base (median over interleaved repetitions in the same run), and a hash check
 parameters are unchanged.
 
 The claims: held-out preference accuracy rises from about 50% (the base) to at least 90%; the
-gentle-word share of generations rises monotonically in gamma and gamma 0 reproduces the base's
-logits; per-token latency is at most 1.3x the base's; the base's parameters are untouched and
-only B(H + V) parameters train.
+gentle-word share of generations rises monotonically in gamma; per-token latency is at most 1.3x
+the base's. The checks (invariants of the construction): gamma 0 reproduces the base's logits,
+the base's parameters are untouched and only B(H + V) parameters train.
 """
 
 from workloads.palc.claims import CHECKS, CLAIMS, plot
