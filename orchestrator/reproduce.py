@@ -572,7 +572,7 @@ def format_claims(rep: Reproduction) -> str:
         lines.append(f"  {o.name}: {o.statement}")
         if o.spec is not None:
             lines.append(f"      paper: {o.spec.paper}; threshold from: {o.spec.source}")
-        if n == 1 or o.spec is not None:
+        if n == 1:  # with several seeds the table shows each seed's effect; the MLflow run keeps the rest
             for r in o.per_seed:
                 shown = ", ".join(f"{k}={_fmt(v)}" for k, v in r.measured.items()) or r.error
                 lines.append(f"      seed {r.seed}: {shown}")
