@@ -140,10 +140,15 @@ def render(data_dir: Path) -> str:
         checks = [o for o in r["outcomes"] if o["kind"] == "check"]
         count = lambda *vs: sum(o["verdict"] in vs for o in claims)  # noqa: E731
         lines.append(
-            f"| {_cell(r['paper'] or r['name'])} | [`{r['name']}`](#{r['name']}) | {'smoke' if r['smoke'] else 'full'} "
+            f"| {_cell((r['paper'] or r['name']).split(' — ')[0])} | [`{r['name']}`](#{r['name']}) | {'smoke' if r['smoke'] else 'full'} "
             f"| {len(r['seeds'])} | {count(judging.HOLDS)}/{len(claims)} | {count(judging.INCONCLUSIVE, judging.NOT_JUDGED)} "
             f"| {count(judging.FAILS, 'error')} | {sum(o['verdict'] == judging.HOLDS for o in checks)}/{len(checks)} "
             f"| {r['date']}, {r['commit'] or '?'} |")
+    measured = {r["name"] for r in records}
+    without = [n for n in registry.WORKLOADS if n not in measured and not registry.load(n).claims]
+    if without:
+        lines += ["", "Built-in workloads without CLAIMS, so not in this report: " + "; ".join(
+            f"`{n}` ({_cell(registry.paper_title(n))})" for n in without) + "."]
     for r in records:
         seeds = r["seeds"]
         lines += ["", f"<a id=\"{r['name']}\"></a>", f"## {r['name']}: {_cell(r['paper'])}", "",

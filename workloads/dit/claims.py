@@ -14,7 +14,7 @@ from typing import Any
 from orchestrator.claims import claim
 
 TRIGGER_RATE = 0.9
-"""Mean trigger rate over diffs and held-out contexts (the issue's 90%); measured 0.976-0.992."""
+"""Mean trigger rate over diffs and held-out contexts (90%, the reproduction's spec); measured 0.976-0.992."""
 PLANTED_FRAC = 0.85
 """Fraction of the diffs whose own trigger rate reaches 90% ("each diff plants"): a few diffs of
 99 stay partly planted (their lowest rate 0.50-0.88), so not all; measured 0.929-0.980."""
@@ -22,7 +22,7 @@ KL_OFF = 0.25
 """Mean off-trigger KL to the base, in nats (fake and no trigger); measured 0.056-0.123, against
 about 8 nats with the trigger."""
 DIT_ACC = 0.6
-"""DIT accuracy on new diffs of seen topics (the issue's 60%, with 60 topics; chance 1/63);
+"""DIT accuracy on new diffs of seen topics (60%, the reproduction's spec, with 60 topics; chance 1/63);
 measured 0.80-1.00."""
 DIT_MARGIN = 0.4
 """DIT accuracy minus the accuracy of asking without the adapter; measured 0.63-0.90."""
