@@ -596,6 +596,8 @@ def _count(rep: Reproduction) -> str:
     counts = {v: sum(o.verdict == v for o in rep.claims) for v in order}
     claims = ", ".join(f"{counts[v]} {v}" for v in order if counts[v]) or "none"
     checks = rep.checks
+    if not checks:
+        return f"claims: {claims}; no checks"
     held = sum(o.verdict == judging.HOLDS for o in checks)
     judged = sum(o.verdict != judging.NOT_JUDGED for o in checks)
     return f"claims: {claims}; checks: {held}/{judged} hold" + (
