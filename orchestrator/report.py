@@ -142,7 +142,8 @@ def render(data_dir: Path) -> str:
         lines.append(
             f"| {_cell((r['paper'] or r['name']).split(' — ')[0])} | [`{r['name']}`](#{r['name']}) | {'smoke' if r['smoke'] else 'full'} "
             f"| {len(r['seeds'])} | {count(judging.HOLDS)}/{len(claims)} | {count(judging.INCONCLUSIVE, judging.NOT_JUDGED)} "
-            f"| {count(judging.FAILS, 'error')} | {sum(o['verdict'] == judging.HOLDS for o in checks)}/{len(checks)} "
+            f"| {count(judging.FAILS, 'error')} | "
+            + (f"{sum(o['verdict'] == judging.HOLDS for o in checks)}/{len(checks)}" if checks else "none") + " "
             f"| {r['date']}, {r['commit'] or '?'} |")
     measured = {r["name"] for r in records}
     without = [n for n in registry.WORKLOADS if n not in measured and not registry.load(n).claims]
