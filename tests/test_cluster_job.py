@@ -142,11 +142,23 @@ def cluster(tmp_path):
     # and two nodes sharing one would replace the driver's working directory under it.
     ray_tmp, worker_tmp = tempfile.mkdtemp(prefix="ladder-ray-"), tempfile.mkdtemp(prefix="ladder-ray-")
     try:
-        c.start_node("--head", f"--port={c.gcs}", "--dashboard-host=127.0.0.1", f"--dashboard-port={c.dash}",
-                     f"--ray-client-server-port={free_port()}", f"--temp-dir={ray_tmp}", name="head")
-        c.wait_for_nodes(1, timeout=120)
-        c.start_node(f"--address=127.0.0.1:{c.gcs}", f"--temp-dir={worker_tmp}", name="worker")
-        c.nodes_ids = c.wait_for_nodes(2, timeout=120)
+        for attempt in range(2):
+            try:
+                c.start_node("--head", f"--port={c.gcs}", "--dashboard-host=127.0.0.1", f"--dashboard-port={c.dash}",
+                             f"--ray-client-server-port={free_port()}", f"--temp-dir={ray_tmp}", name="head")
+                c.wait_for_nodes(1, timeout=120)
+                c.start_node(f"--address=127.0.0.1:{c.gcs}", f"--temp-dir={worker_tmp}", name="worker")
+                c.nodes_ids = c.wait_for_nodes(2, timeout=120)
+                break
+            except AssertionError as exc:
+                # A port picked free can be taken by another process (another test's Ray) before
+                # the node binds it: start once more on fresh ports; any other failure is real.
+                if attempt or "Failed to bind" not in str(exc):
+                    raise
+                c.stop()
+                c.nodes = []
+                c.gcs, c.dash = free_port(), free_port()
+                c.url = f"http://127.0.0.1:{c.dash}"
         yield c
     finally:
         c.stop()
