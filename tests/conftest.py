@@ -85,6 +85,20 @@ def assert_claims_hold(rep, names: list[str] | None = None) -> None:
     assert not problems, problems
 
 
+def judged_claim(fn, trials):
+    """What a claim says at these trials (its `holds`), after asserting it is declared with
+    `@claim` and that its declared effect against its threshold says the same wherever it is
+    judged (holds None: not judged)."""
+    from orchestrator.claims import spec_of
+
+    spec = spec_of(fn)
+    assert spec is not None, f"{fn.__name__} has no @claim"
+    holds, measured = fn(trials)
+    if holds is not None:
+        assert spec.passes(measured[spec.effect]) == holds, (fn.__name__, measured)
+    return holds
+
+
 def run_cli(args: list[str], cwd: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run `ladder ARGS` as a real process in `cwd`."""
     full_env = {**os.environ, **(env or {})}

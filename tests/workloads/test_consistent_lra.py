@@ -29,6 +29,7 @@ from workloads.consistent_lra.claims import (
 )
 from workloads.consistent_lra.streams import make_stream
 from workloads.consistent_lra.workload import curve_steps
+from conftest import judged_claim
 
 
 def _orthonormal(d: int, k: int, seed: int) -> torch.Tensor:
@@ -332,13 +333,6 @@ def _trial(stream: str, algorithm: str, eps: float, **metrics: float) -> dict:
     return {**base, **{f"eval/{k}": v for k, v in metrics.items()}}
 
 
-def _judged(fn, trials) -> bool:
-    """What the claim says at these trials, asserting that its declared effect says the same."""
-    spec = spec_of(fn)
-    assert spec is not None, f"{fn.__name__} has no @claim"
-    holds, measured = fn(trials)
-    assert spec.passes(measured[spec.effect]) == holds, (fn.__name__, measured)
-    return holds
 
 
 def test_every_claim_is_declared_and_the_checks_are_not():
@@ -351,14 +345,14 @@ def test_claims_measure_and_can_fail():
     every = _trial("flip", "every", 0.1, recourse=1000.0)
     good = _trial("flip", "additive", 0.1, recourse=25.0, max_excess=0.05, refreshes=10.0, frob_growth=1e4)
     close = _trial("flip", "additive", 0.1, recourse=200.0, max_excess=0.12, refreshes=200.0, frob_growth=1e4)
-    assert _judged(lazy_recourse_10x_below_baseline, [every, good])
+    assert judged_claim(lazy_recourse_10x_below_baseline, [every, good])
     assert lazy_recourse_10x_below_baseline([every, good])[1]["k2_eps0.1_ratio"] == pytest.approx(40.0)
-    assert not _judged(lazy_recourse_10x_below_baseline, [every, close])
+    assert not judged_claim(lazy_recourse_10x_below_baseline, [every, close])
     with pytest.raises(ValueError, match="'every' trial to compare"):  # no baseline: nothing to judge
         lazy_recourse_10x_below_baseline([good])
     mult_good = {**good, "algorithm": "multiplicative", "sketch": "leverage", "eval/recourse": 50.0}
-    assert _judged(multiplicative_recourse_10x_below_baseline, [every, mult_good])
-    assert not _judged(multiplicative_recourse_10x_below_baseline, [every, {**mult_good, "eval/recourse": 150.0}])
+    assert judged_claim(multiplicative_recourse_10x_below_baseline, [every, mult_good])
+    assert not judged_claim(multiplicative_recourse_10x_below_baseline, [every, {**mult_good, "eval/recourse": 150.0}])
     # checks: the additive rule's own guarantees
     assert lazy_cost_within_additive_bound([good])[0] and not lazy_cost_within_additive_bound([close])[0]
     # bound: 1 + ceil(log(1e4) / log(1.1)) = 98
@@ -366,15 +360,15 @@ def test_claims_measure_and_can_fail():
     assert holds and measured["flip_k2_eps0.1_bound"] == 98
     assert not lazy_refreshes_within_log_bound([close])[0]
     mult = _trial("gaussian", "multiplicative", 0.1, max_cost_ratio=1.2)
-    assert not _judged(multiplicative_cost_within_1_plus_eps, [mult])
-    assert _judged(multiplicative_cost_within_1_plus_eps, [{**mult, "eval/max_cost_ratio": 1.1}])
-    assert not _judged(multiplicative_cost_within_1_plus_eps, [{**mult, "eval/max_cost_ratio": math.nan}])
+    assert not judged_claim(multiplicative_cost_within_1_plus_eps, [mult])
+    assert judged_claim(multiplicative_cost_within_1_plus_eps, [{**mult, "eval/max_cost_ratio": 1.1}])
+    assert not judged_claim(multiplicative_cost_within_1_plus_eps, [{**mult, "eval/max_cost_ratio": math.nan}])
     lazy_emerging = _trial("emerging", "additive", 0.1, max_cost_ratio=3.0)
-    assert _judged(lazy_cost_ratio_exceeds_1_plus_eps_when_opt_is_small, [lazy_emerging])
-    assert not _judged(lazy_cost_ratio_exceeds_1_plus_eps_when_opt_is_small, [{**lazy_emerging, "eval/max_cost_ratio": 1.05}])
+    assert judged_claim(lazy_cost_ratio_exceeds_1_plus_eps_when_opt_is_small, [lazy_emerging])
+    assert not judged_claim(lazy_cost_ratio_exceeds_1_plus_eps_when_opt_is_small, [{**lazy_emerging, "eval/max_cost_ratio": 1.05}])
     iid_every = _trial("gaussian", "every", 0.1, recourse=1000.0)
-    assert not _judged(iid_rows_barely_differ, [iid_every, _trial("gaussian", "additive", 0.1, recourse=10.0)])
-    assert _judged(iid_rows_barely_differ, [iid_every, _trial("gaussian", "additive", 0.1, recourse=800.0)])
+    assert not judged_claim(iid_rows_barely_differ, [iid_every, _trial("gaussian", "additive", 0.1, recourse=10.0)])
+    assert judged_claim(iid_rows_barely_differ, [iid_every, _trial("gaussian", "additive", 0.1, recourse=800.0)])
 
 
 @pytest.mark.slow

@@ -11,7 +11,6 @@ import math
 import pytest
 import torch
 
-from orchestrator.claims import spec_of
 from orchestrator.run import LocalRun
 from workloads.diffgda import CHECKS, CLAIMS, Config, plot, smoke, train, validate
 from workloads.diffgda import workload as wl
@@ -22,6 +21,7 @@ from workloads.diffgda.data import (
 from workloads.diffgda.model import DomainNet, ScoreNet, macro_f1, median_bandwidths, mmd2
 from workloads.diffgda.pipeline import classifier_step, score_step
 from workloads.diffgda.sde import VESDE, VPSDE, dsm_loss, perturb, reverse_sample, sym_noise
+from conftest import judged_claim
 
 
 @pytest.fixture(autouse=True)
@@ -377,19 +377,12 @@ def arms(f1=(0.4, 0.4, 0.5), mmd=(0.15, 0.16, 0.04), acc=(0.74, 0.75, 0.6), seed
     return out
 
 
-def _judged(fn, trials) -> bool:
-    """What `fn` says at these trials, after asserting its declared effect agrees with it."""
-    spec = spec_of(fn)
-    assert spec is not None, f"{fn.__name__} has no @claim"
-    holds, measured = fn(trials)
-    assert spec.passes(measured[spec.effect]) == holds, (fn.__name__, measured)
-    return holds
 
 
 def test_claims_hold_on_the_papers_pattern():
     results = {c.__name__: c(arms()) for c in CLAIMS}
     assert all(h for h, _ in results.values()), results
-    assert all(_judged(c, arms()) for c in CLAIMS) and CHECKS == []
+    assert all(judged_claim(c, arms()) for c in CLAIMS) and CHECKS == []
     assert results["guided_closer_to_target"][1]["mmd_ratio_guided_s2"] == pytest.approx(0.25)
     # the tightest condition: accuracy 0.6 vs 0.75 unguided, 0.05 required
     assert results["guided_closer_to_target"][1]["worst_slack"] == pytest.approx(0.1)
@@ -399,11 +392,11 @@ def test_claims_hold_on_the_papers_pattern():
 
 
 def test_claims_fail_without_the_effect():
-    assert not _judged(guided_closer_to_target, arms(mmd=(0.15, 0.16, 0.12)))
-    assert not _judged(guided_closer_to_target, arms(acc=(0.74, 0.75, 0.74)))
-    assert not _judged(beats_source_only, arms(f1=(0.4, 0.4, 0.43)))
+    assert not judged_claim(guided_closer_to_target, arms(mmd=(0.15, 0.16, 0.12)))
+    assert not judged_claim(guided_closer_to_target, arms(acc=(0.74, 0.75, 0.74)))
+    assert not judged_claim(beats_source_only, arms(f1=(0.4, 0.4, 0.43)))
     two_tasks = arms() + arms(f1=(0.4, 0.4, 0.41), shift=2.5)  # one task short of the margin: the worst decides
-    assert not _judged(beats_source_only, two_tasks)
+    assert not judged_claim(beats_source_only, two_tasks)
     assert beats_source_only(two_tasks)[1]["worst_gain"] == pytest.approx(0.01)
 
 

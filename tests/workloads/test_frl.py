@@ -17,6 +17,7 @@ from workloads.frl import workload as W
 from workloads.frl.losses import cross_scale_loss, rel_mse, spectral_loss
 from workloads.frl.model import CNN, FNO, AlignedConv, FRLSpectralConv, SpectralConv, frequency_channels
 from workloads.frl.solver import Burgers, NavierStokes2d, burgers_initial, truncate, upsample
+from conftest import judged_claim
 
 TWO_PI = 2 * math.pi
 
@@ -238,13 +239,6 @@ def _trial(backbone: str, frl: bool, e1: float, e4: float, solver=(0.1, 0.01)) -
     return t
 
 
-def _judged(claim, trials) -> bool:
-    """What the claim says at these trials, asserting that its declared effect says the same."""
-    spec = spec_of(claim)
-    assert spec is not None, f"{claim.__name__} has no @claim"
-    holds, measured = claim(trials)
-    assert spec.passes(measured[spec.effect]) == holds, (claim.__name__, measured)
-    return holds
 
 
 def test_claims_hold_on_the_paper_pattern_and_fail_without_it():
@@ -256,18 +250,18 @@ def test_claims_hold_on_the_paper_pattern_and_fail_without_it():
         assert holds, claim.__name__
         assert all(math.isfinite(v) for v in measured.values())
     for claim in C.CLAIMS:
-        assert _judged(claim, paper)
+        assert judged_claim(claim, paper)
     holds, measured = C.baseline_anchored(paper)
     assert measured["burgers/fno/baseline_ratio"] == pytest.approx(1.04)
     assert measured["least_baseline_ratio"] == pytest.approx(1.04)  # the CNN's is 2
 
     unanchored = [_trial("fno", False, 0.05, 0.04)] + paper[1:]
-    assert not _judged(C.baseline_anchored, unanchored)
+    assert not judged_claim(C.baseline_anchored, unanchored)
     rising = paper[:1] + [_trial("fno", True, 0.05, 0.06)] + paper[2:]
-    assert not _judged(C.frl_error_falls, rising)
+    assert not judged_claim(C.frl_error_falls, rising)
     assert C.frl_error_falls(rising)[1]["worst_frl_ratio"] == pytest.approx(1.2)
     worse = paper[:1] + [_trial("fno", True, 0.06, 0.055)] + paper[2:]
-    assert _judged(C.frl_error_falls, worse) and not _judged(C.frl_below_baseline, worse)
+    assert judged_claim(C.frl_error_falls, worse) and not judged_claim(C.frl_below_baseline, worse)
     assert not C.solver_calibration([_trial("fno", False, 0.05, 0.05, solver=(0.01, 0.02))])[0]
 
 

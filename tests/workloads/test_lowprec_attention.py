@@ -14,6 +14,7 @@ from workloads import celerity_lm
 from workloads import lowprec_attention as m
 from workloads.lowprec_attention import claims
 from workloads.lowprec_attention.workload import attention_fn, bias_statistics
+from conftest import judged_claim
 
 
 def test_bad_configs_name_the_fix():
@@ -69,25 +70,18 @@ def _trial(fix, rs, loss=2.9, nonfinite=0.0):
     return t
 
 
-def _judged(fn, trials) -> bool:
-    """What `fn` says at these trials, after asserting its declared effect agrees with it."""
-    spec = spec_of(fn)
-    assert spec is not None, f"{fn.__name__} has no @claim"
-    holds, measured = fn(trials)
-    assert spec.passes(measured[spec.effect]) == holds, (fn.__name__, measured)
-    return holds
 
 
 def test_claims_judge_what_they_are_given():
     good = [_trial(False, [1.3, 1.2, 1.4]), _trial(True, [0.1, -0.05, 0.2], loss=2.91)]
-    assert all(_judged(c, good) for c in claims.CLAIMS) and all(c(good)[0] for c in claims.CHECKS)
+    assert all(judged_claim(c, good) for c in claims.CLAIMS) and all(c(good)[0] for c in claims.CHECKS)
     weak = [_trial(False, [1.1, 0.5, 0.9]), _trial(True, [0.4, -0.1, 0.5], loss=3.2)]
-    assert not any(_judged(c, weak) for c in claims.CLAIMS) and not any(c(weak)[0] for c in claims.CHECKS)
+    assert not any(judged_claim(c, weak) for c in claims.CLAIMS) and not any(c(weak)[0] for c in claims.CHECKS)
     assert claims.fix_removes_bias(good)[1]["removed_fraction"] == pytest.approx(1 - (0.25 / 3) / 1.3)
     one_noisy_set = [_trial(False, [1.3, 1.2, 0.95]), _trial(True, [0.1, -0.32, 0.2])]
-    assert _judged(claims.baseline_is_biased, one_noisy_set) and _judged(claims.fix_removes_bias, one_noisy_set)
+    assert judged_claim(claims.baseline_is_biased, one_noisy_set) and judged_claim(claims.fix_removes_bias, one_noisy_set)
     negative = [_trial(False, [-1.3, -1.2]), _trial(True, [-0.1, 0.0])]  # V's mean flipped: the bias's sign too
-    assert _judged(claims.baseline_is_biased, negative)
+    assert judged_claim(claims.baseline_is_biased, negative)
     exploded = [_trial(False, [1.3, 1.2]), _trial(True, [0.1, 0.0], nonfinite=3.0)]
     assert not claims.fix_keeps_training(exploded)[0]
     assert claims.CHECKS == [claims.fix_keeps_training] and claims.fix_keeps_training not in claims.CLAIMS

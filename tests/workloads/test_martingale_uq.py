@@ -14,6 +14,7 @@ import pytest
 import torch
 from scipy import stats
 
+from conftest import judged_claim
 from orchestrator.run import LocalRun
 from orchestrator.claims import spec_of
 from workloads.martingale_uq import CHECKS, CLAIMS, Config, plot, smoke, train, validate
@@ -339,13 +340,6 @@ def trial(metric="alert_rate", shift=0.3, gap=0.02, exact=0.95, boot=0.5, short=
     return t
 
 
-def _judged(fn, trials) -> bool:
-    """What the claim says at these trials, asserting that its declared effect says the same."""
-    spec = spec_of(fn)
-    assert spec is not None, f"{fn.__name__} has no @claim"
-    holds, measured = fn(trials)
-    assert spec.passes(measured[spec.effect]) == holds, (fn.__name__, measured)
-    return holds
 
 
 def test_claims_hold_on_the_papers_pattern_and_report_the_under_stating_prior():
@@ -354,7 +348,7 @@ def test_claims_hold_on_the_papers_pattern_and_report_the_under_stating_prior():
     assert all(holds for holds, _ in results.values()), results
     assert CHECKS == [shortcut_wider_than_exact] and spec_of(shortcut_wider_than_exact) is None
     for c in CLAIMS:
-        assert _judged(c, trials)
+        assert judged_claim(c, trials)
     measured = results["exact_covers_rare_alert"][1]
     assert measured["exact_coverage"] == 0.95 and measured["exact_coverage_prior_below"] == 0.5
     assert results["bootstrap_undercovers_rare_alert"][1]["exact_minus_bootstrap"] == pytest.approx(0.45)
@@ -364,9 +358,9 @@ def test_claims_hold_on_the_papers_pattern_and_report_the_under_stating_prior():
 def test_claims_pool_seeds_by_repetitions_and_fail_without_the_pattern():
     cov = exact_covers_rare_alert([trial(exact=0.9, reps=200), trial(exact=0.8, reps=600)])[1]
     assert cov["exact_coverage"] == pytest.approx(0.825) and cov["repetitions"] == 800
-    assert not _judged(exact_covers_rare_alert, [trial(exact=0.84)])
-    assert not _judged(bootstrap_undercovers_rare_alert, [trial(boot=0.61)])
-    assert _judged(bootstrap_undercovers_rare_alert, [trial(boot=0.6)])
+    assert not judged_claim(exact_covers_rare_alert, [trial(exact=0.84)])
+    assert not judged_claim(bootstrap_undercovers_rare_alert, [trial(boot=0.61)])
+    assert judged_claim(bootstrap_undercovers_rare_alert, [trial(boot=0.6)])
     assert not shortcut_wider_than_exact([trial(), trial(metric="mean_score", ratio=0.99)])[0]
     with pytest.raises(ValueError, match="needs >= 200"):
         exact_covers_rare_alert([trial(reps=100)])

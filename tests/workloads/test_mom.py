@@ -26,7 +26,7 @@ from workloads.mom.claims import (
 from workloads.mom.memory import chunked, load_balancing_loss, recurrent_reference, route
 from workloads.mom.model import LM, MemoryMixer, param_count, state_bytes
 from workloads.mom.workload import build_model, count_params, matched_mlp_hidden, measure_state
-from conftest import DiesAtSave, assert_claims_hold
+from conftest import judged_claim, DiesAtSave, assert_claims_hold
 from orchestrator.config import ConfigError
 
 f64 = torch.float64
@@ -394,19 +394,12 @@ def trials_for(mom=(0.9, 0.7), single=(0.7, 0.3), params=(1000, 1005), soft_stat
     ]
 
 
-def _agrees_with_its_spec(fn, trials) -> bool:
-    """What the claim says at these trials, asserting that its declared effect says the same."""
-    spec = spec_of(fn)
-    assert spec is not None, f"{fn.__name__} has no @claim"
-    holds, measured = fn(trials)
-    assert spec.passes(measured[spec.effect]) == holds, (fn.__name__, measured)
-    return holds
 
 
 def test_claims_hold_on_the_papers_pattern():
     results = {c.__name__: c(trials_for()) for c in CLAIMS + CHECKS}
     assert all(holds for holds, _ in results.values()), results
-    assert all(_agrees_with_its_spec(c, trials_for()) for c in CLAIMS)
+    assert all(judged_claim(c, trials_for()) for c in CLAIMS)
     assert all(spec_of(c) is None for c in CHECKS)
     recall = results["mom_recalls_more_than_single_memory"][1]
     assert recall["mean_gap"] == pytest.approx(0.3)
@@ -419,11 +412,11 @@ def test_claims_hold_on_the_papers_pattern():
 
 def test_claims_fail_when_the_pattern_is_absent():
     small_gap = trials_for(mom=(0.75, 0.38))  # gap below the margin (0.065), growing
-    assert not _agrees_with_its_spec(mom_recalls_more_than_single_memory, small_gap)
-    assert _agrees_with_its_spec(mom_gap_grows_with_pairs, small_gap)
+    assert not judged_claim(mom_recalls_more_than_single_memory, small_gap)
+    assert judged_claim(mom_gap_grows_with_pairs, small_gap)
     shrinking = trials_for(mom=(1.0, 0.5))  # gap above the margin, shrinking with more pairs
-    assert _agrees_with_its_spec(mom_recalls_more_than_single_memory, shrinking)
-    assert not _agrees_with_its_spec(mom_gap_grows_with_pairs, shrinking)
+    assert judged_claim(mom_recalls_more_than_single_memory, shrinking)
+    assert not judged_claim(mom_gap_grows_with_pairs, shrinking)
     assert not parameter_counts_matched(trials_for(params=(1000, 1500)))[0]  # unmatched parameters
     assert not state_constant_in_length(trials_for(soft_state=(100, 120)))[0]  # softmax cache does not grow
     growing = trials_for()
@@ -437,7 +430,7 @@ def test_claims_average_seeds_and_refuse_unlike_memories():
     holds, measured = mom_recalls_more_than_single_memory(a + b)
     assert measured["mom_T32"] == pytest.approx(0.45) and measured["mean_gap"] == pytest.approx(0.175) and holds
     # averaged over seeds the gap at 32 (0.15) falls below the one at 16 (0.2)
-    assert not _agrees_with_its_spec(mom_gap_grows_with_pairs, a + b)
+    assert not judged_claim(mom_gap_grows_with_pairs, a + b)
     unlike = [{**t, "head_dim": 16} if t["mixer"] == "single" else t for t in a]
     for fn in (mom_recalls_more_than_single_memory, mom_gap_grows_with_pairs, parameter_counts_matched):
         with pytest.raises(ValueError, match="differ in head_dim"):

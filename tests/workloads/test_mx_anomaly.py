@@ -18,6 +18,7 @@ from workloads.mx_anomaly import claims
 from workloads.mx_anomaly.workload import measure_block, narrowed, rel_mse, synthetic, validate
 
 from tests.conftest import run_cli
+from conftest import judged_claim
 
 
 def test_bad_configs_name_the_fix(tmp_path):
@@ -121,13 +122,6 @@ def _absent_pattern():
             _lm_trial(_trial("ue5m3", False, RISING), RISING, (0.010, 0.009, 0.009, 0.009, 0.012, 0.030))]
 
 
-def _spec_agrees(fn, trials) -> bool:
-    """What `fn` says at these trials, after asserting its declared effect agrees with it."""
-    spec = spec_of(fn)
-    assert spec is not None, f"{fn.__name__} has no @claim"
-    holds, measured = fn(trials)
-    assert spec.passes(measured[spec.effect]) == holds, (fn.__name__, measured)
-    return holds
 
 
 def test_claims_judge_the_curves_they_are_given():
@@ -142,21 +136,21 @@ def test_claims_judge_the_curves_they_are_given():
         claims.ue5m3_no_rise([rising])
     # the wide tensor's error rising too: not the anomaly, however much the narrow one rises
     wide_rises = _trial("ue4m3", False, RISING, wide_curve=tuple(reversed(MONOTONE)))
-    assert not _spec_agrees(claims.ue4m3_anomaly, [wide_rises])
+    assert not judged_claim(claims.ue4m3_anomaly, [wide_rises])
 
 
 def test_claims_hold_on_the_papers_pattern_and_fail_without_it():
     assert [spec_of(fn) is not None for fn in claims.CLAIMS] == [True] * len(claims.CLAIMS)
     assert all(spec_of(fn) is None for fn in claims.CHECKS)
     for fn in claims.CLAIMS:
-        assert _spec_agrees(fn, _papers_pattern()), fn.__name__
-        assert not _spec_agrees(fn, _absent_pattern()), fn.__name__
+        assert judged_claim(fn, _papers_pattern()), fn.__name__
+        assert not judged_claim(fn, _absent_pattern()), fn.__name__
     assert claims.narrowing_keeps_the_function(_papers_pattern())[0]
     assert not claims.narrowing_keeps_the_function(_absent_pattern())[0]
     # UE5M3 equal to UE4M3 + global scale but 10% off at one block: no match, though neither rises
     off = _papers_pattern()
     off[2]["eval/rel_mse/s0.005/b8"] *= 1.1
-    assert not _spec_agrees(claims.ue5m3_matches_global_scale, off) and claims.ue5m3_no_rise(off)[0]
+    assert not judged_claim(claims.ue5m3_matches_global_scale, off) and claims.ue5m3_no_rise(off)[0]
 
 
 def test_quantizes_a_celerity_run_folder(workdir):

@@ -18,6 +18,7 @@ from workloads.pft.claims import (
 )
 from workloads.pft.model import Encoder, Translator, changed_tensors, gram, style_distance
 from workloads.pft.workload import ARMS, phases
+from conftest import judged_claim
 
 
 def tiny(**kw) -> Config:
@@ -374,20 +375,13 @@ def trial(target, *, source=0.6, finetune=0.7, pft=0.8, expr_pft=0.9, expr_no_ex
     return t
 
 
-def _judged(fn, trials) -> bool:
-    """What `fn` says at these trials, after asserting its declared effect agrees with it."""
-    spec = spec_of(fn)
-    assert spec is not None, f"{fn.__name__} has no @claim"
-    holds, measured = fn(trials)
-    assert spec.passes(measured[spec.effect]) == holds, (fn.__name__, measured)
-    return holds
 
 
 def test_claims_hold_on_the_papers_pattern():
     trials = [trial(0), trial(1, source=0.7, finetune=0.75, pft=0.78)]
     results = {c.__name__: c(trials) for c in CLAIMS}
     assert all(holds for holds, _ in results.values()), results
-    assert all(_judged(c, trials) for c in CLAIMS)
+    assert all(judged_claim(c, trials) for c in CLAIMS)
     assert results["pft_beats_source"][1]["gain"] == pytest.approx(0.14)
     assert results["pft_beats_finetune"][1]["wins"] == 1.0
     assert results["exp_loss_prevents_collapse"][1]["min_drop"] == pytest.approx(0.5)
@@ -396,9 +390,9 @@ def test_claims_hold_on_the_papers_pattern():
 
 
 def test_claims_fail_when_the_pattern_is_absent():
-    assert not _judged(pft_beats_source, [trial(0, source=0.78), trial(1, source=0.8)])
-    assert not _judged(pft_beats_finetune, [trial(0, finetune=0.8), trial(1, finetune=0.79)])
-    assert not _judged(exp_loss_prevents_collapse, [trial(0, expr_no_exp=0.8)])
+    assert not judged_claim(pft_beats_source, [trial(0, source=0.78), trial(1, source=0.8)])
+    assert not judged_claim(pft_beats_finetune, [trial(0, finetune=0.8), trial(1, finetune=0.79)])
+    assert not judged_claim(exp_loss_prevents_collapse, [trial(0, expr_no_exp=0.8)])
     assert not only_translator_adapted([trial(0), trial(1, frozen=1.0)])[0]
     assert not only_translator_adapted([trial(0, moved=0.0)])[0]
 

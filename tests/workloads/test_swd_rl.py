@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import judged_claim
 from orchestrator.run import LocalRun
 from orchestrator.claims import spec_of
 from workloads.swd_rl import CHECKS, CLAIMS, Config, plot, smoke, train, validate
@@ -295,15 +296,6 @@ def trials_for(grads: dict[str, list[float]], returns: dict[str, list[float]], *
     return out
 
 
-def _judged(fn, trials):
-    """What the claim says at these trials, asserting that its declared effect says the same
-    wherever it is judged."""
-    spec = spec_of(fn)
-    assert spec is not None, f"{fn.__name__} has no @claim"
-    holds, measured = fn(trials)
-    if holds is not None:
-        assert spec.passes(measured[spec.effect]) == holds, (fn.__name__, measured)
-    return holds
 
 
 def test_every_claim_is_declared():
@@ -313,14 +305,14 @@ def test_every_claim_is_declared():
 def test_gradient_claim_measures_the_ordering():
     ordered = {"reverse": [1.0, 1.2], "uniform": [2.0, 2.2], "swd": [3.0, 3.4]}
     rets = {s: [-100.0, -110.0] for s in ordered}
-    assert _judged(critic_grad_ordered_late, trials_for(ordered, rets))
+    assert judged_claim(critic_grad_ordered_late, trials_for(ordered, rets))
     measured = critic_grad_ordered_late(trials_for(ordered, rets))[1]
     assert measured["swd"] == pytest.approx(3.2) and measured["uniform_over_reverse"] == pytest.approx(2.1 / 1.1)
     assert measured["smallest_ratio"] == pytest.approx(3.2 / 2.1)
     swapped = {"reverse": [2.5, 2.5], "uniform": [2.0, 2.2], "swd": [3.0, 3.4]}
-    assert not _judged(critic_grad_ordered_late, trials_for(swapped, rets))
+    assert not judged_claim(critic_grad_ordered_late, trials_for(swapped, rets))
     swd_smallest = {"reverse": [1.0, 1.2], "uniform": [2.0, 2.2], "swd": [1.5, 1.6]}  # the smoke size's pattern
-    assert not _judged(critic_grad_ordered_late, trials_for(swd_smallest, rets))
+    assert not judged_claim(critic_grad_ordered_late, trials_for(swd_smallest, rets))
     with pytest.raises(ValueError, match="all three samplers"):
         critic_grad_ordered_late([t for t in trials_for(ordered, rets) if t["sampler"] != "reverse"])
 
@@ -333,11 +325,11 @@ def test_return_claim_is_not_judged_at_smoke_size_and_judged_at_full_size():
     one_seed = swd_return_not_below_uniform(trials_for(grads, {k: v[:1] for k, v in close.items()}))
     assert one_seed[0] is None and math.isnan(one_seed[1]["worst_gap_in_seed_noise"])
     full = trials_for(grads, close, steps=FULL_MIN_STEPS, env="Hopper-v5")
-    assert _judged(swd_return_not_below_uniform, full) is True
+    assert judged_claim(swd_return_not_below_uniform, full) is True
     worse = {**close, "swd": [2000, 2100, 1900, 2050, 1950]}
     worse_trials = trials_for(grads, worse, steps=FULL_MIN_STEPS, env="Hopper-v5")
     holds, measured = swd_return_not_below_uniform(worse_trials)
-    assert _judged(swd_return_not_below_uniform, worse_trials) is False
+    assert judged_claim(swd_return_not_below_uniform, worse_trials) is False
     assert measured["gap"] < -2 * measured["seed_noise"]
     assert measured["worst_gap_in_seed_noise"] == pytest.approx(measured["gap"] / measured["seed_noise"])
     two_seeds = {s: v[:2] for s, v in close.items()}

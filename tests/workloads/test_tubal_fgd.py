@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from orchestrator.run import LocalRun
-from orchestrator.claims import spec_of
 from workloads.tubal_fgd import CHECKS, CLAIMS, Config, plot, smoke, train, validate
 from workloads.tubal_fgd.claims import (
     early_stopping_near_best, small_init_flat_in_rank, small_init_overfits_late, spectral_grows_with_rank,
@@ -22,7 +21,7 @@ from workloads.tubal_fgd.tensor import (
     t_gram, t_identity, t_product, t_transpose, top_factor, tubal_rank,
 )
 from workloads.tubal_fgd.workload import CURVE_PREFIX, Tracker, curve_steps, measurements
-from conftest import DiesAtSave
+from conftest import judged_claim, DiesAtSave
 
 f64 = torch.float64
 
@@ -285,36 +284,29 @@ def trials_for(small_best, spectral_best, *, es_factor=1.0, last_factor=2.0, r=2
     return out
 
 
-def _judged(fn, trials) -> bool:
-    """What the claim says at these trials, asserting that its declared effect says the same."""
-    spec = spec_of(fn)
-    assert spec is not None, f"{fn.__name__} has no @claim"
-    holds, measured = fn(trials)
-    assert spec.passes(measured[spec.effect]) == holds, (fn.__name__, measured)
-    return holds
 
 
 def test_claims_hold_on_the_papers_pattern():
     trials = trials_for([1.0, 1.05, 1.0, 1.1], [1.0, 2.0, 3.0, 3.5])
     results = {c.__name__: c(trials) for c in CLAIMS}
     assert all(holds for holds, _ in results.values()), results
-    assert all(_judged(c, trials) for c in CLAIMS) and CHECKS == []
+    assert all(judged_claim(c, trials) for c in CLAIMS) and CHECKS == []
     assert results["small_init_flat_in_rank"][1]["best_spread"] == pytest.approx(1.1)
     assert results["spectral_grows_with_rank"][1]["ratio_8r_to_r"] == pytest.approx(3.5)
     assert results["small_init_overfits_late"][1]["last_over_best_8r"] == pytest.approx(2.0)
 
 
 def test_claims_fail_when_the_pattern_is_absent():
-    assert not _judged(small_init_flat_in_rank, trials_for([1.0, 1.1, 1.2, 1.3], [1, 1, 1, 1]))
-    assert not _judged(spectral_grows_with_rank, trials_for([1, 1, 1, 1], [1.0, 1.2, 1.5, 1.9]))
-    assert not _judged(early_stopping_near_best, trials_for([1, 1, 1, 1], [1, 1, 1, 1], es_factor=1.2))
-    assert not _judged(small_init_overfits_late, trials_for([1, 1, 1, 1], [1, 1, 1, 1], last_factor=1.2))
+    assert not judged_claim(small_init_flat_in_rank, trials_for([1.0, 1.1, 1.2, 1.3], [1, 1, 1, 1]))
+    assert not judged_claim(spectral_grows_with_rank, trials_for([1, 1, 1, 1], [1.0, 1.2, 1.5, 1.9]))
+    assert not judged_claim(early_stopping_near_best, trials_for([1, 1, 1, 1], [1, 1, 1, 1], es_factor=1.2))
+    assert not judged_claim(small_init_overfits_late, trials_for([1, 1, 1, 1], [1, 1, 1, 1], last_factor=1.2))
     # the early-stopped error alone spreading over R fails the flatness claim too
     es_spread = trials_for([1, 1, 1, 1], [1.0, 2.0, 3.0, 3.5])
     for t in es_spread:
         if t["init"] == "small" and t["factor_rank"] == 16:
             t["eval/es_rse"] = 1.3
-    assert not _judged(small_init_flat_in_rank, es_spread)
+    assert not judged_claim(small_init_flat_in_rank, es_spread)
     assert small_init_flat_in_rank(es_spread)[1]["worst_spread"] == pytest.approx(1.3)
 
 

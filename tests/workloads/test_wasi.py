@@ -11,8 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_claims_hold
-from orchestrator.claims import spec_of
+from conftest import judged_claim, assert_claims_hold
 from orchestrator.run import LocalRun
 from workloads.wasi import CHECKS, CLAIMS, Config, plot, smoke, train, validate
 from workloads.wasi.claims import accuracy_within_one_point, flops_not_higher, memory_ten_times_lower
@@ -429,20 +428,13 @@ def paper_pattern(gaps=(0.5, -0.2, 0.9), mem=12.0, flops=0.7):
     return out
 
 
-def _judged(fn, trials) -> bool:
-    """What `fn` says at these trials, after asserting its declared effect agrees with it."""
-    spec = spec_of(fn)
-    assert spec is not None, f"{fn.__name__} has no @claim"
-    holds, measured = fn(trials)
-    assert spec.passes(measured[spec.effect]) == holds, (fn.__name__, measured)
-    return holds
 
 
 def test_claims_hold_on_the_papers_pattern():
     results = {c.__name__: c(paper_pattern()) for c in CLAIMS}
     assert all(holds for holds, _ in results.values()), results
-    assert all(_judged(c, paper_pattern()) for c in CLAIMS) and CHECKS == []
-    assert all(_judged(c, paper_pattern(gaps=(0.5,))) for c in CLAIMS)  # one seed per build, as the smoke runs
+    assert all(judged_claim(c, paper_pattern()) for c in CLAIMS) and CHECKS == []
+    assert all(judged_claim(c, paper_pattern(gaps=(0.5,))) for c in CLAIMS)  # one seed per build, as the smoke runs
     mem = results["memory_ten_times_lower"][1]
     assert mem["eps0.8_r16x8x16/min_ratio"] == pytest.approx(12.0) and mem["worst_ratio"] == pytest.approx(12.0)
     acc = results["accuracy_within_one_point"][1]
@@ -454,11 +446,11 @@ def test_claims_hold_on_the_papers_pattern():
 
 
 def test_claims_fail_when_the_pattern_is_absent():
-    assert not _judged(memory_ten_times_lower, paper_pattern(mem=9.0))
-    assert not _judged(accuracy_within_one_point, paper_pattern(gaps=(1.5, 0.5, 1.2)))
-    assert _judged(accuracy_within_one_point, paper_pattern(gaps=(1.5, 0.5, 0.9)))  # judged on the mean gap
-    assert not _judged(accuracy_within_one_point, paper_pattern(gaps=(1.5,)))  # one seed: its own gap
-    assert not _judged(flops_not_higher, paper_pattern(flops=1.05))
+    assert not judged_claim(memory_ten_times_lower, paper_pattern(mem=9.0))
+    assert not judged_claim(accuracy_within_one_point, paper_pattern(gaps=(1.5, 0.5, 1.2)))
+    assert judged_claim(accuracy_within_one_point, paper_pattern(gaps=(1.5, 0.5, 0.9)))  # judged on the mean gap
+    assert not judged_claim(accuracy_within_one_point, paper_pattern(gaps=(1.5,)))  # one seed: its own gap
+    assert not judged_claim(flops_not_higher, paper_pattern(flops=1.05))
 
 
 def test_only_arms_run_at_every_seed_are_judged():
