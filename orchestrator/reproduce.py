@@ -86,10 +86,6 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
 
     @property
-    def seeds(self) -> list[int | None]:
-        return [r.seed for r in self.per_seed]
-
-    @property
     def judged(self) -> bool:
         return any(r.judged for r in self.per_seed)
 
@@ -463,17 +459,11 @@ def reproduce(name: str, *, smoke: bool = False, seed: int = 0, seeds: int | Non
 
 
 def outcome_record(o: Outcome) -> dict[str, Any]:
-    """An outcome as plain JSON (what claims.json holds and `ladder report` reads back)."""
+    """An outcome as plain JSON (what claims.json holds and `ladder report` reads back as is)."""
     return {"name": o.name, "statement": o.statement, "kind": o.kind, "verdict": o.verdict,
             "spec": dataclasses.asdict(o.spec) if o.spec else None,
             "interval": dataclasses.asdict(o.interval) if o.interval else None, "notes": o.notes,
             "per_seed": [dataclasses.asdict(r) for r in o.per_seed]}
-
-
-def outcome_from_record(d: Mapping[str, Any]) -> Outcome:
-    return Outcome(d["name"], d["statement"], d["kind"], [ClaimResult(**r) for r in d["per_seed"]], d["verdict"],
-                   judging.Spec(**d["spec"]) if d.get("spec") else None,
-                   judging.Interval(**d["interval"]) if d.get("interval") else None, list(d.get("notes") or []))
 
 
 def _log(rep: Reproduction, workload: registry.Workload) -> None:
