@@ -32,10 +32,11 @@ demo: setup
 # Two test processes: most tests are single-threaded CPU work, and the Ray and server tests spend
 # much of their time waiting. TEST_WORKERS=0 runs everything in one process. `--dist loadscope`
 # sends each test module to one worker, so that a module fixture (minutes of Ray work in
-# test_deepspeed and test_load) runs once, not once per worker.
+# test_deepspeed and test_load) runs once, not once per worker; the modules go out heaviest first
+# (tests/conftest.py, MODULE_SECONDS), not in xdist's order by test count.
 TEST_WORKERS ?= 2
 test: setup
-	$(VENV)/bin/pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope) --durations=25
+	$(VENV)/bin/pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder) --durations=25
 
 # The numerically sensitive tests under other CPU kernel paths (tests/numerics.sh says which).
 test-numerics: setup

@@ -33,7 +33,7 @@ for i in "${!settings[@]}"; do
   log="$root/setting-$i.log"
   echo "== $setting"
   start=$SECONDS
-  env -u LADDER_CACHE "${vars[@]}" "$BIN/pytest" -q -m numerics -n "${TEST_WORKERS:-2}" --dist loadscope -p no:cacheprovider \
+  env -u LADDER_CACHE "${vars[@]}" "$BIN/pytest" -q -m numerics -n "${TEST_WORKERS:-2}" --dist loadscope --no-loadscope-reorder -p no:cacheprovider \
     --basetemp "$root/tmp-$i" "$@" > "$log" 2>&1
   rc=$?
   line="$(grep -E '(passed|failed|error)' "$log" | tail -n 1)"
