@@ -13,6 +13,10 @@ from workloads.celerity_lm.data import BatchSampler, check_data, data_vocab, hel
 from workloads.celerity_lm.model import GPT
 from orchestrator.run import fraction_steps
 
+CURVE_PREFIX = "curve/eval_loss/"
+"""Final-metric keys `curve/eval_loss/<fraction>`: the held-out loss at each evaluation, so that
+claims over finished trials can see the whole curve."""
+
 
 @dataclass(frozen=True)
 class Config:
@@ -208,6 +212,7 @@ def train(cfg: Config, run) -> dict[str, float]:
     heldout = heldout_batches(held_bytes, cfg.seq_len, cfg.eval_tokens, batch=32)
 
     start = 0
+    curve: dict[str, float] = {}
     state = run.restore()
     if state is not None:
         if not sharded:
@@ -215,6 +220,7 @@ def train(cfg: Config, run) -> dict[str, float]:
             optimizer.load_state_dict(state["optimizer"])
         sampler.load_state(state["sampler"])
         start = int(state["step"])
+        curve = dict(state.get("curve", {}))
 
     eval_at = fraction_steps(plan.steps, cfg.eval_every_frac)
     save_at = fraction_steps(plan.steps, cfg.checkpoint_every_frac)
@@ -257,11 +263,12 @@ def train(cfg: Config, run) -> dict[str, float]:
             eval_loss = evaluate(model, heldout, run.device)
             eval_time += time.perf_counter() - t_eval
             metrics["eval/loss"] = eval_loss
+            curve[f"{CURVE_PREFIX}{step / plan.steps:.4f}"] = eval_loss
         if metrics:
             metrics.update(fixed, progress=step * plan.batch_tokens / plan.tokens, tokens=step * plan.batch_tokens)
             run.report(metrics, step=step)
         if step in save_at:
-            state = {"step": step, "sampler": sampler.state()}
+            state = {"step": step, "sampler": sampler.state(), "curve": dict(curve)}
             if not sharded:
                 state.update(model=raw.state_dict(), optimizer=optimizer.state_dict())
             run.save(state)
@@ -274,4 +281,5 @@ def train(cfg: Config, run) -> dict[str, float]:
         "params": float(plan.params),
         "steps": float(plan.steps),
         **fixed,
+        **curve,
     }

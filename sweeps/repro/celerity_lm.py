@@ -1,0 +1,54 @@
+"""Reproduce celerity_lm's claims: a model family from the Celerity recipe (widths at one TPP, with
+batch size, learning rate and weight decay scaled together) trained at two AdamW timescales tau.
+
+At each tau the recipe solves every member's weight decay for that tau, so the family differs in
+size only; the two taus differ in the curve's shape only. Every trial of one build shares the
+seed (initialization draw and data order) and the held-out set. The full size is the family of
+sweeps/celerity_family.py (widths 48/64/80 at TPP 80) at both taus, about 25 minutes per seed on
+2 cores. The smoke size is two widths of a depth-2 proxy at TPP 4, far too few tokens for the
+paper's collapse: its claims are measured there, not expected to hold.
+"""
+
+from dataclasses import replace
+
+from orchestrator.recipe import Proxy, ScalingLaws, family
+from orchestrator.sweep import Sweep
+from workloads.celerity_lm import Config, build as build_model
+
+TAUS = (0.05, 0.8)
+"""The two timescales: weight decay 4x and 1/4x that of the proxy's tuned tau = 0.2."""
+FULL = dict(base=Config(width=48, depth=3, head_dim=16, seq_len=128, batch_size=32, base_width=48, base_depth=3,
+                        lr=2e-2, warmup_frac=0.05, max_bytes=16_000_000, eval_every_frac=0.05, eval_tokens=32768,
+                        log_every=10),
+            shapes=((48, 3), (64, 3), (80, 3)), tpp=80.0)
+SMOKE = dict(base=Config(width=48, depth=2, head_dim=16, seq_len=64, batch_size=16, base_width=48, base_depth=2,
+                         lr=2e-2, warmup_frac=0.05, max_bytes=2_000_000, eval_every_frac=0.05, eval_tokens=4096,
+                         log_every=10),
+             shapes=((32, 2), (48, 2)), tpp=4.0)
+SHARED = ("head_dim", "seq_len", "base_width", "base_depth", "lr", "warmup_frac", "max_bytes", "eval_every_frac",
+          "eval_tokens", "log_every")
+
+
+def members(base: Config, shapes: tuple[tuple[int, int], ...], tpp: float, tau: float) -> list[dict]:
+    """The recipe's family at `tpp` with the proxy (the base config) tuned at `tau`, as sweep points."""
+
+    def params(width: int, depth: int) -> int:
+        return build_model(replace(base, width=width, depth=depth))[0].non_embedding_params()
+
+    proxy = Proxy(width=base.width, depth=base.depth, lr=base.lr, batch_size=base.batch_size, seq_len=base.seq_len,
+                  tpp=tpp, tau=tau, warmup_frac=base.warmup_frac)
+    return [{"width": m.width, "depth": m.depth, "batch_size": m.batch_size, "tpp": tpp, "tau": m.tau}
+            for m in family(proxy, shapes, tpp=tpp, laws=ScalingLaws(), param_count=params)]
+
+
+def build(*, smoke: bool = False, seed: int = 0) -> Sweep:
+    size = SMOKE if smoke else FULL
+    base = size["base"]
+    points = tuple(p for tau in TAUS for p in members(base, size["shapes"], size["tpp"], tau))
+    overrides = {k: getattr(base, k) for k in SHARED}
+    # One seed per build: a claim compares the members of one seed; `--seeds K` adds replicates.
+    return Sweep(name=f"celerity_lm_repro{'_smoke' if smoke else ''}", workload="celerity_lm",
+                 overrides={**overrides, "seed": seed}, points=points, scheduler="fifo", objective=("eval/loss", "min"))
+
+
+sweep = build()
