@@ -42,7 +42,7 @@ def test_seed_reaches_the_trials():
 
 def test_a_workload_without_claims_is_refused_with_the_reason():
     with pytest.raises(ConfigError, match="has no CLAIMS"):
-        reproduce.load_repro("celerity_lm")
+        reproduce.load_repro("curves")
     with pytest.raises(UnknownWorkload, match="Closest match: 'mx_anomaly'"):
         reproduce.load_repro("mx_anomoly")
 

@@ -6,6 +6,11 @@ import pytest
 import torch
 
 import workloads.celerity_lm as clm
+from conftest import assert_claims_hold, judged_claim
+from workloads.celerity_lm.claims import (
+    curves_complete, family_collapses, family_controls_match, final_loss_predicted_from_prefix, seed_noise,
+    tau_sets_the_curve_shape,
+)
 from workloads.celerity_lm.data import DataError, corpus_files, is_heldout, load_corpus
 from workloads.celerity_lm.workload import lr_factor
 from orchestrator.run import LocalRun
@@ -81,6 +86,13 @@ def test_smoke_loss_falls():
     assert losses[-1] < 0.7 * losses[0]
     assert final["eval/loss"] < math.log(256) * 0.7
     assert final["tau"] > 0 and final["tpp"] == pytest.approx(4.0, rel=0.05)
+    # the held-out curve comes back in the final metrics, one key per evaluation
+    curve = sorted((float(k[len(clm.CURVE_PREFIX):]), v) for k, v in final.items() if k.startswith(clm.CURVE_PREFIX))
+    reported = [(m["progress"], m["eval/loss"]) for _, m in run.history if "eval/loss" in m]
+    assert len(curve) == len(reported) == 10
+    for (frac, loss), (progress, reported_loss) in zip(curve, reported):
+        assert frac == pytest.approx(progress, abs=1e-4) and loss == reported_loss
+    assert curve[-1] == (1.0, final["eval/loss"])
 
 
 def test_resumed_run_matches_an_uninterrupted_one(tmp_path):
@@ -108,6 +120,10 @@ def test_resumed_run_matches_an_uninterrupted_one(tmp_path):
     # Model, optimizer and data order all come back: the curve continues exactly.
     assert got["train/loss"] == pytest.approx(expect["train/loss"], rel=1e-5)
     assert got["eval/loss"] == pytest.approx(expect["eval/loss"], rel=1e-5)
+    # the curve evaluated before the crash comes back from the checkpoint
+    curve = sorted(k for k in expect if k.startswith(clm.CURVE_PREFIX))
+    assert sorted(k for k in got if k.startswith(clm.CURVE_PREFIX)) == curve and len(curve) == 10
+    assert [got[k] for k in curve] == pytest.approx([expect[k] for k in curve], rel=1e-5)
 
 
 def test_validate_rejects_bad_configs(tmp_path):
@@ -146,3 +162,144 @@ def test_every_rank_resumes_its_own_windows_from_rank_zeros_checkpoint():
         restarted = BatchSampler(data, 16, 4, seed=7, rank=rank)
         restarted.load_state(written)
         assert torch.equal(restarted.next()[0], want), f"rank {rank} resumed on other windows"
+
+
+# --- claims and checks, on hand-built trials ----------------------------------------------------
+
+
+def shape(t, tau):
+    """A normalized-curve shape that depends on tau: larger tau drops more early, less late."""
+    return 1.0 + (0.6 if tau > 0.1 else 1.2) * (1.0 - t) ** (0.5 if tau > 0.1 else 2.0)
+
+
+def family_trials(*, widths=(32, 48), taus=(0.05, 0.8), size_bend=0.0, seed=0, fracs=None, last=1.0):
+    """One seed's trials: width w ends at loss 2/w^0.1 and follows shape(t, tau), bent by
+    `size_bend` x (1 - t) per width step (0: perfect collapse). Batches follow B ∝ D^0.5."""
+    fracs = fracs or [round(0.05 * i, 4) for i in range(1, 21)]
+    fracs = [f for f in fracs if f <= last + 1e-9]
+    out = []
+    for tau in taus:
+        for i, w in enumerate(widths):
+            params = 12 * w * w * 2
+            final = 2.0 / w**0.1
+            batch = round(16 * math.sqrt(params / (12 * 48 * 48 * 2)))
+            t = {"width": w, "depth": 2, "tau": tau, "tpp": 4.0, "params": float(params), "batch_size": batch,
+                 "seq_len": 64, "seed": seed, "trial_id": f"w{w}-tau{tau}"}
+            for f in fracs:
+                t[f"{clm.CURVE_PREFIX}{f:.4f}"] = final * (shape(f, tau) + size_bend * i * (1.0 - f)) / shape(1.0, tau)
+            t["eval/loss"] = t[f"{clm.CURVE_PREFIX}{fracs[-1]:.4f}"]
+            out.append(t)
+    return out
+
+
+def test_claims_hold_on_the_papers_pattern():
+    trials = family_trials()
+    results = {c.__name__: c(trials) for c in clm.CLAIMS}
+    assert all(judged_claim(c, trials) for c in clm.CLAIMS), results
+    assert results["family_collapses"][1]["max_spread"] == pytest.approx(0.0, abs=1e-12)
+    assert results["final_loss_predicted_from_prefix"][1]["worst_rel_error"] < 1e-4  # the reference grid's interpolation
+    assert results["tau_sets_the_curve_shape"][1]["tau_over_size"] > 1e6
+    for check in clm.CHECKS:
+        holds, measured = check(trials)
+        assert holds, (check.__name__, measured)
+
+
+def test_claims_fail_when_the_family_does_not_collapse():
+    bent = family_trials(size_bend=0.3)  # the wider member's curve lies 0.3 x (1 - t) higher
+    assert not judged_claim(family_collapses, bent)
+    assert family_collapses(bent)[1]["max_spread"] == pytest.approx(0.3 * 0.7)
+    assert not judged_claim(final_loss_predicted_from_prefix, bent)
+    assert not judged_claim(tau_sets_the_curve_shape, bent)
+    same_shape = family_trials(taus=(0.5, 0.8), size_bend=0.01)  # tau moves nothing: no tau effect
+    assert tau_sets_the_curve_shape(same_shape)[1]["tau_over_size"] == pytest.approx(0.0, abs=1e-9)
+    assert not judged_claim(tau_sets_the_curve_shape, same_shape)
+
+
+def test_claims_need_a_family_at_every_tau_and_one_seed():
+    with pytest.raises(ValueError, match="two or more widths"):
+        family_collapses(family_trials(widths=(48,)))
+    with pytest.raises(ValueError, match="two or more taus"):
+        tau_sets_the_curve_shape(family_trials(taus=(0.05,)))
+    with pytest.raises(ValueError, match="one seed"):
+        family_collapses(family_trials() + family_trials(seed=1))
+    with pytest.raises(ValueError, match="curve points"):
+        family_collapses([{k: v for k, v in t.items() if not k.startswith("curve/")} for t in family_trials()])
+
+
+def test_seed_noise_puts_seeds_in_place_of_widths():
+    a, b = family_trials(seed=100), family_trials(seed=101, size_bend=0.0)
+    for t in b:  # the second seed's curves lie higher early on, at every width alike
+        for k in [k for k in t if k.startswith(clm.CURVE_PREFIX)]:
+            t[k] *= 1.0 + 0.05 * (1.0 - float(k[len(clm.CURVE_PREFIX):]))
+    noise = seed_noise(family_collapses, a + b)
+    assert len(noise) == 2  # two widths x one pair of seeds
+    fracs = [0.05 * i for i in range(6, 21)]
+    gap = max(shape(f, tau) / shape(1.0, tau) * 0.05 * (1.0 - f) for tau in (0.05, 0.8) for f in fracs)
+    assert noise == pytest.approx([gap, gap])
+    assert seed_noise(final_loss_predicted_from_prefix, a + b)[0] > 0.01
+    with pytest.raises(ValueError, match="two or more seeds"):
+        seed_noise(family_collapses, a)
+
+
+def test_checks_fail_on_a_broken_curve_or_recipe():
+    short = family_trials()
+    for t in short[:1]:
+        del t[f"{clm.CURVE_PREFIX}1.0000"]
+    holds, measured = curves_complete(short)
+    assert not holds and measured["min_last_fraction"] == pytest.approx(0.95)
+    off_law = family_trials()
+    off_law[1]["batch_size"] *= 2  # the wider member's batch no longer grows as D^0.5
+    holds, measured = family_controls_match(off_law)
+    assert not holds and measured["batch_law_gap"] > measured["batch_law_allowed"]
+    off_tpp = family_trials()
+    off_tpp[0]["tpp"] = 8.0
+    assert not family_controls_match(off_tpp)[0]
+
+
+def test_plot_writes_a_png(tmp_path):
+    path = tmp_path / "claims.png"
+    clm.plot(family_trials() + family_trials(seed=1), path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_reproduction_sweeps_are_a_recipe_family_at_two_taus():
+    import runpy
+
+    from conftest import REPO
+    from orchestrator import reproduce
+
+    sizes = runpy.run_path(str(REPO / "sweeps" / "repro" / "celerity_lm.py"))
+    for smoke in (True, False):
+        sweep = reproduce.load_repro("celerity_lm", smoke=smoke, seed=7)
+        base = sweep.check()
+        proxy = sizes["SMOKE" if smoke else "FULL"]["base"]
+        assert base.seed == 7
+        taus = sorted({p["tau"] for p in sweep.points})
+        assert len(taus) == 2 and taus[1] / taus[0] >= 4
+        by_tau = [[p for p in sweep.points if p["tau"] == tau] for tau in taus]
+        assert by_tau[0] == [{**p, "tau": taus[0]} for p in by_tau[1]]  # the same members at each tau
+        for p in by_tau[0]:
+            assert p["tpp"] == by_tau[0][0]["tpp"]
+            if (p["width"], p["depth"]) == (proxy.width, proxy.depth):  # the proxy keeps its own batch
+                assert p["batch_size"] == proxy.batch_size
+        widths = [p["width"] for p in by_tau[0]]
+        batches = [p["batch_size"] for p in by_tau[0]]
+        assert len(widths) >= 2 and widths == sorted(widths) and batches == sorted(batches) and batches[0] < batches[-1]
+
+
+# --- the reproduction -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_smoke_reproduction_runs_and_its_checks_hold(workdir):
+    from orchestrator.reproduce import reproduce
+
+    rep = reproduce("celerity_lm", smoke=True, local=True)
+    assert not rep.failed_trials and len(rep.trials) == 4
+    assert_claims_hold(rep, ["curves_complete", "family_controls_match"])
+    expected = {"tau_sets_the_curve_shape": "tau_over_size", "family_collapses": "max_spread",
+                "final_loss_predicted_from_prefix": "worst_rel_error"}
+    assert {c.name for c in rep.claims} == set(expected)
+    for c in rep.claims:
+        assert not c.error, c
+        assert expected[c.name] in c.measured and all(math.isfinite(v) for v in c.measured.values()), c
