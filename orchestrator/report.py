@@ -8,7 +8,8 @@ with `--from-mlflow` reads the newest finished one of that size and seed count b
 run's `claims.json`. Each workload's judged outcomes are kept as `<out folder>/reproductions/NAME.json`
 with its claim plot beside it, and the page is written from every such file present: a run for a few
 NAMES updates their sections and keeps the others. Each section says the size, the seeds, the date
-and the commit it was measured at.
+and the commit it was measured at, and ends with the paper's measurement notes (`NAME.notes.md`
+beside its JSON, written by hand) where there are any.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from orchestrator.config import ConfigError
 
 DEFAULT_OUT = Path("docs/reproductions.md")
 SEEDS = 5
+NOTES_SUFFIX = ".notes.md"
+"""`<out folder>/reproductions/NAME.notes.md`, written by hand and kept by the report: what was
+measured when a threshold or a size was chosen (seeds, settings, what was tried), shown under the
+paper's section. Code docstrings say what a claim judges; these notes say what was measured."""
 
 
 def workloads_with_claims() -> list[str]:
@@ -130,7 +135,8 @@ def render(data_dir: Path) -> str:
         "right or it is not, whatever training does. They must hold at every seed and are not counted as",
         "reproduced results. *Smoke* size means CPU-sized models and data (tiny-local and generated tasks), not",
         "the paper's scale: a smoke verdict says whether the effect appears at that size, not whether the",
-        "paper's numbers do.",
+        "paper's numbers do. A section's measurement notes, where there are any, are written by hand",
+        f"(`{data_dir.name}/NAME{NOTES_SUFFIX}`): what was measured when a threshold or a size was chosen.",
         "",
         "| paper | workload | size | seeds | claims hold | inconclusive | fail | checks hold | measured |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -189,4 +195,7 @@ def render(data_dir: Path) -> str:
         lines += [f"- note: {_cell(n)}" for n in notes]
         if (data_dir / f"{r['name']}.png").exists():
             lines += ["", f"![{r['name']} claim plot]({data_dir.name}/{r['name']}.png)"]
+        notes = data_dir / f"{r['name']}{NOTES_SUFFIX}"
+        if notes.is_file():
+            lines += ["", f"### {r['name']}: measurement notes", "", notes.read_text().strip()]
     return "\n".join(lines) + "\n"

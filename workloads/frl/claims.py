@@ -7,34 +7,9 @@ grid. That is the error a solver's convergence is stated in (against the true fi
 the error Theorem 2 splits into the resolved part and the band [rho0/2, rho/2]. The error against
 the truncated DNS on each grid (`eval/rel_l2_grid/x{f}`) is reported next to it and plotted.
 
-Where the baseline's anchoring comes from (smoke size, Burgers, seeds 0-2). The baseline has no
-learned response above rho0/2: the FNO's weight tables stop at `modes`, the CNN's taps shrink with
-the cell. On a finer grid its output in the blind band [rho0/2, rho/2) is whatever the architecture
-passes on: the input's own band through the residual connection (`eval/blind_band_transmit/x4`
-0.97-0.99 for the FNO, 1.45 for the CNN) and harmonics made by its pointwise nonlinearity. The
-band holds 5-6% of the target's norm (`eval/blind_band_energy/x4`), most of the 1x error. Whether
-passing it on helps is a property of the data, `eval/blind_band_persistence/x4`, the error of
-copying the input's band:
-
-- forecast horizon 0.2: persistence 0.71, copying is already half a forecast of the fine scales,
-  and the baseline FNO's error falls from 1x to 4x (ratio 0.75-0.80 over seeds 0-2);
-- horizon 0.5 (the default, past the band's decorrelation time): persistence 1.12-1.19, the
-  baseline FNO's band error is 1.07-1.15 and it is anchored (ratio 1.15-1.21); FRL's band error
-  is 0.66-0.85 and its error falls (FNO 0.72-0.85, CNN 0.85-0.92).
-  Over seeds 0-6 the baseline FNO's ratio is 1.13-1.33. The thinnest margin is FRL on the CNN:
-  0.85-0.94 on seeds 0-5, 1.04 on seed 6, where its training converged slowest (final loss
-  0.0139 against 0.0071-0.0095; with 800 steps instead of 400, 0.96);
-- horizon 1.0: the baseline is anchored (1.25-1.33), but FRL's error no longer falls for every
-  seed (0.83, 1.02, 0.84): its held response cannot forecast scales that decorrelated this much.
-
-Not anchored here: the FNO without the residual connection (`residual=False`, the plain lift,
-W + K, projection form). Its band output is mostly not the input's (transmission 0.17-0.28) and
-beats the best scaled copy of it (band error 0.80-0.81 against 0.95-0.97): it is new fine-scale
-content, most likely the harmonics its pointwise GELU makes of its own predicted fronts, which on
-the training grid alias below rho0/2. Error ratio 0.83-0.85 at horizon 0.5 (seed 0: 0.80 at 0.2,
-0.85 at 0.4, 0.87 at 1.0). Burgers' fine scales are slaved to its fronts. A small 2-D
-Navier-Stokes run (rho0 = 16, 4x = 64, horizon 0.5, one seed) anchored neither baseline form (0.88
-with the residual, 0.91 without), and FRL did not help there (0.91).
+What was measured when the forecast horizon and the claims' thresholds were chosen (the
+baseline's anchoring, seed by seed and horizon by horizon) is in the report's notes,
+`docs/reproductions/frl.notes.md`.
 
 Trials are grouped by (pde, backbone); seeds of a group are averaged. A baseline is a trial with
 none of FRL's parts; an FRL trial has the representation, multi-resolution data and at least one
@@ -102,7 +77,7 @@ def err(ts: list[Trial], f: int, kind: str = "rel_l2") -> float:
 
 
 HORIZON_NOTE = ("the forecast horizon 0.5 was chosen after the smoke runs of seeds 0-3 (at 0.2 the FNO "
-                "baseline was not anchored; see the module docstring)")
+                "baseline was not anchored; docs/reproductions/frl.notes.md)")
 
 
 @claim("least_baseline_ratio", at_least=1.0,

@@ -4,20 +4,8 @@ A seed is a different entity split, different pairs and a different calibrator i
 (the paper's effects: preference accuracy, the gentle-word share over gamma, latency) are judged
 across seeds by ladder; the checks (gamma 0 is the base, the base is untouched) hold by
 construction and must hold at every seed. The thresholds are the implementation notes' CPU
-assertions, set before any run. Measured at smoke size (`ladder reproduce palc --smoke --seed N`,
-tiny-local, B = 16, 150 steps; latency on the thread's CPU clock, 21 paired repetitions):
-
-    seed  base acc  PALC acc  greedy share at gamma -1/0/0.5/1/2   sampled share            latency
-    0     0.573     0.993     0.00/0.15/0.29/0.47/1.00             0.00/0.14/0.31/0.45/0.99  1.02x
-    1     0.565     0.990     0.03/0.23/0.38/0.48/1.00             0.01/0.21/0.39/0.46/0.99  1.07x
-    2     0.508     0.998     0.00/0.20/0.38/0.48/1.00             0.01/0.19/0.34/0.49/1.00  1.12x
-    3     0.525     0.995     0.01/0.17/0.27/0.50/1.00             0.01/0.13/0.28/0.45/0.99  1.07x
-    4     0.613     0.993     0.00/0.11/0.37/0.50/1.00             0.00/0.13/0.34/0.47/1.00  0.99x
-
-The base's held-out accuracy over seeds 0-19 lies in [0.45, 0.61]; gamma 0's logits equal the
-base's exactly (difference 0) in every seed. The latency ratio of the same code on one machine
-varies by about +-0.07 between repeated measurements (the calibrator itself costs ~25 us per step
-against ~2 ms for tiny-local's forward).
+assertions, set before any run. What was measured at smoke size, seed by seed, is in the report's notes,
+`docs/reproductions/palc.notes.md`.
 """
 
 from __future__ import annotations

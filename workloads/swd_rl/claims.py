@@ -5,16 +5,8 @@ over its seeds, the paper's own summary. Every sampler of one seed starts from t
 networks and the same warm-up data (both are drawn from the seed alone), so the arms differ
 only from the first update on.
 
-Measured at the smoke size (Pendulum-v1, TD3, 4,000 steps, T = 1,000; late = the last 1,000 steps),
-critic-gradient L1 on each arm's own batches, reverse / uniform / swd:
-seed 0: 219.4 / 204.7 / 169.4; seed 1: 313.4 / 298.7 / 256.3; seed 2: 203.9 / 204.0 / 182.8;
-seed 3: 268.7 / 265.9 / 206.9; seed 4: 254.1 / 251.8 / 274.4. The paper's ordering holds on no
-seed: SWD's gradient is the smallest on four. Longer runs did not change that: Pendulum at 10,000
-steps (T = 1,000 or 2,500, seeds 0-1), at UTD 4, and at 30,000 steps with T = 5,000 (seed 0:
-7,403 / 7,074 / 3,151), and HalfCheetah-v5 at 10,000 steps (seed 0: 378 / 379 / 208). On Pendulum
-the critic's gradient grows through training under every sampler, the 1/k decay the paper's
-argument starts from does not appear; the ordering is a claim about its million-step MuJoCo runs,
-which the full sweep measures.
+What was measured at smoke size and in longer runs, seed by seed, is in the report's notes,
+`docs/reproductions/swd_rl.notes.md`.
 """
 
 from __future__ import annotations
