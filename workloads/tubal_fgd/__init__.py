@@ -13,9 +13,15 @@ of the held-out loss) and the last one's, with the error curve at log-spaced ite
 The claims: with small initialisation the best and the early-stopped errors do not depend on R;
 with spectral initialisation the error grows with R; early stopping lands near the best iterate;
 and without it, small initialisation eventually over-fits the noise.
+
+The paper's real-data setting is `task="completion"`: a real image (or a video's frames) read from
+`image_dir` as a third-order tensor, a uniformly sampled part of its entries observed with noise,
+and FGD on the asymmetric factorization U * V^T from small initialisation (completion.py, images.py).
+It reports the held-out observed entries' loss as `eval/loss`, the relative error on all entries as
+`eval/rse` and the PSNR as `eval/psnr`; `sweeps/repro/tubal_fgd_real.py` runs it on the paper's images.
 """
 
 from workloads.tubal_fgd.claims import CHECKS, CLAIMS, plot
-from workloads.tubal_fgd.workload import Config, smoke, train, validate
+from workloads.tubal_fgd.workload import Config, preflight, smoke, train, validate
 
-__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "preflight", "smoke", "train", "validate"]

@@ -98,3 +98,36 @@ def top_factor(y: torch.Tensor, rank: int, *, by: str = "eig") -> torch.Tensor:
         order = evals.argsort(descending=True)[:rank]
         uf[:, :, l] = evecs[:, order] * evals[order].clamp(min=0).sqrt().to(evecs.dtype)
     return from_fourier(uf, k)
+
+
+def t_outer(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """U * V^T for U [n1, R, k] and V [n2, R, k] -> [n1, n2, k] (the asymmetric factorization)."""
+    if u.shape[1:] != v.shape[1:]:
+        raise ValueError(f"U * V^T of {tuple(u.shape)} and {tuple(v.shape)}: ranks or tube lengths differ")
+    uf, vf = to_fourier(u), to_fourier(v)
+    return from_fourier(torch.einsum("irl,jrl->ijl", uf, vf.conj()), u.shape[2])
+
+
+def top_pair(y: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Factors U [n1, rank, k], V [n2, rank, k] of the truncated t-SVD of Y [n1, n2, k]:
+    U * V^T keeps the `rank` largest singular values of every Fourier slice, split evenly
+    (U = A S^{1/2}, V = B S^{1/2}). The DC and Nyquist slices are real and are decomposed as such,
+    so that no phase is lost to `irfft` (see `top_factor`)."""
+    n1, n2, k = y.shape
+    if not 1 <= rank <= min(n1, n2):
+        raise ValueError(f"rank must lie in 1..{min(n1, n2)}, got {rank}")
+    yf = to_fourier(y)
+    uf = torch.zeros(n1, rank, yf.shape[2], dtype=yf.dtype, device=y.device)
+    vf = torch.zeros(n2, rank, yf.shape[2], dtype=yf.dtype, device=y.device)
+    for l in range(yf.shape[2]):
+        s = yf[:, :, l].real if _self_conjugate(l, k) else yf[:, :, l]
+        a, sv, bh = torch.linalg.svd(s, full_matrices=False)
+        root = sv[:rank].sqrt()
+        uf[:, :, l] = a[:, :rank] * root
+        vf[:, :, l] = bh[:rank].conj().T * root
+    return from_fourier(uf, k), from_fourier(vf, k)
+
+
+def t_spectral_norm(a: torch.Tensor) -> float:
+    """The largest singular value among the Fourier slices (the operator norm of A * .)."""
+    return float(torch.linalg.matrix_norm(to_fourier(a).permute(2, 0, 1), ord=2).max())

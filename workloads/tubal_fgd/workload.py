@@ -10,10 +10,11 @@ from typing import Any, Literal
 import torch
 from orchestrator.run import fraction_steps, pinned_threads
 
+from workloads.tubal_fgd import completion, images
 from workloads.tubal_fgd.problem import (
     Problem, adjoint, make_problem, measure, relative_error, small_init, spectral_init,
 )
-from workloads.tubal_fgd.tensor import t_gram, t_product
+from workloads.tubal_fgd.tensor import t_gram, t_outer, t_product
 
 CURVE_PREFIX = "curve/rse/"
 """Final-metric keys `curve/rse/<step>`: the error curve at log-spaced iterations, for the plot."""
@@ -21,6 +22,10 @@ CURVE_PREFIX = "curve/rse/"
 
 @dataclass(frozen=True)
 class Config:
+    task: Literal["simulation", "completion"] = "simulation"
+    """'simulation': recover a generated PSD X* = X * X^T from Gaussian measurements (the fields n
+    to symmetric_sensing); 'completion': complete a real image tensor read from image_dir from
+    observed_frac of its entries, by FGD on X ~ U * V^T (the fields image_dir to image_size)."""
     n: int = 30
     """Side of the target X* in R^{n x n x k}."""
     k: int = 3
@@ -28,28 +33,53 @@ class Config:
     rank: int = 3
     """True tubal rank r of X*."""
     factor_rank: int = 12
-    """Over-estimated rank R of the factor U in R^{n x R x k} (R >= r over-parameterises)."""
+    """Over-estimated rank R of the factor U in R^{n x R x k} (R >= r over-parameterises); in completion
+    the rank of U [n1, R, k] and V [n2, R, k], at most min(n1, n2)."""
     oversample: float = 6.0
     """Measurements m = oversample * n * r * k, before the validation split."""
     val_frac: float = 0.1
     """Fraction of the m measurements held out for early stopping (never used by the gradient);
-    the early-stopped iterate minimises (1/4 m_val) ||y_val - M_val(U * U^T)||^2."""
+    the early-stopped iterate minimises (1/4 m_val) ||y_val - M_val(U * U^T)||^2. In completion, the
+    fraction of the observed entries held out (their mean squared residual / 2 is `eval/loss`)."""
     noise_std: float = 0.1
-    """Std of the Gaussian measurement noise s_i (X* has unit Frobenius norm)."""
+    """Std of the Gaussian measurement noise s_i (X* has unit Frobenius norm); in completion, of the
+    noise added to every observed pixel (values in [0, 1]; the paper's images use 0.07 and 0.1)."""
     symmetric_sensing: bool = True
     """Symmetrise each sensing tensor, A_i <- (A_i + A_i^T) / 2, so that the FGD step is the exact
     gradient of f and stays symmetric (False: raw Gaussian A_i, the step as written)."""
+    image_dir: str = ""
+    """Completion: a folder of image files (png, jpg, bmp, tif; its subfolders are not read), e.g. the
+    Berkeley Segmentation Dataset's test images (docs/datasets.md); a relative path is read from the
+    folder the run starts in."""
+    tensor_from: Literal["rgb", "frames"] = "rgb"
+    """Completion: 'rgb' makes one colour image (the image_index-th in name order) an n1 x n2 x 3
+    tensor, the t-product along the colour mode (the paper's setting); 'frames' stacks the first
+    `frames` images, as grayscale, into n1 x n2 x frames, the t-product along time (a video)."""
+    image_index: int = 0
+    """Completion with tensor_from='rgb': which image of the folder, in sorted name order, from 0."""
+    frames: int = 0
+    """Completion with tensor_from='frames': how many images, in sorted name order (0: all)."""
+    image_size: int = 0
+    """Completion: resize (bicubic) so that every image's longer side has this many pixels, aspect
+    kept; 0 keeps the files' own size (481 x 321 for the paper's images; frames must then agree)."""
+    observed_frac: float = 0.3
+    """Completion: fraction of the tensor's entries observed (uniformly, without replacement), in
+    (0, 1]; the paper observes 30%."""
     init: Literal["small", "spectral"] = "small"
-    """'small': U_0 ~ N(0, init_scale^2 / R) entries; 'spectral': top-R factor of (1/m) M*(y)."""
+    """'small': U_0 ~ N(0, init_scale^2 / R) entries; 'spectral': top-R factor of (1/m) M*(y). In
+    completion, 'small' draws Gaussian U_0, V_0 of t-spectral norm init_scale * sqrt(sigma_1) and
+    'spectral' takes the truncated t-SVD of the rescaled observations (1/p) P_Omega(M)."""
     spectral_by: Literal["eig", "svd"] = "eig"
     """Spectral init keeps the top-R eigenpairs ('eig', negative ones clipped: the best PSD
     approximation) or the top-R singular triplets ('svd', the truncated t-SVD); the paper's choice
     was not available, and 'eig' is the stronger baseline."""
     init_scale: float = 1e-10
-    """alpha of the small initialisation (1e-10 in the paper; a large value gives large random init)."""
+    """alpha of the small initialisation (1e-10 in the paper; a large value gives large random init).
+    In completion it is relative to the data: 1 starts U * V^T as large as its top component."""
     lr: float = 0.3
     """Step size eta of U <- U - eta * [(1/m) M*(M(U U^T) - y)] * U: a calibration, the paper's
-    was not available (with ||X*||_F = 1 no Fourier eigenvalue of X* exceeds sqrt(k))."""
+    was not available (with ||X*||_F = 1 no Fourier eigenvalue of X* exceeds sqrt(k)). In completion
+    the step is lr / sigma_1, sigma_1 the largest Fourier-slice singular value of (1/p) P_Omega(M)."""
     steps: int = 5000
     """Gradient steps."""
     es_patience: int = 0
@@ -70,7 +100,8 @@ class Config:
     dtype: Literal["float64", "float32"] = "float64"
     """Arithmetic precision of the problem and the iterates."""
     seed: int = 0
-    """Seed of the target, the measurements and noise (shared by every R and init) and of U_0."""
+    """Seed of the target, the measurements and noise (shared by every R and init) and of U_0; in
+    completion, of the observed entries and their noise, and of U_0, V_0."""
 
 
 def smoke() -> Config:
@@ -107,7 +138,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError(f"threads must be >= 0 (0: torch's own setting), got {cfg.threads}")
     if cfg.rank > cfg.n:
         raise ValueError(f"rank={cfg.rank} exceeds n={cfg.n}: a tubal rank is at most n")
-    if cfg.factor_rank > cfg.n:
+    if cfg.task == "simulation" and cfg.factor_rank > cfg.n:
         raise ValueError(f"factor_rank={cfg.factor_rank} exceeds n={cfg.n}: use factor_rank <= n")
     if not 0 < cfg.val_frac < 1:
         raise ValueError(f"val_frac must lie in (0, 1): early stopping needs held-out measurements, got {cfg.val_frac}")
@@ -128,6 +159,47 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError(f"checkpoint_every_frac must lie in (0, 1], got {cfg.checkpoint_every_frac}")
     if cfg.dtype not in ("float64", "float32"):
         raise ValueError(f"dtype must be 'float64' or 'float32', got {cfg.dtype!r}")
+    validate_task(cfg)
+
+
+def validate_task(cfg: Config) -> None:
+    """The completion fields: what the task reads and how; the folder itself is `preflight`'s."""
+    if cfg.task not in ("simulation", "completion"):
+        raise ValueError(f"task must be 'simulation' or 'completion', got {cfg.task!r}")
+    if cfg.task == "simulation":
+        if cfg.image_dir:
+            raise ValueError(f"image_dir={cfg.image_dir!r} is read only by task='completion': set task=completion "
+                             "to complete its images, or image_dir='' for the simulation")
+        return
+    if not cfg.image_dir:
+        raise ValueError("task='completion' needs image_dir: set it to a folder of images (docs/datasets.md, tubal_fgd)")
+    if cfg.tensor_from not in ("rgb", "frames"):
+        raise ValueError(f"tensor_from must be 'rgb' (one colour image, n1 x n2 x 3) or 'frames' (grayscale frames, "
+                         f"n1 x n2 x frames), got {cfg.tensor_from!r}")
+    if not 0 < cfg.observed_frac <= 1:
+        raise ValueError(f"observed_frac must lie in (0, 1] (the fraction of entries observed), got {cfg.observed_frac}: "
+                         "e.g. observed_frac=0.3, the paper's")
+    for name in ("image_index", "frames", "image_size"):
+        if getattr(cfg, name) < 0:
+            raise ValueError(f"{name} must be >= 0, got {getattr(cfg, name)}")
+    if cfg.image_size == 1:
+        raise ValueError("image_size=1 leaves one pixel: use image_size >= 2, or 0 for the files' own size")
+
+
+def preflight(cfg: Config) -> None:
+    """Checks of the machine that runs it: for completion, image_dir holds the images the config
+    reads, of a size that fits factor_rank and leaves observed entries to train and to hold out.
+    Kept out of `validate` so that a sweep of images on a cluster's storage checks as valid anywhere."""
+    if cfg.task != "completion":
+        return
+    n1, n2, k = images.tensor_shape(cfg.image_dir, cfg.tensor_from, cfg.image_index, cfg.frames, cfg.image_size)
+    if cfg.factor_rank > min(n1, n2):
+        raise ValueError(f"factor_rank={cfg.factor_rank} exceeds min(n1, n2)={min(n1, n2)} of the {n1} x {n2} x {k} "
+                         f"image tensor: use factor_rank <= {min(n1, n2)}")
+    train_m, val_m = completion.observed_counts(n1 * n2 * k, cfg.observed_frac, cfg.val_frac)
+    if train_m < 1 or val_m < 1:
+        raise ValueError(f"observed_frac={cfg.observed_frac} of the {n1 * n2 * k} entries gives {train_m} training and "
+                         f"{val_m} held-out entries: raise observed_frac or val_frac, or image_size")
 
 
 def curve_steps(steps: int, points: int) -> list[int]:
@@ -174,7 +246,7 @@ def initial_factor(cfg: Config, problem: Problem) -> torch.Tensor:
 def train(cfg: Config, run) -> dict[str, float]:
     validate(cfg, run.world_size)
     with pinned_threads(cfg.threads):
-        return _train(cfg, run)
+        return _train_completion(cfg, run) if cfg.task == "completion" else _train(cfg, run)
 
 
 def _train(cfg: Config, run) -> dict[str, float]:
@@ -247,4 +319,90 @@ def _train(cfg: Config, run) -> dict[str, float]:
         "eval/diverged": float(diverged),
         "perf/iters_per_s": iters_per_s,
         **{f"{CURVE_PREFIX}{s}": v for s, v in sorted(curve.items())},
+    }
+
+
+def _train_completion(cfg: Config, run) -> dict[str, float]:
+    """FGD on (U, V) for the completion task (workloads/tubal_fgd/completion.py has the maths):
+    the loop of `_train`, with the held-out observed entries in place of the held-out measurements."""
+    dtype = getattr(torch, cfg.dtype)
+    truth = images.load(cfg.image_dir, cfg.tensor_from, cfg.image_index, cfg.frames, cfg.image_size)
+    c = completion.make_completion(truth, observed_frac=cfg.observed_frac, val_frac=cfg.val_frac,
+                                   noise_std=cfg.noise_std, seed=cfg.seed, dtype=dtype, device=run.device)
+    step_size = cfg.lr / c.sigma_1
+    tracker = Tracker(cfg.es_patience)
+    curve: dict[int, float] = {}
+    keep_curve = set(curve_steps(cfg.steps, cfg.curve_points))
+    save_at = fraction_steps(cfg.steps, cfg.checkpoint_every_frac)
+
+    start, diverged = 0, False
+    state = run.restore()
+    if state is not None:
+        u = state["u"].to(device=run.device, dtype=dtype)
+        v = state["v"].to(device=run.device, dtype=dtype)
+        tracker.load(state["tracker"])
+        curve = {int(s): float(e) for s, e in state["curve"].items()}
+        start, init_rse = int(state["step"]), float(state["init_rse"])
+    elif cfg.init == "spectral":
+        u, v = completion.spectral_pair(c, cfg.factor_rank)
+    else:
+        u, v = completion.small_pair(c, cfg.factor_rank, cfg.init_scale, seed=cfg.seed)
+
+    def evaluate(step: int, x: torch.Tensor, val_residual: torch.Tensor) -> tuple[float, float]:
+        rse = completion.relative_error(c, x)
+        val = float(val_residual.square().mean() / 2)
+        tracker.update(step, rse, val)
+        if step in keep_curve:
+            curve[step] = rse
+        return rse, val
+
+    x = t_outer(u, v)
+    residual, val_residual = completion.residuals(c, x)
+    train_loss = float(residual.square().mean() / 2)
+    if state is None:
+        rse, val = evaluate(start, x, val_residual)
+        init_rse = rse
+    else:
+        rse, val = completion.relative_error(c, x), math.nan
+    window_start, window_steps, iters_per_s = time.perf_counter(), 0, math.nan
+    for step in range(start + 1, cfg.steps + 1):
+        # One FGD step on both factors from the same iterate.
+        grad_u, grad_v = completion.gradients(c, u, v, residual)
+        u, v = u - step_size * grad_u, v - step_size * grad_v
+        x = t_outer(u, v)
+        residual, val_residual = completion.residuals(c, x)
+        window_steps += 1
+        if step % cfg.eval_every == 0 or step in keep_curve or step == cfg.steps:
+            rse, val = evaluate(step, x, val_residual)
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            train_loss = float(residual.square().mean() / 2)
+            diverged = not math.isfinite(train_loss)
+            now = time.perf_counter()
+            iters_per_s = window_steps / max(now - window_start, 1e-9)
+            window_start, window_steps = now, 0
+            run.report({
+                "train/loss": train_loss, "eval/loss": val, "eval/rse": rse, "eval/psnr": completion.psnr(c, rse),
+                "eval/best_rse": tracker.best_rse, "eval/es_rse": tracker.es_rse,
+                "perf/iters_per_s": iters_per_s, "progress": 1.0 if diverged else step / cfg.steps,
+            }, step=step)
+        if step in save_at or diverged:
+            run.save({"step": step, "u": u.cpu(), "v": v.cpu(), "tracker": tracker.state(), "curve": curve,
+                      "init_rse": init_rse})
+        if diverged:  # the iterate overflowed: later steps only carry NaNs
+            break
+    return {
+        "train/loss": train_loss,
+        "eval/loss": val,
+        "eval/rse": rse,
+        "eval/psnr": completion.psnr(c, rse),
+        "eval/init_rse": init_rse,
+        "eval/best_rse": tracker.best_rse,
+        "eval/best_psnr": completion.psnr(c, tracker.best_rse),
+        "eval/best_step": float(tracker.best_step),
+        "eval/es_rse": tracker.es_rse,
+        "eval/es_psnr": completion.psnr(c, tracker.es_rse),
+        "eval/es_step": float(tracker.es_step),
+        "eval/diverged": float(diverged),
+        "perf/iters_per_s": iters_per_s,
+        **{f"{CURVE_PREFIX}{s}": e for s, e in sorted(curve.items())},
     }
