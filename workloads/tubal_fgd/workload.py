@@ -25,7 +25,7 @@ class Config:
     task: Literal["simulation", "completion"] = "simulation"
     """'simulation': recover a generated PSD X* = X * X^T from Gaussian measurements (the fields n
     to symmetric_sensing); 'completion': complete a real image tensor read from image_dir from
-    observed_frac of its entries, by FGD on X ~ U * V^T (the fields image_dir to image_size)."""
+    observed_frac of its entries, by FGD on X ~ U * V^T (the fields image_dir to observed_frac)."""
     n: int = 30
     """Side of the target X* in R^{n x n x k}."""
     k: int = 3
