@@ -517,7 +517,7 @@ def test_missing_or_unfit_image_folders_are_refused_before_the_run(workdir, chan
     _write_images(workdir / "imgs", count=2)
     (workdir / "empty").mkdir()
     (workdir / "empty" / "readme.txt").write_text("no images here")
-    cfg = completion_smoke("imgs", **change)
+    cfg = completion_smoke(**{"image_dir": "imgs", **change})
     w = registry.load("tubal_fgd")
     w.validate(cfg)
     with pytest.raises(ConfigError, match=match):
