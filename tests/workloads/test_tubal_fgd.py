@@ -451,6 +451,7 @@ def test_completion_of_real_images_recovers_them_through_the_sweeps_loader(workd
     assert m["eval/rse"] > m["eval/es_rse"]  # after the minimum the noise is fitted: early stopping pays
     assert m["eval/es_psnr"] > 15 and m["eval/diverged"] == 0.0
     assert result.history[-1][1]["progress"] == 1.0
+    assert result.history[-1][1]["eval/es_psnr"] == m["eval/es_psnr"]  # the real sweep's objective, reported
 
 
 def test_completion_from_large_or_spectral_init_does_worse_than_from_small(tmp_path):

@@ -383,6 +383,7 @@ def _train_completion(cfg: Config, run) -> dict[str, float]:
             run.report({
                 "train/loss": train_loss, "eval/loss": val, "eval/rse": rse, "eval/psnr": completion.psnr(c, rse),
                 "eval/best_rse": tracker.best_rse, "eval/es_rse": tracker.es_rse,
+                "eval/es_psnr": completion.psnr(c, tracker.es_rse),
                 "perf/iters_per_s": iters_per_s, "progress": 1.0 if diverged else step / cfg.steps,
             }, step=step)
         if step in save_at or diverged:
