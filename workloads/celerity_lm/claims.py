@@ -217,23 +217,27 @@ def plot(trials: list[Trial], path: str | Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    taus = sorted({float(t["tau"]) for t in trials})
+    by_tau: dict[float, list[Trial]] = defaultdict(list)
+    for t in trials:
+        by_tau[float(f"{float(t['tau']):.9g}")].append(t)  # as `grouped` does: the solved tau, up to rounding
     widths = sorted({int(t["width"]) for t in trials})
     colors = {w: plt.cm.viridis(i / max(1, len(widths) - 1)) for i, w in enumerate(widths)}
-    fig, axes = plt.subplots(1, len(taus), figsize=(5.0 * len(taus), 4.0), sharey=True, squeeze=False)
-    for ax, tau in zip(axes[0], taus):
+    fig, axes = plt.subplots(1, len(by_tau), figsize=(5.0 * len(by_tau), 4.0), sharey=True, squeeze=False)
+    top = 1.0
+    for ax, (tau, members) in zip(axes[0], sorted(by_tau.items())):
         shown = set()
-        for t in sorted(trials, key=lambda t: (int(t["width"]), int(t.get("seed", 0)))):
-            if float(t["tau"]) != tau:
-                continue
+        for t in sorted(members, key=lambda t: (int(t["width"]), int(t.get("seed", 0)))):
             w = int(t["width"])
             p, ell = normalized(t)
-            ax.plot(p, ell, color=colors[w], alpha=0.8, label=None if w in shown else f"width {w}")
+            top = max(top, float(ell[p >= 0.1 - 1e-9].max()))
+            ax.plot(p, ell, color=colors[w], alpha=0.7, label=None if w in shown else f"width {w}")
             shown.add(w)
         ax.axvline(COLLAPSE_FROM, color="grey", lw=0.8, ls=":")
         ax.set(xlabel="fraction of training t/T", title=f"tau = {tau:g}")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
+    # the first evaluation of a short run can sit far above the rest: the scale is set from 10% on
+    axes[0][0].set_ylim(0.98, 1.02 * top)
     axes[0][0].set_ylabel("L(t) / L(T), held out")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
