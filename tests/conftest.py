@@ -169,15 +169,16 @@ MODULE_SECONDS = {
     "tests/orchestrator/test_resume.py": 125, "tests/test_conformance.py": 123,
     "tests/workloads/test_mx_anomaly.py": 118, "tests/workloads/test_wasi.py": 80,
     "tests/orchestrator/test_search_e2e.py": 75, "tests/workloads/test_jailbreak_lora.py": 71,
-    "tests/workloads/test_pft.py": 63, "tests/workloads/test_car_lora.py": 61, "tests/workloads/test_frl.py": 53,
+    "tests/workloads/test_pft.py": 63, "tests/workloads/test_car_lora.py": 61,
+    "tests/workloads/test_celerity_lm.py": 55, "tests/workloads/test_frl.py": 53,
     "tests/workloads/test_lmao.py": 50, "tests/workloads/test_swd_rl.py": 47, "tests/test_cluster_job.py": 46,
     "tests/orchestrator/test_sweep_schedulers_e2e.py": 45, "tests/workloads/test_pica.py": 36,
-    "tests/workloads/test_dit.py": 35, "tests/orchestrator/test_tracking.py": 35, "tests/workloads/test_mom.py": 32,
-    "tests/workloads/test_diffgda.py": 27, "tests/test_own_workload_doc.py": 24, "tests/test_infra.py": 22,
-    "tests/kernels/test_attention.py": 20, "tests/workloads/test_celerity_lm.py": 20,
-    "tests/workloads/test_martingale_uq.py": 18, "tests/orchestrator/test_reproduce.py": 17,
-    "tests/workloads/test_plop.py": 17, "tests/kernels/test_mx_triton.py": 16, "tests/workloads/test_tubal_fgd.py": 14,
-    "tests/workloads/test_consistent_lra.py": 14,
+    "tests/workloads/test_dit.py": 35, "tests/orchestrator/test_tracking.py": 35,
+    "tests/workloads/test_mom.py": 32, "tests/workloads/test_diffgda.py": 27,
+    "tests/test_own_workload_doc.py": 24, "tests/test_infra.py": 22, "tests/kernels/test_attention.py": 20,
+    "tests/workloads/test_tubal_fgd.py": 20, "tests/workloads/test_martingale_uq.py": 18,
+    "tests/orchestrator/test_reproduce.py": 17, "tests/workloads/test_plop.py": 17,
+    "tests/kernels/test_mx_triton.py": 16, "tests/workloads/test_consistent_lra.py": 14,
 }
 
 
