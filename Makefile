@@ -12,14 +12,11 @@ DEMO_SET := width=64 depth=3 head_dim=16 seq_len=128 batch_size=32 tpp=20 base_d
 
 .PHONY: setup demo test test-numerics ui clean
 
-# --no-compile: byte-compiling all 27k modules of the dependencies was more than half of the
-# install (119 s against 47 s with a warm download cache); Python compiles the few thousand that
-# are imported on first use instead.
 $(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --no-compile --upgrade pip
-	$(PY) -m pip install --quiet --no-compile "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet --no-compile -c constraints.txt -e ".[dev,wandb,mujoco]"
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,wandb,mujoco]"
 	touch $(STAMP)
 
 setup: $(STAMP)
