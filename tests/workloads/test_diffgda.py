@@ -14,7 +14,7 @@ import torch
 from orchestrator.run import LocalRun
 from workloads.diffgda import CHECKS, CLAIMS, Config, plot, smoke, train, validate
 from workloads.diffgda import workload as wl
-from workloads.diffgda.claims import beats_source_only, guided_closer_to_target
+from workloads.diffgda.claims import DOMAIN_ACC_MARGIN, beats_source_only, guided_closer_to_target
 from workloads.diffgda.data import (
     Domains, Graphs, Unlabelled, class_means, csbm, edge_homophily, expected_homophily, make_domains, shifted_means,
 )
@@ -384,15 +384,15 @@ def test_claims_hold_on_the_papers_pattern():
     assert all(h for h, _ in results.values()), results
     assert all(judged_claim(c, arms()) for c in CLAIMS) and CHECKS == []
     assert results["guided_closer_to_target"][1]["mmd_ratio_guided_s2"] == pytest.approx(0.25)
-    # the tightest condition: accuracy 0.6 vs 0.75 unguided, 0.05 required
-    assert results["guided_closer_to_target"][1]["worst_slack"] == pytest.approx(0.1)
+    # the tightest condition: accuracy 0.6 vs 0.75 unguided, DOMAIN_ACC_MARGIN required
+    assert results["guided_closer_to_target"][1]["worst_slack"] == pytest.approx(0.15 - DOMAIN_ACC_MARGIN)
     assert results["beats_source_only"][1]["gain"] == pytest.approx(0.1)
     assert results["beats_source_only"][1]["worst_gain"] == pytest.approx(0.1)
     assert results["beats_source_only"][1]["f1_unguided"] == pytest.approx(0.4)
 
 
 def test_claims_fail_without_the_effect():
-    assert not judged_claim(guided_closer_to_target, arms(mmd=(0.15, 0.16, 0.12)))
+    assert not judged_claim(guided_closer_to_target, arms(mmd=(0.15, 0.16, 0.15)))  # ratio 0.94, above DISTANCE_RATIO
     assert not judged_claim(guided_closer_to_target, arms(acc=(0.74, 0.75, 0.74)))
     assert not judged_claim(beats_source_only, arms(f1=(0.4, 0.4, 0.43)))
     two_tasks = arms() + arms(f1=(0.4, 0.4, 0.41), shift=2.5)  # one task short of the margin: the worst decides

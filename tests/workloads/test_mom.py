@@ -456,7 +456,7 @@ def test_smoke_reproduction_holds(workdir):
     assert {c.name for c in rep.claims} == {c.__name__ for c in CLAIMS}
     assert {c.name for c in rep.checks} == {c.__name__ for c in CHECKS}
     assert_claims_hold(rep, ["state_constant_in_length", "parameter_counts_matched"])
-    # The recall claim's margin (a mean gap of 0.10) is judged and reported by `ladder reproduce`,
+    # The recall claim's margin (a mean gap of RECALL_MARGIN) is judged and reported by `ladder reproduce`,
     # not asserted: at one seed it is within the processor's reach (seed 0: 0.086 with ATen's AVX2
     # kernels, 0.103 with its portable ones). What held at every seed and kernel path measured
     # (seeds 0, 100, 101): MoM ahead at every length, and further ahead with more pairs.

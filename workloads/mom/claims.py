@@ -16,9 +16,10 @@ from orchestrator.claims import claim
 RECALL_PREFIX = "eval/recall_T"
 STATE_PREFIX = "eval/state_bytes_T"
 
-RECALL_MARGIN = 0.10
-"""MoM's recall, averaged over the evaluation lengths, must exceed single memory's by this much (at
-the smoke size the smallest mean gap over seeds 0-9 was 0.143)."""
+RECALL_MARGIN = 0.17
+"""MoM's recall, averaged over the evaluation lengths, must exceed single memory's by this much: the
+seed noise of single memory's recall (its mean change between adjacent seeds) on calibration seeds
+100-104, which no reproduction judges by default."""
 PARAM_TOLERANCE = 0.01
 """Parameter counts of MoM and the single-memory baseline may differ by this fraction of MoM's."""
 KV_GROWTH = 0.5
@@ -69,10 +70,9 @@ def _recall(trials: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[di
 
 @claim("mean_gap", at_least=RECALL_MARGIN,
        paper="recall-intensive average (Table 2): MoM 28.16 vs Gated DeltaNet 24.78 at 380M, 36.04 vs 32.30 at 1.3B",
-       threshold_from="ours: 0.10 with the smoke size's mean gaps over seeds 0-9 in view (smallest 0.143), "
-                      "the seeds the reproduction judges (not yet recalibrated on disjoint seeds)")
+       threshold_from="ours: the seed noise of single memory's recall on calibration seeds 100-104 (0.17)")
 def mom_recalls_more_than_single_memory(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
-    """MoM's MQAR recall, averaged over the evaluation lengths, beats single-memory linear attention's by RECALL_MARGIN at the same state per memory.
+    """MoM's MQAR recall, averaged over the evaluation lengths, beats single-memory linear attention's by 0.17 at the same state per memory.
 
     The parameter counts are matched by construction of the sweep (the check
     `parameter_counts_matched`); the softmax model's recall and, when the sweep trained language
@@ -91,8 +91,9 @@ def mom_recalls_more_than_single_memory(trials: list[dict[str, Any]]) -> tuple[b
 @claim("gap_growth", at_least=0.0,
        paper="more memories hold more key-value pairs: MoM gains where one memory's capacity limits bite "
              "(recall-intensive tasks, Table 2; MoM 444M above an expanded single-memory Gated DeltaNet 550M, Table 4)",
-       threshold_from="ours: 0 (the gap does not shrink with more pairs), a condition added after the smoke runs "
-                      "of seeds 0-9, the seeds the reproduction judges")
+       threshold_from="ours: 0 (the gap does not shrink with more pairs), no fitted number; the claim was written "
+                      "after the smoke runs of seeds 0-9 and first tested on calibration seeds 100-104 (held: "
+                      "growth 0.31 [0.26, 0.36])")
 def mom_gap_grows_with_pairs(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
     """MoM's recall lead over single memory at the longest evaluation length (the most pairs) is at least its lead at the shortest."""
     _, _, measured = _recall(trials)

@@ -26,13 +26,11 @@ SEPARATION = 3.0
 """Pretrained spread of type scores (max - min) over the control's spread must reach this."""
 TAU_MIN = 0.8
 """Kendall tau between the type rankings of two disjoint samples (the notes' threshold)."""
-ACC_TOLERANCE = 0.15
+ACC_TOLERANCE = 0.12
 """PLoP's held-out accuracy may trail the best of attention-only and MLP-only by at most this
-(absolute). Calibrated on mul_mod over seeds 0-7: PLoP minus the best baseline ranged -0.10 to
-+0.07 with 30 held-out pairs (one pair is 0.033); attr_query fails it by 0.3-0.6 (PLoP's types v,
-gate, up reached held-out accuracy 0.35/0.47/0.48 at seeds 0/1/2 against attention-only's
-0.93/0.77/0.83, MLP-only 0.38/0.27/0.30). On another processor mul_mod at seed 0 measured -0.167
-(ATen's AVX2 kernels) and +0.033 (its portable ones): one seed does not settle this claim."""
+(absolute): the seed noise of a placement's held-out accuracy (the mean change between adjacent
+seeds, over placements and tasks) on calibration seeds 100-104, which no reproduction judges by
+default. One held-out pair is 0.033 of accuracy at the smoke size."""
 
 NFN = "diag/nfn_{}/"
 
@@ -131,10 +129,10 @@ def mean_acc(trials: list[dict[str, Any]]) -> dict[tuple, dict[str, float]]:
 @claim("worst_margin", at_least=-ACC_TOLERANCE,
        paper="PLoP 75.2 vs MLP-only 75.0 and attention-only 69.5 (SFT, Qwen3-1.7B, GSM8K, r = 64); Qwen3-0.6B the "
              "one case MLP-only won, 63.3 vs 62.0",
-       threshold_from="ours: fitted on mul_mod over seeds 0-7, the seeds the smoke judges (not yet recalibrated on "
-                      "disjoint seeds)")
+       threshold_from="ours: the seed noise of a placement's held-out accuracy on calibration seeds 100-104 "
+                      "(0.12)")
 def plop_not_worse_than_blocks(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
-    """PLoP's held-out accuracy is not below the best of attention-only and MLP-only by more than 0.15, on every task."""
+    """PLoP's held-out accuracy is not below the best of attention-only and MLP-only by more than 0.12, on every task."""
     measured: dict[str, float] = {}
     margins = []
     for (_, task), accs in sorted(mean_acc(trials).items()):
