@@ -113,7 +113,10 @@ def ue5m3_matches_global_scale(trials: list[dict[str, Any]]) -> tuple[bool, dict
 
 
 LOSS_FLOOR = 0.002  # nats: loss changes below this are within the held-out estimate's resolution
-WEIGHT_RISE = 1.5  # UE4M3's error on the narrowed LM weights at the smallest block over its best block
+WEIGHT_RISE = 1.3
+"""UE4M3's error on the narrowed LM weights at the smallest block over its best block must reach
+this: 1 plus the seed noise of that ratio (its mean change between adjacent seeds) on calibration
+seeds 100-104, which no reproduction judges by default."""
 
 
 def _dloss(trial: dict[str, Any], block: int) -> float:
@@ -130,10 +133,9 @@ def _narrowed(trials: list[dict[str, Any]]) -> dict[str, Any]:
 @claim("ue4m3_weight_mse_rise", at_least=WEIGHT_RISE,
        paper="the block-size anomaly appears on LLM weights, whose std (about 0.01-0.03) puts UE4M3 block scales "
              "in the subnormal range (per-model numbers not verified in the notes)",
-       threshold_from="ours: set after measuring seeds 0-2, which include the seed a smoke run judges (not yet "
-                      "recalibrated on disjoint seeds)")
+       threshold_from="ours: 1 plus the ratio's seed noise on calibration seeds 100-104 (1.3)")
 def lm_weight_anomaly(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
-    """On a trained LM with narrow weights, UE4M3 without a global scale errs at least 1.5x more on its weights at the smallest block than at its best block."""
+    """On a trained LM with narrow weights, UE4M3 without a global scale errs at least 1.3x more on its weights at the smallest block than at its best block."""
     a = _narrowed(trials)
     weights = curve(a, "lm_narrow_weights")
     best_block, best = min(weights, key=lambda p: p[1])
