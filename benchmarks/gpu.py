@@ -301,7 +301,7 @@ def section_family(ctx: Ctx) -> dict:
 
     import torch.nn.functional as F
 
-    from workloads.celerity_lm.data import BatchSampler, heldout_batches, load_data
+    from orchestrator.lm.corpus import BatchSampler, heldout_batches, load_data
     from workloads.celerity_lm.workload import Config, build, evaluate, lr_factor
 
     if ctx.smoke:

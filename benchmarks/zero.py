@@ -43,7 +43,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, changes:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from orchestrator import zero
     from workloads import celerity_lm
-    from workloads.celerity_lm.data import BatchSampler, load_corpus
+    from orchestrator.lm.corpus import BatchSampler, load_corpus
 
     cfg = dataclasses.replace(celerity_lm.smoke(), width=args.width, head_dim=16, depth=args.depth,
                               seq_len=args.seq_len, batch_size=args.batch, **changes)

@@ -7,8 +7,8 @@ celerity_family_cluster`).
         -- ladder sweep sweeps/celerity_family_cluster.py          (docs/cluster.md)
 
 * Data: `$LADDER_DATA` (default /mnt/ladder/data/tokens), a folder in the format of
-  `workloads/celerity_lm/tokens.py` that every node mounts, e.g. written by
-  `python -m workloads.celerity_lm.tokens TEXT_DIR /mnt/ladder/data/tokens --tokenizer gpt2`.
+  `orchestrator/lm/tokens.py` that every node mounts, e.g. written by
+  `python -m orchestrator.lm.tokens TEXT_DIR /mnt/ladder/data/tokens --tokenizer gpt2`.
   The models take its vocabulary from its header; VOCAB below only sizes the batches.
 * Resources: each trial is WORKERS = 32 data-parallel Ray Train workers of one GPU and 8 CPUs
   each (NCCL), e.g. four nodes of 8x A100 40GB (AWS p4d.24xlarge, infra/cluster-launcher/aws.yaml);
@@ -41,7 +41,7 @@ import torch
 from orchestrator.recipe import Proxy, ScalingLaws, family
 from orchestrator.sweep import Sweep
 from workloads.celerity_lm import Config
-from workloads.celerity_lm.model import GPT
+from orchestrator.lm.gpt import GPT
 
 DATA = os.environ.get("LADDER_DATA", "/mnt/ladder/data/tokens")
 VOCAB = 50257

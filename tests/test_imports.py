@@ -92,3 +92,37 @@ def test_no_import_cycles():
     graph = import_graph()
     assert "orchestrator.tracking" in graph and graph["orchestrator.tracking"], "the graph read no imports"
     assert cycles(graph) == []
+
+
+def imported_names(path: Path) -> set[str]:
+    """Every module name `path` imports (its `from X import y` as X and X.y), whether or not it exists."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return names
+
+
+def _workload_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "workloads" and len(parts) > 1 else None
+
+
+def test_no_workload_imports_another():
+    """A workload's shared parts live outside workloads/ (the LM corpus, sampler and GPT in
+    `orchestrator.lm`); one that builds on another workload loads it through the registry."""
+    modules = _modules()
+    crossing = sorted((m, d) for m, path in modules.items() if _workload_of(m) for d in imported_names(path)
+                      if _workload_of(d) and _workload_of(d) != _workload_of(m))
+    assert "orchestrator.lm.corpus" in imported_names(modules["workloads.celerity_lm.workload"]), "read no imports"
+    assert crossing == []
+
+
+def test_the_orchestrator_imports_no_workload():
+    modules = _modules()
+    into = sorted((m, d) for m, path in modules.items() if m.startswith("orchestrator")
+                  for d in imported_names(path) if d == "workloads" or d.startswith("workloads."))
+    assert into == []

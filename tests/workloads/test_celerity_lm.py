@@ -11,8 +11,8 @@ from workloads.celerity_lm.claims import (
     curves_complete, family_collapses, family_controls_match, final_loss_predicted_from_prefix, seed_noise,
     tau_sets_the_curve_shape,
 )
-from workloads.celerity_lm.data import DataError, corpus_files, is_heldout, load_corpus
-from workloads.celerity_lm.workload import lr_factor
+from orchestrator.lm.corpus import DataError, corpus_files, is_heldout, load_corpus
+from orchestrator.lm.schedule import lr_factor
 from orchestrator.run import LocalRun
 
 
@@ -148,7 +148,7 @@ def LocalRun_tmp():
 def test_every_rank_resumes_its_own_windows_from_rank_zeros_checkpoint():
     """Under data parallelism only rank 0 writes the checkpoint and every rank restores it: rank 1
     must continue with its own windows (not rank 0's), exactly as if it had never stopped."""
-    from workloads.celerity_lm.data import BatchSampler
+    from orchestrator.lm.corpus import BatchSampler
 
     data = torch.arange(5000, dtype=torch.int64).numpy() % 251
     ranks = [BatchSampler(data, 16, 4, seed=7, rank=r) for r in (0, 1)]

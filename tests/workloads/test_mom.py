@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from orchestrator.run import LocalRun
-from workloads.celerity_lm import data as celerity_data
+from orchestrator.lm import corpus as lm_corpus
 from orchestrator.claims import spec_of
 from workloads.mom import CHECKS, CLAIMS, Config, plot, smoke, train, validate
 from workloads.mom import data
@@ -244,7 +244,7 @@ def test_mqar_sequences_hold_each_pair_and_query_it_once(order):
 
 
 def test_byte_corpus_is_celerity_lms_loader():
-    assert data.load_corpus is celerity_data.load_corpus and data.BatchSampler is celerity_data.BatchSampler
+    assert data.load_corpus is lm_corpus.load_corpus and data.BatchSampler is lm_corpus.BatchSampler
     with pytest.raises(ValueError, match="4 \\* pairs"):
         data.mqar(2, 16, 5, 32, gen())
 
@@ -257,12 +257,12 @@ def test_lm_task_trains_on_the_byte_corpus(tmp_path):
 
 def test_lm_task_trains_on_a_tokenized_dataset_folder(workdir):
     """The paper's LM setting reads a pre-tokenized corpus (celerity_lm's `tokens.json` + shards,
-    what `python -m workloads.celerity_lm.tokens` writes from text with a real tokenizer): the
+    what `python -m orchestrator.lm.tokens` writes from text with a real tokenizer): the
     same loader, a vocabulary from its header, a loss that goes down."""
     import numpy as np
 
     from orchestrator import launch, registry
-    from workloads.celerity_lm.tokens import write_dataset
+    from orchestrator.lm.tokens import write_dataset
 
     rng = np.random.default_rng(0)
     # A small "language": 600-token documents of a repeating 5-gram pattern over 1,000 ids, with noise.

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from workloads.celerity_lm.data import BatchSampler, check_data, data_vocab, heldout_batches, load_data
-from workloads.celerity_lm.model import GPT
+from orchestrator.lm.corpus import BatchSampler, check_data, data_vocab, heldout_batches, load_data
+from orchestrator.lm.gpt import GPT, adamw
+from orchestrator.lm.schedule import lr_factor
 from orchestrator.run import fraction_steps
 
 CURVE_PREFIX = "curve/eval_loss/"
@@ -124,14 +125,6 @@ def budget(cfg: Config, params: int) -> Budget:
     return Budget(params, tokens, steps, batch_tokens, hidden_lr, weight_decay, tau)
 
 
-def lr_factor(step: int, steps: int, warmup_frac: float) -> float:
-    """Linear warmup to 1, then linear decay to zero at the last step."""
-    warmup = max(1, round(warmup_frac * steps))
-    if step <= warmup:
-        return step / warmup
-    return max(0.0, (steps - step) / max(1, steps - warmup))
-
-
 def preflight(cfg: Config) -> None:
     """Checks of the machine that runs it: the data folder is there and readable. Kept out of
     `validate` so that a sweep for a cluster's shared storage checks as valid anywhere."""
@@ -183,13 +176,8 @@ def build(cfg: Config) -> tuple[GPT, torch.optim.AdamW, Budget]:
         init_std=cfg.init_std,
     )
     plan = budget(cfg, model.non_embedding_params())
-    optimizer = torch.optim.AdamW(
-        [
-            {"params": model.hidden_matrices(), "lr": plan.hidden_lr, "weight_decay": plan.weight_decay},
-            {"params": model.other_params(), "lr": cfg.lr, "weight_decay": 0.0},
-        ],
-        betas=(cfg.beta1, cfg.beta2),
-    )
+    optimizer = adamw(model, hidden_lr=plan.hidden_lr, lr=cfg.lr, weight_decay=plan.weight_decay,
+                      betas=(cfg.beta1, cfg.beta2))
     return model, optimizer, plan
 
 

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +13,8 @@ from kernels import attention as attn
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 PRECISIONS = ("paper", "kernel")
+HELDOUT_FRAC = 0.1
+"""Share of the corpus's files held out for the evaluation loss (by a hash of each path)."""
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     if cfg.batch_size % world_size:
         raise ValueError(f"batch_size={cfg.batch_size} does not split over {world_size} workers")
     if cfg.data != "stdlib":
-        from workloads.celerity_lm.data import corpus_files
+        from orchestrator.lm.corpus import corpus_files
 
         corpus_files(cfg.data)
 
@@ -153,14 +153,16 @@ def attention_fn(cfg: Config, device: torch.device):
     return attention
 
 
-def lm_config(cfg: Config):
-    from workloads import celerity_lm
+def build_lm(cfg: Config):
+    """The shared GPT (`orchestrator.lm.gpt`) at its base width and depth: no muP/CompleteP
+    rescaling, GPT-2-style init; AdamW at one learning rate, weight decay on the hidden matrices."""
+    from orchestrator.lm.corpus import data_vocab
+    from orchestrator.lm.gpt import GPT, adamw
 
-    # celerity_lm's model at its base width and depth: no muP/CompleteP rescaling, GPT-2-style init.
-    return dataclasses.replace(
-        celerity_lm.Config(), width=cfg.width, depth=cfg.depth, head_dim=cfg.head_dim, seq_len=cfg.seq_len,
-        batch_size=cfg.batch_size, lr=cfg.lr, weight_decay=cfg.weight_decay, base_width=cfg.width,
-        base_depth=cfg.depth, data=cfg.data, max_bytes=cfg.max_bytes, seed=cfg.seed)
+    model = GPT(vocab=data_vocab(cfg.data), width=cfg.width, depth=cfg.depth, head_dim=cfg.head_dim,
+                seq_len=cfg.seq_len, ffn_mult=4, activation="gelu", base_width=cfg.width, base_depth=cfg.depth,
+                init_std=0.02)
+    return model, adamw(model, hidden_lr=cfg.lr, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
 
 
 def _evaluate(model, batches, device, autocast) -> float:
@@ -176,18 +178,14 @@ def _evaluate(model, batches, device, autocast) -> float:
 
 
 def train(cfg: Config, run) -> dict[str, float]:
-    from workloads import celerity_lm
-    from workloads.celerity_lm.data import BatchSampler, heldout_batches, load_corpus
-    from workloads.celerity_lm.workload import lr_factor
+    from orchestrator.lm.corpus import BatchSampler, heldout_batches, load_corpus
+    from orchestrator.lm.schedule import lr_factor
 
     validate(cfg, run.world_size)
     bias = bias_statistics(cfg)
     torch.manual_seed(cfg.seed)
-    lm_cfg = lm_config(cfg)
-    train_bytes, held_bytes = load_corpus(cfg.data, heldout_frac=lm_cfg.heldout_frac, max_bytes=cfg.max_bytes)
-    model, optimizer, _ = celerity_lm.build(lm_cfg)
-    for g in optimizer.param_groups:
-        g["lr"] = cfg.lr
+    train_bytes, held_bytes = load_corpus(cfg.data, heldout_frac=HELDOUT_FRAC, max_bytes=cfg.max_bytes)
+    model, optimizer = build_lm(cfg)
     for block in model.blocks:
         block.attention = attention_fn(cfg, run.device)
     model, optimizer = run.prepare(model, optimizer)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from workloads.celerity_lm.data import load_corpus
+from orchestrator.lm.corpus import load_corpus
 
 NEWLINE = 10
 

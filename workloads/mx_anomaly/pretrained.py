@@ -43,7 +43,7 @@ class CausalLM(nn.Module):
 
 def read_text(path: str, split: str) -> str:
     if not path:  # celerity_lm's held-out standard-library files
-        from workloads.celerity_lm.data import load_corpus
+        from orchestrator.lm.corpus import load_corpus
 
         _, held = load_corpus("stdlib", heldout_frac=0.1, max_bytes=4_000_000)
         return held.tobytes().decode("utf-8", errors="replace")

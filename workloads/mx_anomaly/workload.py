@@ -122,7 +122,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     elif cfg.lm_checkpoint:
         _find_lm(cfg.lm_checkpoint)  # raises naming what is missing
     else:
-        from workloads import celerity_lm
+        celerity_lm = _celerity()
 
         celerity_lm.validate(lm_config(cfg), 1)
 
@@ -183,8 +183,16 @@ def synthetic(cfg: Config, sigma: float) -> torch.Tensor:
 # --- the language model ------------------------------------------------------------------------
 
 
+def _celerity():
+    """celerity_lm, whose trained model this workload quantizes: loaded through the registry like any
+    workload (its contract: `Config`, `smoke`, `train`, and its `build`), not imported as a package."""
+    from orchestrator import registry
+
+    return registry.load("celerity_lm").module
+
+
 def lm_config(cfg: Config):
-    from workloads import celerity_lm
+    celerity_lm = _celerity()
 
     base = celerity_lm.smoke() if cfg.lm_preset == "smoke" else celerity_lm.Config()
     changes: dict[str, Any] = {"seed": cfg.seed}
@@ -212,7 +220,7 @@ def _find_lm(folder: str) -> tuple[dict[str, Any], Path]:
 
 def load_lm(folder: str):
     from orchestrator.checkpoints import read_checkpoint
-    from workloads import celerity_lm
+    celerity_lm = _celerity()
 
     config, path = _find_lm(folder)
     fields = {f.name for f in dataclasses.fields(celerity_lm.Config)}
@@ -352,16 +360,17 @@ def measure_lm(cfg: Config, opts: dict[str, Any], name: str, model, batches, dev
 
 def lm_cache_dir(lm_cfg) -> Path:
     """Where a trained LM of this celerity_lm config lives in the ladder cache: the key covers the
-    config, celerity_lm's source files and torch's version."""
+    config, the source files of celerity_lm and of the shared LM parts, and torch's version."""
     import hashlib
 
-    import workloads.celerity_lm as celerity_pkg
+    import orchestrator.lm
     from orchestrator.cache import cache_root
 
     h = hashlib.sha256(json.dumps(dataclasses.asdict(lm_cfg), sort_keys=True, default=str).encode())
     h.update(torch.__version__.encode())
-    for source in sorted(Path(celerity_pkg.__file__).parent.glob("*.py")):
-        h.update(source.name.encode() + source.read_bytes())
+    for package in (_celerity(), orchestrator.lm):
+        for source in sorted(Path(package.__file__).parent.glob("*.py")):
+            h.update(source.name.encode() + source.read_bytes())
     return cache_root() / "mx_anomaly" / f"lm-{h.hexdigest()[:16]}"
 
 
@@ -369,7 +378,7 @@ def pretrain(lm_cfg, run, state: dict[str, Any] | None, *, cache: bool) -> tuple
     """The LM's weights, its last step and its held-out loss: trained by celerity_lm's own loop
     (its checkpoints are this trial's), or read from the cache when a trial of the same LM config
     trained it before (that trial holds the cache's lock while it trains; the others wait)."""
-    from workloads import celerity_lm
+    celerity_lm = _celerity()
 
     def train_here() -> tuple[dict[str, Any], int, float]:
         inner = _PretrainRun(run, state["pretrain"] if state is not None else None)
@@ -410,8 +419,8 @@ def weight_std(model) -> float:
 
 
 def train(cfg: Config, run) -> dict[str, float]:
-    from workloads import celerity_lm
-    from workloads.celerity_lm.data import heldout_batches, load_corpus
+    celerity_lm = _celerity()
+    from orchestrator.lm.corpus import heldout_batches, load_corpus
 
     validate(cfg, run.world_size)
     if cfg.hf_model:
@@ -472,7 +481,7 @@ def _measure_blocks(cfg: Config, run, models: dict[str, Any], batches, loss_fp: 
 def _train_pretrained(cfg: Config, run) -> dict[str, float]:
     """The pretrained LLM's weights and activations: nothing is trained; a restarted trial reloads
     the model and skips the block sizes already measured."""
-    from workloads.celerity_lm.data import heldout_batches
+    from orchestrator.lm.corpus import heldout_batches
 
     state = run.restore()
     results = dict(state["results"]) if state is not None else {}

@@ -1,4 +1,4 @@
-"""Pre-tokenized datasets for celerity_lm: token-id shards on shared storage, read memory-mapped.
+"""Pre-tokenized datasets for the language-model workloads: token-id shards on shared storage, read memory-mapped.
 
 A dataset is a folder holding a header `tokens.json` and flat binary shards of token ids:
 
@@ -13,7 +13,7 @@ NFS or a mounted bucket costs no memory up front. Windows never cross a shard bo
 held-out shards are the evaluation split (`heldout_frac` does not apply); `max_bytes` caps the
 training tokens read.
 
-`write_dataset` writes this format from arrays of ids; `python -m workloads.celerity_lm.tokens
+`write_dataset` writes this format from arrays of ids; `python -m orchestrator.lm.tokens
 TEXT_DIR OUT_DIR --tokenizer NAME_OR_PATH` tokenizes a folder of text files with a Hugging Face
 tokenizer (a local folder, or a hub id on a machine that may download it).
 """
@@ -111,9 +111,9 @@ def tokenize_folder(text_dir: str | Path, out_dir: str | Path, encode: Callable[
                     vocab_size: int, eot_id: int, heldout_frac: float = 0.01,
                     shard_tokens: int = 100_000_000, suffixes: Iterable[str] = (".txt", ".md", ".json", ".py")) -> Path:
     """Tokenize every text file under `text_dir` into a dataset at `out_dir`: files go to the
-    held-out split by a hash of their relative path (as celerity_lm splits text folders), each
+    held-out split by a hash of their relative path (as `corpus` splits text folders), each
     document followed by `eot_id`, shards cut every `shard_tokens` ids."""
-    from workloads.celerity_lm.split import is_heldout
+    from orchestrator.lm.split import is_heldout
 
     root = Path(text_dir).expanduser()
     wanted = tuple(s.lower() for s in suffixes)
@@ -137,8 +137,8 @@ def tokenize_folder(text_dir: str | Path, out_dir: str | Path, encode: Callable[
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workloads.celerity_lm.tokens",
-                                     description="Tokenize a folder of text files into a celerity_lm token dataset.")
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.lm.tokens",
+                                     description="Tokenize a folder of text files into a ladder token dataset (ladder-tokens/1).")
     parser.add_argument("text_dir")
     parser.add_argument("out_dir")
     parser.add_argument("--tokenizer", required=True, help="Hugging Face tokenizer: a local folder or a hub id")

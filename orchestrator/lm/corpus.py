@@ -1,11 +1,11 @@
-"""Byte-level text corpora for celerity_lm: real text present on every machine.
+"""Byte-level text corpora for the language-model workloads: real text present on every machine.
 
 The default corpus is the Python standard library's own source files (`.py`, site-packages
 excluded), read as bytes (vocabulary 256). Files are assigned to the train or held-out part by a
 hash of their path relative to the corpus root, so the split is deterministic, does not depend
 on file order or on which files another Python version adds, and never shares a file between
 the two parts. A `data` folder of text files is split the same way. A folder holding a
-`tokens.json` header is a pre-tokenized dataset instead (`workloads.celerity_lm.tokens`): its
+`tokens.json` header is a pre-tokenized dataset instead (`orchestrator.lm.tokens`): its
 shards are read memory-mapped and its vocabulary replaces the 256 bytes.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from workloads.celerity_lm.split import is_heldout
+from orchestrator.lm.split import is_heldout
 
 TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst", ".json", ".c", ".h", ".html", ".csv", ".tex")
 
@@ -112,7 +112,7 @@ def as_stream(data: np.ndarray | TokenStream) -> TokenStream:
 
 def data_vocab(data: str) -> int:
     """The vocabulary the model needs for `data`: 256 bytes, or a token dataset's vocab_size."""
-    from workloads.celerity_lm import tokens
+    from orchestrator.lm import tokens
 
     if data != "stdlib" and tokens.is_token_dataset(data):
         return int(tokens.read_header(data)["vocab_size"])
@@ -121,7 +121,7 @@ def data_vocab(data: str) -> int:
 
 def check_data(data: str) -> None:
     """Raise DataError (a ValueError) naming the problem when `data` cannot be read here."""
-    from workloads.celerity_lm import tokens
+    from orchestrator.lm import tokens
 
     if data == "stdlib":
         return
@@ -136,7 +136,7 @@ def check_data(data: str) -> None:
 
 def load_data(data: str, *, heldout_frac: float, max_bytes: int) -> tuple[TokenStream, TokenStream]:
     """(train, held-out) streams of `data`: a text corpus (bytes) or a token dataset (ids)."""
-    from workloads.celerity_lm import tokens
+    from orchestrator.lm import tokens
 
     if data != "stdlib" and tokens.is_token_dataset(data):
         train, held = tokens.open_split(data, "train", max_tokens=max_bytes), tokens.open_split(data, "heldout")

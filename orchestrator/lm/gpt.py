@@ -102,3 +102,16 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.readout(self.ln_f(x)) / self.width_mult  # [B, T, vocab]
+
+
+def adamw(model: GPT, *, hidden_lr: float, lr: float, weight_decay: float,
+          betas: tuple[float, float]) -> torch.optim.AdamW:
+    """AdamW with muP's two parameter groups: the hidden matrices at `hidden_lr` with weight decay,
+    everything else (embeddings, norms, biases, readout) at the base `lr` without."""
+    return torch.optim.AdamW(
+        [
+            {"params": model.hidden_matrices(), "lr": hidden_lr, "weight_decay": weight_decay},
+            {"params": model.other_params(), "lr": lr, "weight_decay": 0.0},
+        ],
+        betas=betas,
+    )
