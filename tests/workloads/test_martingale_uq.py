@@ -18,7 +18,7 @@ from conftest import judged_claim
 from orchestrator.run import LocalRun
 from orchestrator.claims import spec_of
 from workloads.martingale_uq import CHECKS, CLAIMS, Config, plot, smoke, train, validate
-from workloads.martingale_uq import bytemodel, tabular
+from workloads.martingale_uq import bytemodel, imagedata, pixelmodel, tabular
 from workloads.martingale_uq.claims import (
     bootstrap_undercovers_rare_alert, exact_covers_rare_alert, shortcut_wider_than_exact,
 )
@@ -514,3 +514,173 @@ def test_the_real_sweep_is_valid_anywhere_and_names_what_it_needs(workdir, monke
     (problem,) = [p for p in launch_problems(sweep) if "text_path" in p]
     assert "model='gpt2' is neither a folder" in problem
     assert f"text_path='{workdir / 'data' / 'wikitext-2-raw'}' is neither" in problem and "Salesforce/wikitext" in problem
+
+
+# --- the paper's image setting: a PixelCNN trained on CIFAR-10-like images, SVHN-like deployed ---------------
+
+
+def test_pixelcnn_is_autoregressive_normalized_and_samples_its_own_distribution(tmp_path):
+    """Over every 2 x 2 image of 2 levels (4,096 of them) an untrained PixelCNN's probabilities sum
+    to 1, which only the causal masks allow; its samples' mean bits per dim is its entropy; a saved
+    one loads to the same scores."""
+    import itertools
+
+    torch.manual_seed(0)
+    model = pixelmodel.PixelCNN(levels=2, hidden=6, layers=1).eval()
+    every = torch.tensor(list(itertools.product((0, 1), repeat=12))).view(-1, 2, 2, 3).permute(0, 3, 1, 2)
+    bpd = pixelmodel.score(model, every, 4096, torch.device("cpu")).double()
+    p = torch.exp2(-12 * bpd)
+    assert p.sum().item() == pytest.approx(1.0, abs=1e-5)
+    with torch.no_grad():  # a row's logits need only the rows above it (what sampling row by row relies on)
+        torch.testing.assert_close(model(every[:64])[..., :1, :], model(every[:64, :, :1]))
+    entropy = float((p * bpd).sum())  # bits per dim of a draw from the model, in expectation
+    samples = pixelmodel.generate(model, 3000, 2, 1.0, torch.Generator().manual_seed(0), 1000, torch.device("cpu"))
+    assert samples.shape == (3000, 3, 2, 2) and set(samples.unique().tolist()) <= {0, 1}
+    drawn = pixelmodel.score(model, samples, 3000, torch.device("cpu")).double()
+    assert abs(drawn.mean().item() - entropy) < 4 * drawn.std().item() / math.sqrt(3000)
+    pixelmodel.save(model, tmp_path / "g.pt", image_size=2)
+    loaded, size = pixelmodel.load(tmp_path / "g.pt")
+    assert size == 2 and torch.equal(pixelmodel.score(loaded, every[:50], 50, torch.device("cpu")), bpd[:50].float())
+    assert pixelmodel.quantize(torch.tensor([0, 15, 16, 255], dtype=torch.uint8), 16).tolist() == [0, 0, 1, 15]
+
+
+def _images(n: int, seed: int, shift: int, size: int = 12, wide: bool = False) -> list:
+    """Small colour images with structure (a brightness class, a blue channel tied to the red one)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        a = np.clip(rng.integers(0, 4) * 60 + shift + rng.normal(0, 20, (size, size + 4 * wide, 3)), 0, 255)
+        a[:, :, 2] = a[:, :, 0] // 2
+        out.append(Image.fromarray(a.astype(np.uint8)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def image_sets(tmp_path_factory):
+    """CIFAR-10's and SVHN's hub formats (save_to_disk DatasetDicts, columns img / image and label) and
+    an imagefolder, at 12 x 12."""
+    import datasets
+
+    root = tmp_path_factory.mktemp("images")
+
+    def saved(name: str, column: str, splits: dict) -> str:
+        features = datasets.Features({column: datasets.Image(), "label": datasets.ClassLabel(num_classes=4)})
+        datasets.DatasetDict({split: datasets.Dataset.from_dict({column: imgs, "label": [i % 4 for i in range(len(imgs))]},
+                                                                features=features)
+                              for split, imgs in splits.items()}).save_to_disk(str(root / name))
+        return str(root / name)
+
+    sets = {"cifar10": saved("cifar10", "img", {"train": _images(300, 0, 0), "test": _images(120, 1, 0)}),
+            "svhn": saved("svhn", "image", {"test": _images(120, 2, 40, wide=True)})}
+    for split in ("train", "test"):
+        for label in ("a", "b"):
+            (root / "folder" / split / label).mkdir(parents=True)
+            for i, img in enumerate(_images(2, 3, 0)):
+                img.save(root / "folder" / split / label / f"{i}.png")
+    sets["folder"] = str(root / "folder")
+    return sets
+
+
+def test_images_read_from_a_saved_dataset_and_an_imagefolder(image_sets):
+    svhn = imagedata.open_split(image_sets["svhn"], "test", "image_data", "image_split")
+    assert imagedata.image_column(svhn, "", "image_data", "image_column") == "image"
+    got = imagedata.pixels(svhn, "image", 12, [0, 5])
+    first = svhn[0]["image"]
+    assert first.size == (16, 12) and got.shape == (2, 3, 12, 12) and got.dtype == torch.uint8
+    want = np.asarray(first.crop((2, 0, 14, 12)))  # the centre square, at its own size: no resampling
+    assert torch.equal(got[0], torch.from_numpy(want.transpose(2, 0, 1).copy()))
+    assert imagedata.pixels(svhn, "image", 6, [0]).shape == (1, 3, 6, 6)
+    cifar = imagedata.open_split(image_sets["cifar10"], "train", "image_data", "image_split")
+    assert imagedata.image_column(cifar, "", "image_data", "image_column") == "img" and len(cifar) == 300
+    folder = imagedata.open_split(image_sets["folder"], "test", "image_data", "image_split")
+    assert len(folder) == 4 and imagedata.image_column(folder, "", "image_data", "image_column") == "image"
+
+
+def _pixels_smoke(sets: dict, **change) -> Config:
+    """The image sweep's settings (sweeps/repro/martingale_uq_images.py) at the size of a test."""
+    fields = dict(generator="pixels", metric="nll", image_data=sets["svhn"], generator_data=sets["cifar10"],
+                  image_size=8, image_levels=16, pixel_hidden=12, pixel_layers=1, pixel_steps=60, pixel_batch=32,
+                  lr=1e-2, real_images=100, prior_draws=100, lm_batch=100, horizon=20, log_every=10, alpha_c=1.0)
+    return dataclasses.replace(smoke(), **{**fields, **change})
+
+
+def test_a_pixelcnn_trained_on_saved_images_runs_through_the_workload_and_its_claims(workdir, image_sets):
+    """The smoke of the image setting: the PixelCNN learns CIFAR-10-like training images (bits per dim
+    going down), is saved, scores SVHN-like deployed images and its own samples; every interval is
+    measured, the check and the plot run on the trial; loaded back, it gives the same metric values."""
+    from orchestrator import launch, registry
+    from orchestrator.config import to_dict
+
+    cfg = _pixels_smoke(image_sets, generator_save="generator.pt")
+    w = registry.load("martingale_uq")
+    w.validate(cfg)
+    w.preflight(cfg)
+    result = launch.run_local("martingale_uq", cfg, progress=False, track=False)
+    out = result.metrics
+    losses = [m["train/loss"] for _, m in result.history if "train/loss" in m and "eval/bpd_real" not in m]
+    assert len(losses) == 6 and all(math.isfinite(x) for x in losses)
+    assert losses[-1] < losses[0] - 1.0 and losses[0] < 4.5  # from about 4 bits (uniform over 16 levels)
+    assert out["train/loss"] == losses[-1] and (workdir / "generator.pt").is_file()
+    assert out["eval/theta_true"] > out["eval/theta_prior"] > 0  # the shifted digits are less likely than its own
+    for n in cfg.ns:
+        for variant in ("exact", "shortcut", "bootstrap", "horizon"):
+            assert 0 <= out[f"eval/coverage/{variant}/n{n}"] <= 1 and out[f"eval/width/{variant}/n{n}"] > 0
+    trial = {**to_dict(cfg), **out}
+    holds, measured = shortcut_wider_than_exact([trial])
+    assert holds and measured["pixels_nll_sd_ratio"] > 1
+    plot([trial], workdir / "claims.png")
+    assert (workdir / "claims.png").stat().st_size > 0
+    loaded = dataclasses.replace(cfg, generator_save="", generator_path="generator.pt")
+    w.preflight(loaded)
+    again = launch.run_local("martingale_uq", loaded, progress=False, track=False).metrics
+    assert again["eval/theta_prior"] == out["eval/theta_prior"] and again["eval/theta_true"] == out["eval/theta_true"]
+    assert again["train/loss"] == pytest.approx(out["eval/theta_true"])  # nothing fitted: its bits per dim of the deployed
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"image_data": "no-such-folder"}, r"image_data='no-such-folder' is not a folder .*uoft-cs/cifar10.*save_to_disk"),
+    ({"image_column": "pixels"}, r"has columns \['image', 'label'\], not image_column='pixels'"),
+    ({"image_column": "label"}, r"column 'label' of image_data=.* cannot be read as images"),
+    ({"image_split": "validation"}, r"has splits \['test'\], not image_split='validation'"),
+    ({"generator_path": "missing.pt"}, r"generator_path='missing.pt' is not a file: expected a PixelCNN written by"),
+    ({"generator_path": "small.pt"}, r"was trained with image_size=4, not image_size=8"),
+    ({"generator_data": ""}, r"image_data=.* has splits \['test'\], not generator_split='train'"),
+    ({"image_data": "CIFAR", "generator_data": "", "generator_split": "test"}, r"would be trained on the deployed images"),
+    ({"real_images": 500, "horizon": 0}, r"holds 120 images, fewer than 500: lower real_images"),
+])
+def test_a_missing_image_dataset_column_or_generator_is_refused_before_the_run(workdir, image_sets, change, match):
+    from orchestrator import registry
+    from orchestrator.config import ConfigError
+
+    pixelmodel.save(pixelmodel.PixelCNN(16, 3, 0), "small.pt", image_size=4)
+    change = {k: image_sets["cifar10"] if v == "CIFAR" else v for k, v in change.items()}
+    cfg = _pixels_smoke(image_sets, **change)
+    w = registry.load("martingale_uq")
+    w.validate(cfg)
+    with pytest.raises(ConfigError, match=match):
+        w.preflight(cfg)
+
+
+def test_pixels_configs_name_the_problem():
+    base = dataclasses.replace(smoke(), generator="pixels", metric="nll", real_images=200)
+    for change, match in [({}, "needs image_data"), ({"pixel_hidden": 10}, "multiple of 3"),
+                          ({"image_levels": 300}, "image_levels"), ({"real_images": 30}, "raise real_images"),
+                          ({"generator_path": "g.pt", "generator_save": "h.pt"}, "set one of them")]:
+        with pytest.raises(ValueError, match=match):
+            validate(dataclasses.replace(base, image_data="x", **change) if change else base)
+
+
+def test_the_image_sweep_is_valid_anywhere_and_names_what_it_needs(workdir, monkeypatch):
+    from conftest import REPO
+    from orchestrator.sweep import load_sweep_file
+    from orchestrator.tune_run import launch_problems
+
+    monkeypatch.setenv("LADDER_DATA", str(workdir / "data"))
+    sweep = load_sweep_file(REPO / "sweeps" / "repro" / "martingale_uq_images.py")
+    sweep.check()
+    assert sweep.trial_count() == 6
+    (problem,) = [p for p in launch_problems(sweep) if "image_data" in p]
+    assert f"image_data='{workdir / 'data' / 'cifar10'}' is not a folder" in problem
+    assert "uoft-cs/cifar10" in problem and "ufldl-stanford/svhn" in problem and "save_to_disk" in problem

@@ -21,6 +21,10 @@ for every n runs `repetitions` repetitions and reports each interval's coverage 
 metric of the deployed distribution. The paper's own text setting is a third generator,
 'causal_lm': a pretrained LM loaded by transformers' `from_pretrained` (GPT-2), frozen, scoring the
 texts of a text file (WikiText-2 raw) and its own generations (`sweeps/repro/martingale_uq_real.py`).
+Its image setting is a fourth, 'pixels': a small PixelCNN trained on CIFAR-10 (or loaded, saved by
+an earlier trial), frozen, whose bits per dim of deployed images (CIFAR-10's test split, or SVHN's
+out of distribution) and of its own samples is the metric (`sweeps/repro/martingale_uq_images.py`;
+the paper's generator there is a DDPM scored by CLIP).
 
 The claims: for a rare alert rate (3.7%) at n = 20, with a prior that does not under-state it,
 the exact intervals cover >= 85% and the bootstrap's at most 60%. The check: the shortcut's

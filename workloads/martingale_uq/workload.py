@@ -12,22 +12,25 @@ import torch
 from orchestrator import pretrained
 from orchestrator.run import pinned_threads
 
-from workloads.martingale_uq import bytemodel, tabular, textlm
+from workloads.martingale_uq import bytemodel, imagedata, pixelmodel, tabular, textlm
 from workloads.martingale_uq.coverage import evaluate_chunk, summarize
 
-METRICS = {"gmm": ("alert_rate", "mean_score"), "bytes": ("nll", "alert_rate"), "causal_lm": ("nll", "alert_rate")}
+METRICS = {"gmm": ("alert_rate", "mean_score"), "bytes": ("nll", "alert_rate"), "causal_lm": ("nll", "alert_rate"),
+           "pixels": ("nll", "alert_rate")}
 
 
 @dataclass(frozen=True)
 class Config:
-    generator: Literal["gmm", "bytes", "causal_lm"] = "gmm"
+    generator: Literal["gmm", "bytes", "causal_lm", "pixels"] = "gmm"
     """Frozen generator Q: 'gmm' (a Gaussian mixture fitted on historical tabular records),
-    'bytes' (a tiny autoregressive byte model trained on the standard-library corpus) or
-    'causal_lm' (the pretrained LM `model`, e.g. GPT-2, frozen as loaded, on the texts of `text_path`)."""
+    'bytes' (a tiny autoregressive byte model trained on the standard-library corpus),
+    'causal_lm' (the pretrained LM `model`, e.g. GPT-2, frozen as loaded, on the texts of `text_path`) or
+    'pixels' (a small PixelCNN trained on the images of `generator_data`, or loaded from `generator_path`,
+    on the images of `image_data`: CIFAR-10, SVHN)."""
     metric: Literal["alert_rate", "mean_score", "nll"] = "alert_rate"
     """Deployed metric theta = E[h(x)]: gmm: 'alert_rate' (h = 1{score > threshold}) or 'mean_score';
     bytes: 'nll' (NLL per byte of a text) or 'alert_rate' (h = 1{NLL per byte > nll_threshold});
-    causal_lm: the same per token."""
+    causal_lm: the same per token; pixels: the same in bits per dim of an image."""
     ns: tuple[int, ...] = (5, 10, 20, 50, 100)
     """Real sample sizes n at which coverage is measured (the plot's x axis)."""
     repetitions: int = 1000
@@ -95,15 +98,16 @@ class Config:
     byte_batch: int = 512
     """Byte model: predictions per step (random corpus positions)."""
     lr: float = 3e-3
-    """Byte model: Adam learning rate."""
+    """Byte model and PixelCNN (generator='pixels'): Adam learning rate."""
     text_len: int = 64
     """Bytes per text (a text starts a line); tokens per text with generator='causal_lm'."""
     real_texts: int = 2000
     """Deployed texts in the population (held-out files); theta(F) is their mean metric."""
     temperature: float = 1.0
-    """Sampling temperature of the generator's texts."""
+    """Sampling temperature of the generator's texts (or images)."""
     nll_threshold: float = 3.0
-    """Alert threshold on NLL per byte for metric='alert_rate' with the byte model."""
+    """Alert threshold for metric='alert_rate': NLL per byte with the byte model, per token with
+    causal_lm, bits per dim with pixels."""
     corpus_bytes: int = 1_000_000
     """Bytes read from the corpus (training part; the held-out part gets heldout_frac of it)."""
     heldout_frac: float = 0.25
@@ -120,7 +124,48 @@ class Config:
     text_split: str = "test"
     """generator='causal_lm': the split of a saved DatasetDict at text_path (WikiText-2's 'test')."""
     lm_batch: int = 64
-    """generator='causal_lm': texts generated or scored per forward pass."""
+    """generator='causal_lm' or 'pixels': texts or images generated or scored per forward pass."""
+    # --- image scenario (generator='pixels') ---
+    image_data: str = ""
+    """generator='pixels': the deployed images: a datasets save_to_disk folder (CIFAR-10 from
+    uoft-cs/cifar10, SVHN from ufldl-stanford/svhn 'cropped_digits') or a folder datasets.load_dataset
+    reads (an imagefolder); nothing is downloaded."""
+    image_split: str = "test"
+    """generator='pixels': the split of image_data's DatasetDict that holds the deployed images."""
+    image_column: str = ""
+    """generator='pixels': image_data's image column ('' finds it: the one column of the Image
+    feature type, else 'img' (CIFAR-10) or 'image' (SVHN, an imagefolder))."""
+    real_images: int = 1000
+    """generator='pixels': deployed images in the population (drawn at random from image_split);
+    theta(F) is their mean metric."""
+    generator_data: str = ""
+    """generator='pixels': the images the PixelCNN is trained on, in image_data's formats ('' reads
+    image_data: its generator_split)."""
+    generator_split: str = "train"
+    """generator='pixels': the split of generator_data's DatasetDict the PixelCNN is trained on."""
+    generator_column: str = ""
+    """generator='pixels': generator_data's image column ('' finds it, as for image_column)."""
+    image_size: int = 32
+    """generator='pixels': images are centre-cropped to a square and resized to image_size x
+    image_size (CIFAR-10 and SVHN are 32 x 32 already)."""
+    image_levels: int = 256
+    """generator='pixels': levels per colour value (256: the 8-bit values themselves; fewer
+    quantize them, v * levels // 256)."""
+    pixel_hidden: int = 96
+    """PixelCNN: hidden channels (a multiple of 3: one group per colour)."""
+    pixel_layers: int = 6
+    """PixelCNN: residual blocks of masked 3x3 and 1x1 convolutions after the 7x7 first layer."""
+    pixel_steps: int = 20_000
+    """PixelCNN: Adam steps on its bits per dim of the training images (train/loss, every log_every steps)."""
+    pixel_batch: int = 64
+    """PixelCNN: training images per step (drawn at random)."""
+    generator_path: str = ""
+    """generator='pixels': a PixelCNN saved by an earlier trial's generator_save, loaded and frozen
+    instead of training one (its train/loss is then its bits per dim of the deployed images); ''
+    trains it on generator_data."""
+    generator_save: str = ""
+    """generator='pixels': write the trained PixelCNN to this file, for generator_path ('' does not; a
+    relative path is the trial's own folder's)."""
     # --- run ---
     log_every: int = 10
     """Report every this many fitting steps (the coverage loop reports after every chunk)."""
@@ -138,6 +183,8 @@ def smoke() -> Config:
 
 
 def fit_steps(cfg: Config) -> int:
+    if cfg.generator == "pixels":
+        return 0 if cfg.generator_path else cfg.pixel_steps
     return {"gmm": cfg.em_iters, "bytes": cfg.byte_steps}.get(cfg.generator, 0)
 
 
@@ -146,7 +193,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     if world_size != 1:
         raise ValueError(f"martingale_uq runs on one worker; got world_size={world_size}: use workers=1")
     if cfg.generator not in METRICS:
-        raise ValueError(f"generator must be 'gmm', 'bytes' or 'causal_lm', got {cfg.generator!r}")
+        raise ValueError(f"generator must be 'gmm', 'bytes', 'causal_lm' or 'pixels', got {cfg.generator!r}")
     if cfg.metric not in METRICS[cfg.generator]:
         raise ValueError(f"metric {cfg.metric!r} is not defined for generator={cfg.generator!r}: use one of {', '.join(METRICS[cfg.generator])}")
     if not cfg.ns:
@@ -156,7 +203,8 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     if len(set(cfg.ns)) != len(cfg.ns):
         raise ValueError(f"ns repeats a sample size: {cfg.ns}")
     for name in ("repetitions", "chunk", "checkpoint_every", "log_every", "history", "components", "em_iters", "dim", "context",
-                 "embed", "hidden", "byte_steps", "byte_batch", "text_len", "real_texts", "lm_batch"):
+                 "embed", "hidden", "byte_steps", "byte_batch", "text_len", "real_texts", "lm_batch", "real_images",
+                 "pixel_hidden", "pixel_steps", "pixel_batch"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
     if cfg.draws < 20:
@@ -189,11 +237,15 @@ def validate(cfg: Config, world_size: int = 1) -> None:
             raise ValueError(f"history={cfg.history} records are too few for {cfg.components} components: use >= {10 * cfg.components}")
     else:
         need = max(cfg.ns) + cfg.horizon + cfg.alpha_holdout
-        if cfg.real_texts < need:
-            raise ValueError(f"real_texts={cfg.real_texts} cannot supply max(ns) + horizon + alpha_holdout = {need} distinct "
-                             "texts per repetition: raise real_texts or lower them")
+        pool, what = ("real_images", "images") if cfg.generator == "pixels" else ("real_texts", "texts")
+        if getattr(cfg, pool) < need:
+            raise ValueError(f"{pool}={getattr(cfg, pool)} cannot supply max(ns) + horizon + alpha_holdout = {need} distinct "
+                             f"{what} per repetition: raise {pool} or lower them")
         if not cfg.temperature > 0 or not cfg.lr > 0:
             raise ValueError(f"temperature and lr must be positive, got {cfg.temperature}, {cfg.lr}")
+        if cfg.generator == "pixels":
+            _validate_pixels(cfg)
+            return
         if cfg.generator == "causal_lm":
             if not cfg.model or not cfg.text_path:
                 raise ValueError(f"generator='causal_lm' needs model (e.g. 'gpt2') and text_path (WikiText-2 raw), got "
@@ -203,9 +255,32 @@ def validate(cfg: Config, world_size: int = 1) -> None:
             raise ValueError(f"heldout_frac must lie in (0, 1) and corpus_bytes be >= 10000, got {cfg.heldout_frac}, {cfg.corpus_bytes}")
 
 
+def _validate_pixels(cfg: Config) -> None:
+    if not cfg.image_data:
+        raise ValueError("generator='pixels' needs image_data: the deployed images (a datasets save_to_disk folder of "
+                         "CIFAR-10 or SVHN, or an imagefolder)")
+    if cfg.image_size < 2:
+        raise ValueError(f"image_size must be >= 2 pixels, got {cfg.image_size}")
+    if not 2 <= cfg.image_levels <= 256:
+        raise ValueError(f"image_levels must lie in [2, 256] (levels of an 8-bit value), got {cfg.image_levels}")
+    if cfg.pixel_hidden % pixelmodel.COLOURS:
+        raise ValueError(f"pixel_hidden={cfg.pixel_hidden} must be a multiple of 3 (one channel group per colour)")
+    if cfg.pixel_layers < 0:
+        raise ValueError(f"pixel_layers must be >= 0, got {cfg.pixel_layers}")
+    if cfg.generator_path and cfg.generator_save:
+        raise ValueError("generator_save is for a trained PixelCNN, but generator_path loads one: set one of them")
+
+
 def preflight(cfg: Config) -> None:
-    """Checks of the machine that runs it (generator='causal_lm'): the model is a folder or a cached
-    hub id with a tokenizer and room for a text, and text_path reads. Every problem in one error."""
+    """Checks of the machine that runs it: generator='causal_lm': the model is a folder or a cached
+    hub id with a tokenizer and room for a text, and text_path reads; generator='pixels': the image
+    datasets read, with their splits and image columns, and generator_path is a saved PixelCNN of
+    the config's sizes. Every problem in one error."""
+    if cfg.generator == "pixels":
+        problems = imagedata.problems(cfg)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return
     if cfg.generator != "causal_lm":
         return
     import json
@@ -306,6 +381,60 @@ def _fit_causal_lm(cfg: Config, run) -> dict[str, Any]:
             "theta_true": float(real.mean())}
 
 
+def _fit_pixels(cfg: Config, run) -> dict[str, Any]:
+    """Adam on the PixelCNN's bits per dim of generator_data's images (or a saved PixelCNN loaded),
+    then the bits per dim of the deployed images and of the generator's own samples."""
+    device = torch.device(run.device)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    deployed = imagedata.open_split(cfg.image_data, cfg.image_split, "image_data", "image_split")
+    if len(deployed) < cfg.real_images:
+        raise ValueError(f"image_data={cfg.image_data!r} (split {cfg.image_split!r}) holds {len(deployed)} images, fewer "
+                         f"than real_images={cfg.real_images}: lower real_images")
+    column = imagedata.image_column(deployed, cfg.image_column, f"image_data={cfg.image_data!r}", "image_column")
+    pick = torch.randperm(len(deployed), generator=gen)[: cfg.real_images].tolist()
+    real_x = pixelmodel.quantize(imagedata.pixels(deployed, column, cfg.image_size, pick), cfg.image_levels)
+    if cfg.generator_path:
+        model, _ = pixelmodel.load(cfg.generator_path)  # its sizes are checked by preflight
+        model.to(device)
+        fit_loss, step = None, 0
+    else:
+        field, path = ("generator_data", cfg.generator_data) if cfg.generator_data else ("image_data", cfg.image_data)
+        source = imagedata.open_split(path, cfg.generator_split, field, "generator_split")
+        column = imagedata.image_column(source, cfg.generator_column, f"{field}={path!r}", "generator_column")
+        data = imagedata.pixels(source, column, cfg.image_size)  # [N, 3, S, S] uint8: 8-bit, quantized per batch
+        torch.manual_seed(cfg.seed)  # the model's initial weights
+        # One worker: run.prepare (DDP) has nothing to wrap; the model follows the trial's device.
+        model = pixelmodel.PixelCNN(cfg.image_levels, cfg.pixel_hidden, cfg.pixel_layers).to(device)
+        optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+        total = cfg.pixel_steps + len(cfg.ns) * cfg.repetitions
+        for step in range(1, cfg.pixel_steps + 1):
+            x = pixelmodel.quantize(data[torch.randint(len(data), (cfg.pixel_batch,), generator=gen)], cfg.image_levels)
+            loss = pixelmodel.bits_per_dim(model, x.to(device)).mean()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            if step % cfg.log_every == 0 or step == cfg.pixel_steps:
+                run.report({"train/loss": loss.item(), "progress": step / total}, step=step)
+        fit_loss = loss.item()
+        model.eval().requires_grad_(False)
+        if cfg.generator_save:
+            pixelmodel.save(model, cfg.generator_save, cfg.image_size)
+    h = lambda bpd: tabular.metric_values(bpd.numpy().astype(float), cfg.metric, cfg.nll_threshold)  # noqa: E731
+    bpd_real = pixelmodel.score(model, real_x, cfg.lm_batch, device)
+    sampler = torch.Generator(device=device).manual_seed(cfg.seed + 1)
+    images = pixelmodel.generate(model, cfg.prior_draws, cfg.image_size, cfg.temperature, sampler, cfg.lm_batch, device)
+    bpd_generated = pixelmodel.score(model, images, cfg.lm_batch, device)
+    if fit_loss is None:  # nothing fitted: the loaded generator's bits per dim of the deployed images
+        fit_loss = float(bpd_real.mean())
+    # Bits per dim of the deployed images and of the generator's own: the prior's misspecification.
+    run.report({"train/loss": fit_loss, "eval/bpd_real": float(bpd_real.mean()),
+                "eval/bpd_generated": float(bpd_generated.mean()), "progress": step / (step + len(cfg.ns) * cfg.repetitions)},
+               step=step)
+    prior, real = h(bpd_generated), h(bpd_real)
+    return {"fit_loss": fit_loss, "prior": torch.from_numpy(prior), "real": torch.from_numpy(real),
+            "theta_true": float(real.mean())}
+
+
 def _real_sampler(cfg: Config, fitted: dict[str, Any]):
     """(rng, reps, count) -> deployed metric values: fresh records from F, or texts drawn without
     replacement from the held-out population."""
@@ -327,7 +456,8 @@ def _train(cfg: Config, run) -> dict[str, float]:
     total = fit + len(cfg.ns) * cfg.repetitions
     state = run.restore()
     if state is None:
-        fitted = {"gmm": _fit_gmm, "bytes": _fit_bytes, "causal_lm": _fit_causal_lm}[cfg.generator](cfg, run)
+        fits = {"gmm": _fit_gmm, "bytes": _fit_bytes, "causal_lm": _fit_causal_lm, "pixels": _fit_pixels}
+        fitted = fits[cfg.generator](cfg, run)
         state = {"step": fit, **fitted, "records": {}}
         run.save(state)
     prior = state["prior"].numpy()
