@@ -179,6 +179,7 @@ MODULE_SECONDS = {
     "tests/workloads/test_tubal_fgd.py": 20, "tests/workloads/test_martingale_uq.py": 18,
     "tests/orchestrator/test_reproduce.py": 17, "tests/workloads/test_plop.py": 17,
     "tests/kernels/test_mx_triton.py": 16, "tests/workloads/test_consistent_lra.py": 14,
+    "tests/workloads/test_swd_rl_dmc.py": 10,
 }
 
 

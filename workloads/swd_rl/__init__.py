@@ -12,7 +12,8 @@ returns (training episodes, and the deterministic policy on seeded evaluation ep
 critic's gradient L1/L2 norms and GraMa (fraction of near-zero entries) on its own training
 batches, a paired probe (the gradient norms of batches drawn by every sampler from the trial's
 own buffer and networks), and the effective ranks of the critic's features and of its NTK Gram
-matrix. Pendulum-v1 is the CI size; the MuJoCo tasks (the `mujoco` extra) are the cluster's.
+matrix. Pendulum-v1 is the CI size; the MuJoCo tasks and the DeepMind Control Suite's (the
+`mujoco` extra; `env_id='dm_control/humanoid-run-v0'`, `sweeps/repro/swd_rl_dmc.py`) are the cluster's.
 
 The claims: late in training the critic's gradient norm on each arm's own training batches is
 ordered reverse < uniform < SWD (the paired probe is reported beside it, not judged); SWD's final
@@ -22,6 +23,6 @@ several seeds). At the sizes a CPU runs the measured gradient ordering is the op
 """
 
 from workloads.swd_rl.claims import CHECKS, CLAIMS, plot
-from workloads.swd_rl.workload import Config, smoke, train, validate
+from workloads.swd_rl.workload import Config, preflight, smoke, train, validate
 
-__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "preflight", "smoke", "train", "validate"]

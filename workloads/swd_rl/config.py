@@ -5,12 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from workloads.swd_rl import envs
+
 
 @dataclass(frozen=True)
 class Config:
     env_id: str = "HalfCheetah-v5"
     """gymnasium environment with a Box action space and a time limit (MuJoCo tasks need the
-    `mujoco` extra; Pendulum-v1 needs nothing more)."""
+    `mujoco` extra; Pendulum-v1 needs nothing more), or a DeepMind Control Suite task as
+    'dm_control/<domain>-<task>-v0' (e.g. dm_control/humanoid-run-v0; the `mujoco` extra, through
+    shimmy), whose dict observations are flattened into one vector."""
+    action_repeat: int = 1
+    """Environment steps per agent step: each action is repeated this many times and the rewards
+    summed (the paper's DMC runs use 2). Every step count here counts agent steps."""
     algo: Literal["td3", "sac"] = "td3"
     """Off-policy learner: TD3 (the paper's MuJoCo experiments) or SAC (its DMC ones)."""
     sampler: Literal["swd", "reverse", "uniform"] = "swd"
@@ -120,7 +127,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError(f"network must be 'simba' or 'mlp', got {cfg.network!r}")
     for name in ("total_steps", "buffer_size", "utd", "batch_size", "policy_delay", "critic_width", "critic_depth",
                  "actor_width", "actor_depth", "eval_every", "eval_episodes", "grad_every", "probe_batches",
-                 "diag_batch", "log_every"):
+                 "diag_batch", "log_every", "action_repeat"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"{name} must be at least 1, got {getattr(cfg, name)}")
     if cfg.decay_steps < 1:
@@ -160,6 +167,13 @@ def validate(cfg: Config, world_size: int = 1) -> None:
 def _check_env(env_id: str) -> None:
     import gymnasium as gym
 
+    if envs.dmc_task(env_id) is not None:  # the form here; the task itself where dm_control is installed
+        # A sweep's driver may lack dm_control while its workers have it: `preflight` and train()
+        # refuse a run without it, with the fix.
+        if envs.dmc_installed():
+            envs.check_dmc(env_id)
+        return
+
     try:
         spec = gym.spec(env_id)
     except gym.error.Error as exc:
@@ -188,8 +202,18 @@ def mujoco_available() -> bool:
 
 
 def require_env(env_id: str) -> None:
-    """At the start of training: a MuJoCo task without MuJoCo installed is refused with the fix."""
+    """Before a run (`preflight`) and at the start of training: a DeepMind Control Suite task
+    without dm_control or not in its suite, or a MuJoCo task without MuJoCo, is refused with the fix."""
     import gymnasium as gym
 
+    if envs.dmc_task(env_id) is not None:
+        envs.check_dmc(env_id)
+        return
     if "mujoco" in str(gym.spec(env_id).entry_point) and not mujoco_available():
         raise ValueError(f"env_id {env_id!r} needs MuJoCo: pip install 'ladder[mujoco]'")
+
+
+def preflight(cfg: Config) -> None:
+    """Checks of the machine that runs it, before anything is launched: the packages its
+    environment needs are installed and a DMC task exists in the suite (see `require_env`)."""
+    require_env(cfg.env_id)

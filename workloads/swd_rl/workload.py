@@ -12,11 +12,12 @@ import torch
 from orchestrator.run import pinned_threads
 
 from workloads.swd_rl.learners import Learner, actor_step, critic_loss, make_learner, soft_update
-from workloads.swd_rl.config import Config, require_env, smoke, validate
+from workloads.swd_rl.config import Config, preflight, require_env, smoke, validate
 from workloads.swd_rl.diagnostics import feature_rank, grad_stats, ntk_rank
+from workloads.swd_rl.envs import make_env
 from workloads.swd_rl.replay import SAMPLERS, ReplayBuffer
 
-__all__ = ["Config", "smoke", "train", "validate"]
+__all__ = ["Config", "preflight", "smoke", "train", "validate"]
 
 CURVES = ("return", "grad_l1", "grad_l2", "feature_rank", "ntk_rank")
 """Per-evaluation curves kept in the final metrics as `curve/<name>/<step>`, for the plot."""
@@ -132,10 +133,8 @@ def train(cfg: Config, run) -> dict[str, float]:
 
 
 def _train(cfg: Config, run) -> dict[str, float]:
-    import gymnasium as gym
-
     device = run.device
-    env, eval_env = gym.make(cfg.env_id), gym.make(cfg.env_id)
+    env, eval_env = make_env(cfg.env_id, cfg.action_repeat), make_env(cfg.env_id, cfg.action_repeat)
     obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
     low, high = env.action_space.low.astype(np.float64), env.action_space.high.astype(np.float64)
     torch.manual_seed(cfg.seed)
