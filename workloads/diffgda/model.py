@@ -144,3 +144,36 @@ def macro_f1(pred: torch.Tensor, true: torch.Tensor, classes: int) -> float:
         if tp + fp + fn:
             scores.append(2 * tp / (2 * tp + fp + fn))
     return sum(scores) / len(scores) if scores else math.nan
+
+
+class _GradReverse(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, coeff: float) -> torch.Tensor:
+        ctx.coeff = coeff
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return -ctx.coeff * grad, None
+
+
+def grad_reverse(x: torch.Tensor, coeff: float) -> torch.Tensor:
+    """Identity forward, gradient times -coeff backward (Ganin & Lempitsky's gradient reversal layer)."""
+    return _GradReverse.apply(x, coeff)
+
+
+def grl_coeff(progress: float) -> float:
+    """DANN's schedule of the reversal coefficient, 2 / (1 + exp(-10 p)) - 1, from 0 to ~1 over training."""
+    return 2.0 / (1.0 + math.exp(-10.0 * progress)) - 1.0
+
+
+class DomainDiscriminator(nn.Module):
+    """DANN's domain classifier on node embeddings: an MLP with one hidden layer, a logit per node
+    (source 0, target 1). Behind a gradient reversal layer, the GCN learns embeddings it cannot tell apart."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.net(h).squeeze(-1)

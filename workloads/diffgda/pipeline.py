@@ -9,7 +9,10 @@ import torch
 from torch.nn import functional as F
 
 from workloads.diffgda.data import Graphs, Unlabelled, descriptors
-from workloads.diffgda.model import GCN, DomainNet, ScoreNet, gcn_norm, macro_f1, median_bandwidths, mmd2
+from workloads.diffgda.model import (
+    GCN, DomainDiscriminator, DomainNet, ScoreNet, gcn_norm, grad_reverse, grl_coeff, macro_f1, median_bandwidths, mmd2,
+)
+from workloads.diffgda.networks import Network
 from workloads.diffgda.sde import SDE, T_EPS, dsm_loss, perturb, reverse_sample, sym_noise
 
 
@@ -91,29 +94,71 @@ def evolve(net: ScoreNet, sde_x: SDE, sde_a: SDE, source: Graphs, copies: int, *
     return Graphs(x, (a > 0.5).float(), y)
 
 
-def gcn_epoch(gcn: GCN, opt: torch.optim.Optimizer, train: Graphs, target: Unlabelled, mmd_weight: float,
-              gen: torch.Generator) -> float:
-    """One full-batch epoch: cross-entropy on the labelled graphs (+ mmd_weight * MMD^2 between
-    their node embeddings and the target's, the released code's alignment term)."""
+Part = Graphs | Unlabelled | Network
+"""What a GCN reads: a batch of small dense graphs, or one whole graph with a sparse adjacency."""
+
+
+def _forward(gcn: GCN, part: Part, gen: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits [n, C], embeddings [n, H]) of every node of the part, flattened over its graphs."""
+    if isinstance(part, Network):
+        return gcn(part.x, part.a_norm, gen)
+    logits, emb = gcn(part.x, gcn_norm(part.a), gen)
+    return logits.reshape(-1, logits.shape[-1]), emb.reshape(-1, emb.shape[-1])
+
+
+def _labelled(part: Graphs | Network, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, labels) of the nodes whose labels count: all of a batch, a network's `mask`."""
+    if isinstance(part, Network) and part.mask is not None:
+        return rows[part.mask], part.y[part.mask]
+    return rows, part.y.reshape(-1)
+
+
+def gcn_epoch(gcn: GCN, opt: torch.optim.Optimizer, train: Graphs | Network | list, target: Unlabelled | Network,
+              mmd_weight: float, gen: torch.Generator, *, disc: DomainDiscriminator | None = None,
+              dann_weight: float = 0.0, progress: float = 0.0) -> tuple[float, dict[str, float]]:
+    """One full-batch epoch: cross-entropy on the labelled nodes of the training parts (+ mmd_weight
+    * MMD^2 between their node embeddings and the target's, the released code's alignment term;
+    + dann_weight * the domain classifier's cross-entropy behind a gradient reversal layer, DANN).
+    Returns the loss and the domain classifier's loss and accuracy when it trains."""
     gcn.train()
-    logits, emb = gcn(train.x, gcn_norm(train.a), gen)
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), train.y.reshape(-1))
+    parts = train if isinstance(train, list) else [train]
+    logits, emb, ys = [], [], []
+    for part in parts:
+        lo, em = _forward(gcn, part, gen)
+        lo, y = _labelled(part, lo)
+        logits.append(lo)
+        ys.append(y)
+        emb.append(_labelled(part, em)[0])
+    logits, emb = (logits[0], emb[0]) if len(parts) == 1 else (torch.cat(logits), torch.cat(emb))
+    loss = F.cross_entropy(logits, torch.cat(ys) if len(ys) > 1 else ys[0])
+    extra: dict[str, float] = {}
+    if mmd_weight or (disc is not None and dann_weight):
+        _, emb_t = _forward(gcn, target, gen)
     if mmd_weight:
-        _, emb_t = gcn(target.x, gcn_norm(target.a), gen)
-        es, et = emb.reshape(-1, emb.shape[-1]), emb_t.reshape(-1, emb_t.shape[-1])
+        es, et = emb, emb_t
         es = es[_batch(len(es), 512, gen)]
         et = et[_batch(len(et), 512, gen)]
         loss = loss + mmd_weight * mmd2(es, et, median_bandwidths(es.detach(), et.detach()))
+    if disc is not None and dann_weight:
+        coeff = grl_coeff(progress)
+        ds, dt = disc(grad_reverse(emb, coeff)), disc(grad_reverse(emb_t, coeff))
+        # each domain weighs half, whatever its node count
+        dom = 0.5 * (F.binary_cross_entropy_with_logits(ds, torch.zeros_like(ds))
+                     + F.binary_cross_entropy_with_logits(dt, torch.ones_like(dt)))
+        loss = loss + dann_weight * dom
+        extra["train/domain_loss"] = float(dom.detach())
+        extra["train/domain_acc"] = 0.5 * (float((ds < 0).float().mean()) + float((dt > 0).float().mean()))
     opt.zero_grad()
     loss.backward()
     opt.step()
-    return float(loss.detach())
+    return float(loss.detach()), extra
 
 
-def gcn_sets(source: Graphs, source_val: Graphs, evolved: Graphs | None, n_val: int, *, select_by: str,
-             train_on: str) -> tuple[Graphs, Graphs | None]:
-    """(training graphs, selection graphs) of the GCN, labelled graphs only: select_by 'evolved'
-    holds out the first n_val evolved graphs, 'source' uses the held-out source graphs, 'last' none."""
+def gcn_sets(source: Graphs | Network, source_val: Graphs | Network, evolved: Graphs | None, n_val: int, *,
+             select_by: str, train_on: str) -> tuple[Graphs | Network | list, Graphs | Network | None]:
+    """(training parts, selection part) of the GCN, labelled only: select_by 'evolved' holds out the
+    first n_val evolved graphs, 'source' uses the held-out source graphs (or nodes), 'last' none.
+    A whole source graph and evolved subgraphs train side by side, as one disjoint union."""
     val = {"source": source_val, "last": None}.get(select_by)
     if evolved is None:
         return source, val
@@ -121,28 +166,46 @@ def gcn_sets(source: Graphs, source_val: Graphs, evolved: Graphs | None, n_val: 
         val, evolved = evolved.take(slice(0, n_val)), evolved.take(slice(n_val, None))
     if train_on == "evolved":
         return evolved, val
+    if isinstance(source, Network):
+        return [source, evolved], val
     return Graphs(torch.cat([source.x, evolved.x]), torch.cat([source.a, evolved.a]), torch.cat([source.y, evolved.y])), val
 
 
 @torch.no_grad()
-def predict(gcn: GCN, graphs: Graphs | Unlabelled) -> torch.Tensor:
+def predict(gcn: GCN, graphs: Part) -> torch.Tensor:
     gcn.eval()
+    if isinstance(graphs, Network):
+        return gcn(graphs.x, graphs.a_norm)[0].argmax(-1)
     return gcn(graphs.x, gcn_norm(graphs.a))[0].argmax(-1)
 
 
-def f1_on(gcn: GCN, graphs: Graphs, classes: int) -> float:
-    return macro_f1(predict(gcn, graphs).reshape(-1), graphs.y.reshape(-1), classes)
+def f1_on(gcn: GCN, graphs: Graphs | Network, classes: int) -> float:
+    """Macro-F1 over the labelled nodes (a network's `mask`, else all)."""
+    pred, y = _labelled(graphs, predict(gcn, graphs).reshape(-1))
+    return macro_f1(pred, y, classes)
+
+
+METRIC_NODES = 4096
+"""Most node descriptors per side the MMD distances compare: a larger set (the subgraphs of a
+whole graph) is subsampled, always the same way, so that the N x N kernels stay small."""
+
+
+def _descriptors(graphs: Graphs | Unlabelled) -> torch.Tensor:
+    d = descriptors(graphs.x, graphs.a)
+    if len(d) > METRIC_NODES:
+        d = d[torch.randperm(len(d), generator=torch.Generator().manual_seed(0))[:METRIC_NODES]]
+    return d
 
 
 def domain_bandwidths(source: Graphs, target: Unlabelled) -> torch.Tensor:
     """MMD bandwidths fixed by the source and target descriptors, so that every arm of a seed is
     measured with the same kernel."""
-    return median_bandwidths(descriptors(source.x, source.a), descriptors(target.x, target.a))
+    return median_bandwidths(_descriptors(source), _descriptors(target))
 
 
 def mmd_distance(graphs: Graphs | Unlabelled, target: Unlabelled, bandwidths: torch.Tensor) -> float:
     """MMD^2 between the node descriptors (x, neighbour mean, degree) of two sets of graphs."""
-    return float(mmd2(descriptors(graphs.x, graphs.a), descriptors(target.x, target.a), bandwidths))
+    return float(mmd2(_descriptors(graphs), _descriptors(target), bandwidths))
 
 
 def classifier_distance(graphs: Graphs | Unlabelled, target: Unlabelled, seed: int, steps: int = 300) -> float:

@@ -8,8 +8,10 @@ from typing import Any, Literal
 
 import torch
 
+from workloads.diffgda import networks
 from workloads.diffgda.data import Domains, Graphs, Unlabelled, edge_homophily, make_domains
-from workloads.diffgda.model import GCN, DomainNet, ScoreNet
+from workloads.diffgda.model import GCN, DomainDiscriminator, DomainNet, ScoreNet
+from workloads.diffgda.networks import Network
 from workloads.diffgda.pipeline import (
     classifier_distance, classifier_step, domain_bandwidths, evolve, f1_on, gcn_epoch, gcn_sets, mmd_distance,
     predict, ratio_step, score_step,
@@ -20,9 +22,22 @@ from orchestrator.run import pinned_threads
 
 @dataclass(frozen=True)
 class Config:
-    mode: Literal["evolve", "source_only"] = "evolve"
+    mode: Literal["evolve", "source_only", "dann"] = "evolve"
     """'evolve': train the GCN on the source plus source graphs evolved by the SDE; 'source_only':
-    the baseline, the same GCN on the source alone."""
+    the baseline, the same GCN on the source alone; 'dann': the GCN on the source alone with a
+    domain classifier on its node embeddings behind a gradient reversal layer (DANN, the
+    adversarial baseline of the GDA tables; UDAGCN's domain loss), weighted by dann_weight."""
+    data_dir: str = ""
+    """A folder of the papers' graph-transfer datasets, DATA_DIR/<domain>.mat (ACDNE's release:
+    acmv9, citationv1, dblpv7, Blog1, Blog2; docs/datasets.md): the GCN trains on the whole source
+    graph and is scored on the whole target graph. Empty: the generated CSBM domains below."""
+    source: str = ""
+    """With data_dir: the labelled source domain, a file stem of data_dir (e.g. 'acmv9')."""
+    target: str = ""
+    """With data_dir: the unlabelled target domain, a file stem of data_dir (e.g. 'dblpv7')."""
+    source_val_frac: float = 0.1
+    """With data_dir: fraction of the source graph's nodes held out of the GCN's loss and of the
+    diffusion's subgraphs, to select the GCN's epoch with select_by='source'."""
     guidance_scale: float = 1.0
     """Weight of the density-ratio guidance gradient in the reverse SDE (0: unguided evolution,
     and no guidance network is trained). The label-free MMD picks 1 at this size and 2 at the
@@ -36,21 +51,24 @@ class Config:
     marginals); 'ratio', TGDP-style grad log h_t with h_t(G_t, y) regressed onto the clean
     classifier's ratio r(G_0) over source graphs."""
     classes: int = 3
-    """Node classes C."""
+    """Node classes C (with data_dir: read from the files' label columns instead)."""
     nodes: int = 30
-    """Nodes per graph m (dense adjacency)."""
+    """Nodes per graph m (dense adjacency); with data_dir, nodes per subgraph the diffusion runs on,
+    cut from the whole graph by breadth-first search."""
     dim: int = 8
-    """Node feature dimension d."""
+    """Node feature dimension d; with data_dir, the principal components the attributes of both
+    domains are projected onto together (all of them, centred, when the files have <= dim)."""
     feature_sep: float = 2.5
     """Distance between every two class means (features have unit noise std scaled by feature_std)."""
     feature_std: float = 1.0
     """Std of the isotropic feature noise around the class mean."""
     source_graphs: int = 128
-    """Labelled source graphs used for training."""
+    """Labelled source graphs used for training (with data_dir: subgraphs of the source graph)."""
     source_val_graphs: int = 32
     """Labelled source graphs held out (model selection with select_by='source')."""
     target_graphs: int = 64
-    """Unlabelled target graphs (adaptation sees their x and A; their labels score the result)."""
+    """Unlabelled target graphs (adaptation sees their x and A; their labels score the result); with
+    data_dir, subgraphs of the target graph the guidance learns from (the whole graph is scored)."""
     source_p_in: float = 0.3
     """Source edge probability within a class."""
     source_p_out: float = 0.02
@@ -119,6 +137,11 @@ class Config:
     mmd_weight: float = 0.0
     """Weight of MMD^2 between source and target GCN embeddings in the GCN loss (the released code
     uses 0.05 on top of the evolution; 0 isolates the evolution's effect)."""
+    dann_weight: float = 1.0
+    """mode='dann': weight of the domain classifier's cross-entropy in the GCN loss; its gradient
+    reaches the GCN reversed, scaled by DANN's schedule 2 / (1 + exp(-10 p)) - 1 over the epochs."""
+    dann_hidden: int = 32
+    """mode='dann': hidden width of the domain classifier (an MLP on the GCN's last hidden layer)."""
     select_by: Literal["evolved", "source", "last"] = "evolved"
     """GCN epoch selection without target labels: 'evolved', Macro-F1 on held-out evolved graphs
     (labelled samples of the estimated target domain); 'source', on the held-out source graphs;
@@ -164,22 +187,27 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     """Checks that need no training: raised before anything is launched."""
     if world_size != 1:
         raise ValueError(f"diffgda trains small dense graphs on one worker; got world_size={world_size}: use workers=1")
-    choices = {"mode": ("evolve", "source_only"), "guidance": ("classifier", "ratio"), "sde_x": ("vp", "ve"),
+    choices = {"mode": ("evolve", "source_only", "dann"), "guidance": ("classifier", "ratio"), "sde_x": ("vp", "ve"),
                "sde_adj": ("vp", "ve"), "train_on": ("source+evolved", "evolved"), "select_by": ("evolved", "source", "last")}
     for name, allowed in choices.items():
         if getattr(cfg, name) not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {getattr(cfg, name)!r}")
     for name in ("classes", "nodes", "dim", "source_graphs", "source_val_graphs", "target_graphs", "score_hidden",
                  "score_layers", "score_batch", "guide_hidden", "guide_layers", "sample_steps", "evolved_copies",
-                 "gcn_hidden", "gcn_layers", "gcn_epochs", "log_every", "checkpoint_every"):
+                 "gcn_hidden", "gcn_layers", "gcn_epochs", "log_every", "checkpoint_every", "dann_hidden"):
         if getattr(cfg, name) <= 0:
             raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
     for name in ("score_steps", "guide_steps"):
         if getattr(cfg, name) < 0:
             raise ValueError(f"{name} must be >= 0, got {getattr(cfg, name)}")
+    if cfg.data_dir:
+        validate_data(cfg)
+    elif cfg.source or cfg.target:
+        raise ValueError(f"source={cfg.source!r} and target={cfg.target!r} name domains of data_dir, which is not set: "
+                         "set data_dir to a folder of the papers' .mat files (docs/datasets.md), or leave both empty")
     if cfg.classes < 2 or cfg.nodes < cfg.classes:
         raise ValueError(f"need classes >= 2 and nodes >= classes, got classes={cfg.classes}, nodes={cfg.nodes}")
-    if cfg.dim < cfg.classes:
+    if cfg.dim < cfg.classes and not cfg.data_dir:
         raise ValueError(f"dim={cfg.dim} < classes={cfg.classes}: the class means need orthogonal directions, use dim >= classes")
     for name in ("source_p_in", "source_p_out", "target_p_in", "target_p_out"):
         if not 0.0 <= getattr(cfg, name) <= 1.0:
@@ -199,8 +227,11 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError("guidance_scale > 0 needs a trained domain network: set guide_steps > 0 (or guidance_scale=0)")
     if not 0.0 < cfg.evolve_from <= 1.0:
         raise ValueError(f"evolve_from is a diffusion time in (0, 1], got {cfg.evolve_from}")
-    if cfg.mode == "source_only" and (cfg.select_by == "evolved" or cfg.train_on == "evolved"):
-        raise ValueError("mode='source_only' has no evolved graphs: use select_by='source' or 'last' and train_on='source+evolved'")
+    if cfg.mode in ("source_only", "dann") and (cfg.select_by == "evolved" or cfg.train_on == "evolved"):
+        raise ValueError(f"mode={cfg.mode!r} has no evolved graphs: use select_by='source' or 'last' and "
+                         "train_on='source+evolved'")
+    if cfg.mode == "dann" and not cfg.dann_weight > 0:
+        raise ValueError(f"mode='dann' needs dann_weight > 0 (0 is mode='source_only'), got {cfg.dann_weight}")
     if cfg.select_by == "evolved" and not 0.0 < cfg.evolved_val_frac < 1.0:
         raise ValueError(f"select_by='evolved' needs evolved_val_frac in (0, 1), got {cfg.evolved_val_frac}")
     if cfg.select_by == "evolved" and round(cfg.evolved_val_frac * cfg.source_graphs * cfg.evolved_copies) < 1:
@@ -216,6 +247,29 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError(f"threads must be >= 0 (0: torch's own setting), got {cfg.threads}")
 
 
+def validate_data(cfg: Config) -> None:
+    """The dataset fields judged alone (the files are the preflight's)."""
+    for name in ("source", "target"):
+        if not getattr(cfg, name):
+            raise ValueError(f"data_dir is set but {name} is empty: name the {name} domain by its file stem in data_dir, "
+                             f"e.g. source='acmv9', target='dblpv7' ({networks.LAYOUT})")
+    if cfg.source == cfg.target:
+        raise ValueError(f"source and target are both {cfg.source!r}: a transfer task needs two domains")
+    if not 0.0 <= cfg.source_val_frac < 1.0:
+        raise ValueError(f"source_val_frac must lie in [0, 1), got {cfg.source_val_frac}")
+    if cfg.select_by == "source" and cfg.source_val_frac == 0.0:
+        raise ValueError("select_by='source' with data_dir needs held-out source nodes: set source_val_frac > 0")
+
+
+def preflight(cfg: Config) -> None:
+    """Checks of the machine that runs it: with data_dir, the folder holds <source>.mat and
+    <target>.mat in the published layout, of one family (same attributes and classes), each graph
+    at least one subgraph large (from the files' headers). Kept out of `validate` so that a sweep
+    of data on a cluster's storage checks as valid anywhere."""
+    if cfg.data_dir:
+        networks.check_files(cfg.data_dir, cfg.source, cfg.target, cfg.nodes)
+
+
 def domains(cfg: Config) -> Domains:
     return make_domains(
         seed=cfg.seed, classes=cfg.classes, nodes=cfg.nodes, dim=cfg.dim, feature_sep=cfg.feature_sep,
@@ -228,9 +282,40 @@ def domains(cfg: Config) -> Domains:
 def train(cfg: Config, run) -> dict[str, float]:
     validate(cfg, run.world_size)
     with pinned_threads(cfg.threads):
+        if cfg.data_dir:
+            return train_networks(cfg, run)
         doms = domains(cfg)
         result = adapt(cfg, doms.source, doms.source_val, doms.target.unlabelled(), run)
         return {**result["metrics"], **evaluate(cfg, result, doms)}
+
+
+def train_networks(cfg: Config, run) -> dict[str, float]:
+    """A transfer task between two whole graphs of data_dir: the diffusion on subgraphs cut from
+    them, the GCN on the whole source graph (less its held-out nodes), scored on the whole target."""
+    source, target, classes = networks.load_pair(cfg.data_dir, cfg.source, cfg.target, cfg.dim)
+    gen = torch.Generator().manual_seed(10_000 + cfg.seed)
+    train_mask, val_mask = networks.split_nodes(len(source.y), cfg.source_val_frac, gen)
+    source_sub = networks.subgraphs(source, source.y, cfg.source_graphs, cfg.nodes, gen, mask=train_mask)
+    target_sub = networks.subgraphs(target.unlabelled(), None, cfg.target_graphs, cfg.nodes, gen)
+    result = adapt(cfg, source_sub, source.only(val_mask), target_sub, run, classes=classes,
+                   whole=(source.only(train_mask), target.unlabelled()))
+    return {**result["metrics"], **evaluate_networks(result, source, target, classes)}
+
+
+def evaluate_networks(result: dict[str, Any], source: Network, target: Network, classes: int) -> dict[str, float]:
+    """The only place the target graph's labels are read: Macro- and Micro-F1 over all its nodes."""
+    pred = predict(result["gcn"], target)
+    acc = float((pred == target.y).float().mean())
+    out = {
+        "eval/target_macro_f1": f1_on(result["gcn"], target, classes),
+        "eval/target_micro_f1": acc,  # single-label: micro-F1 is the accuracy
+        "eval/target_acc": acc,
+        "eval/target_homophily": networks.homophily(target.adj, target.y),
+        "eval/source_homophily": networks.homophily(source.adj, source.y),
+    }
+    if result["evolved"] is not None:
+        out["eval/evolved_homophily"] = edge_homophily(result["evolved"].a, result["evolved"].y)
+    return out
 
 
 def evaluate(cfg: Config, result: dict[str, Any], doms: Domains) -> dict[str, float]:
@@ -240,6 +325,7 @@ def evaluate(cfg: Config, result: dict[str, Any], doms: Domains) -> dict[str, fl
     out = {
         "eval/target_macro_f1": f1_on(gcn, target, cfg.classes),
         "eval/target_acc": float((pred == target.y).float().mean()),
+        "eval/target_micro_f1": float((pred == target.y).float().mean()),  # single-label: the accuracy
         "eval/target_homophily": edge_homophily(target.a, target.y),
         "eval/source_homophily": edge_homophily(doms.source.a, doms.source.y),
     }
@@ -260,26 +346,37 @@ def _init(seed: int, build):
         return build()
 
 
-def adapt(cfg: Config, source: Graphs, source_val: Graphs, target: Unlabelled, run) -> dict[str, Any]:
+def adapt(cfg: Config, source: Graphs, source_val: Graphs | Network, target: Unlabelled, run, *,
+          classes: int | None = None, whole: tuple[Network, Network] | None = None) -> dict[str, Any]:
     """Everything that trains or selects: the score model, the guidance, the evolution, the GCN and
     its epoch selection. It receives the target as `Unlabelled` graphs: no label to read.
+    `whole` = (source graph, unlabelled target graph) when the domains are two whole graphs
+    (data_dir): the diffusion still runs on the subgraph batches, the GCN on the whole graphs.
     Returns the selected GCN, the evolved graphs (or None) and the label-free metrics."""
     if not isinstance(target, Unlabelled):
         raise TypeError(f"adapt takes the target as Unlabelled graphs, got {type(target).__name__}")
+    if whole is not None and whole[1].y is not None:
+        raise TypeError("adapt takes the whole target graph unlabelled (Network.unlabelled())")
+    classes = cfg.classes if classes is None else classes
+    dim = source.x.shape[-1]
     lengths = stage_lengths(cfg)
     total = sum(lengths.values())
     offset = {s: sum(lengths[p] for p in STAGES[:i]) for i, s in enumerate(STAGES)}
     sde_x, sde_a = make_sde(cfg.sde_x, cfg.x_low, cfg.x_high), make_sde(cfg.sde_adj, cfg.adj_low, cfg.adj_high)
     seed = cfg.seed * 1000
-    score = _init(seed + 1, lambda: ScoreNet(cfg.dim, cfg.classes, cfg.score_hidden, cfg.score_layers))
-    clf = _init(seed + 2, lambda: DomainNet(cfg.dim, cfg.guide_hidden, cfg.guide_layers))
-    ratio = _init(seed + 3, lambda: DomainNet(cfg.dim, cfg.guide_hidden, cfg.guide_layers, classes=cfg.classes))
-    gcn = _init(seed + 4, lambda: GCN(cfg.dim, cfg.gcn_hidden, cfg.classes, cfg.gcn_layers, cfg.gcn_dropout))
+    score = _init(seed + 1, lambda: ScoreNet(dim, classes, cfg.score_hidden, cfg.score_layers))
+    clf = _init(seed + 2, lambda: DomainNet(dim, cfg.guide_hidden, cfg.guide_layers))
+    ratio = _init(seed + 3, lambda: DomainNet(dim, cfg.guide_hidden, cfg.guide_layers, classes=classes))
+    gcn = _init(seed + 4, lambda: GCN(dim, cfg.gcn_hidden, classes, cfg.gcn_layers, cfg.gcn_dropout))
     nets = {"score": score, "guide": clf, "ratio": ratio, "gcn": gcn}
+    disc = None
+    if cfg.mode == "dann":  # trained with the GCN, by the GCN's optimizer
+        disc = nets["disc"] = _init(seed + 5, lambda: DomainDiscriminator(gcn.out.in_features, cfg.dann_hidden))
+    gcn_params = list(gcn.parameters()) + ([] if disc is None else list(disc.parameters()))
     opts = {"score": torch.optim.Adam(score.parameters(), lr=cfg.score_lr),
             "guide": torch.optim.Adam(clf.parameters(), lr=cfg.guide_lr),
             "ratio": torch.optim.Adam(ratio.parameters(), lr=cfg.guide_lr),
-            "gcn": torch.optim.Adam(gcn.parameters(), lr=cfg.gcn_lr)}
+            "gcn": torch.optim.Adam(gcn_params, lr=cfg.gcn_lr)}
     gens = {s: torch.Generator().manual_seed(seed + 10 + i) for i, s in enumerate(STAGES)}
     bw = domain_bandwidths(source, target)
     metrics: dict[str, float] = {
@@ -299,6 +396,8 @@ def adapt(cfg: Config, source: Graphs, source_val: Graphs, target: Unlabelled, r
                 nets[s].load_state_dict(state["nets"][s])
                 opts[s].load_state_dict(state["opts"][s])
             gens[s].set_state(state["gens"][s])
+        if disc is not None:
+            disc.load_state_dict(state["nets"]["disc"])
         metrics.update(state["metrics"])
         if state["evolved"] is not None:
             evolved = Graphs(**state["evolved"])
@@ -343,13 +442,16 @@ def adapt(cfg: Config, source: Graphs, source_val: Graphs, target: Unlabelled, r
             report.update(metrics)
         else:
             if train_set is None:
-                train_set, val_set = gcn_sets(source, source_val, evolved, n_val, select_by=cfg.select_by,
-                                              train_on=cfg.train_on)
-            loss = gcn_epoch(gcn, opts["gcn"], train_set, target, cfg.mmd_weight, gens["gcn"])
-            report["train/gcn_loss"] = loss
+                train_set, val_set = gcn_sets(source if whole is None else whole[0], source_val, evolved, n_val,
+                                              select_by=cfg.select_by, train_on=cfg.train_on)
             epoch = step - offset["gcn"]
+            loss, extra = gcn_epoch(gcn, opts["gcn"], train_set, target if whole is None else whole[1], cfg.mmd_weight,
+                                    gens["gcn"], disc=disc, dann_weight=cfg.dann_weight,
+                                    progress=(epoch - 1) / cfg.gcn_epochs)
+            report["train/gcn_loss"] = loss
+            report.update(extra)
             if val_set is not None:
-                f1 = f1_on(gcn, val_set, cfg.classes)
+                f1 = f1_on(gcn, val_set, classes)
                 report["eval/val_macro_f1"] = f1
                 if f1 > best["f1"]:
                     best = {"f1": f1, "epoch": epoch, "state": {k: v.clone() for k, v in gcn.state_dict().items()}}
