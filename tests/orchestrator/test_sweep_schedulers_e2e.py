@@ -1,7 +1,8 @@
 """Ray Tune's own schedulers (asha, median) run real sweeps of the synthetic curves workload end to
 end, on one local Ray and one MLflow store shared by the module: every trial is an MLflow child
 run that ends FINISHED (stopped ones tagged so) with every point it reported, also when the
-driver is killed mid-sweep and the sweep resumed; a cluster address that cannot be used is
+driver is killed mid-sweep and the sweep resumed (there, of a copy of curves that is the user's
+own package, outside the repo); a cluster address that cannot be used is
 refused within seconds, before anything is recorded.
 
 Trials are tiny (a 100-step curve, 20 reports, microseconds per step), so the cost is Tune's and
@@ -21,7 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import run_cli
+from conftest import REPO, run_cli
 from orchestrator import tracking
 from orchestrator.sweep import load_sweep_file
 from orchestrator.tune_run import format_trials, run_sweep
@@ -30,7 +31,7 @@ STEPS, EVERY = 100, 5
 SWEEP = """
 from orchestrator.sweep import Sweep
 # Best first: the final loss grows with the squared log distance from lr = 1e-2.
-sweep = Sweep(name="{name}", workload="curves", base="smoke",
+sweep = Sweep(name="{name}", workload="{workload}", base="smoke",
               overrides={{"steps": {steps}, "report_every": {every}, "checkpoint_every": 50}},
               points=tuple({{"lr": lr}} for lr in (1e-2, 2e-2, 5e-3, 5e-2, 2e-3, 1e-1)),
               scheduler="{scheduler}", scheduler_options={options}, objective=("eval/loss", "min"))
@@ -59,10 +60,22 @@ def shared(tmp_path_factory):
             ray.shutdown()
 
 
-def write_sweep(work, name: str, scheduler: str):
+def write_sweep(work, name: str, scheduler: str, workload: str = "curves"):
     path = work / f"{name}.py"
-    path.write_text(SWEEP.format(name=name, steps=STEPS, every=EVERY, scheduler=scheduler, options=OPTIONS[scheduler]))
+    path.write_text(SWEEP.format(name=name, workload=workload, steps=STEPS, every=EVERY, scheduler=scheduler,
+                                 options=OPTIONS[scheduler]))
     return path
+
+
+def own_copy_of_curves(work, package: str) -> str:
+    """The curves workload as a user's own package in the working folder, outside ladder: named by
+    its module path, imported by the driver and by every trial process from there."""
+    folder = work / package
+    folder.mkdir()
+    for name in ("__init__.py", "workload.py"):
+        text = (REPO / "workloads" / "curves" / name).read_text()
+        (folder / name).write_text(text.replace("workloads.curves.", f"{package}."))
+    return package
 
 
 def children(c, name: str) -> list:
@@ -167,7 +180,10 @@ def test_asha_sweep_resumes_after_its_driver_dies(shared, monkeypatch):
     import orchestrator.tune_run as tune_run
 
     started = time.monotonic()
-    sweep = load_sweep_file(write_sweep(shared.work, "asha", "asha"))
+    # A workload of the user's own, outside the repo: Tune's restored trials must import it again.
+    workload = own_copy_of_curves(shared.work, "mylab_curves")
+    sweep = load_sweep_file(write_sweep(shared.work, "asha", "asha", workload=workload))
+    assert sweep.load_workload().module.__file__.startswith(str(shared.work))
     armed = shared.work / "asha.armed"
     armed.touch()
     monkeypatch.setattr(tune_run, "_console_callback", lambda *args: dies_at_third_trial(armed))
@@ -182,6 +198,7 @@ def test_asha_sweep_resumes_after_its_driver_dies(shared, monkeypatch):
     assert not [t for t in result.trials if t["error"]], result.trials
     runs = children(shared.client, "asha")
     assert len(runs) == TRIALS, "a trial got a second MLflow run"
+    assert {r.data.tags["workload"] for r in runs} == {workload}
     stopped, points = assert_whole_curves(shared.client, runs, resumed=True)
     assert stopped == sum(t["stopped"] for t in result.trials) >= 1, "ASHA stopped no trial"
     assert shared.client.get_run(result.parent_run_id).info.status == "FINISHED"
