@@ -174,7 +174,7 @@ MODULE_SECONDS = {
     "tests/workloads/test_lmao.py": 50, "tests/workloads/test_swd_rl.py": 47, "tests/test_cluster_job.py": 46,
     "tests/orchestrator/test_sweep_schedulers_e2e.py": 45, "tests/workloads/test_pica.py": 36,
     "tests/workloads/test_dit.py": 35, "tests/orchestrator/test_tracking.py": 35,
-    "tests/workloads/test_mom.py": 32, "tests/workloads/test_diffgda.py": 27,
+    "tests/workloads/test_mom.py": 32, "tests/workloads/test_diffgda.py": 31,
     "tests/test_own_workload_doc.py": 24, "tests/test_infra.py": 22, "tests/kernels/test_attention.py": 20,
     "tests/workloads/test_tubal_fgd.py": 20, "tests/workloads/test_martingale_uq.py": 18,
     "tests/orchestrator/test_reproduce.py": 17, "tests/workloads/test_plop.py": 17,

@@ -13,6 +13,11 @@ moved) and a homophily shift (p_in, p_out) between the domains. Model selection 
 target label (`adapt` receives the target as `Unlabelled` graphs; `evaluate` is the only reader):
 the GCN's epoch is chosen on held-out evolved graphs by default.
 
+The papers' own tasks (`data_dir`, `source`, `target`): two whole attributed graphs read from the
+published .mat files (networks.py; ACMv9/Citationv1/DBLPv7, Blog1/Blog2), the GCN on each whole
+graph through a sparse adjacency, the diffusion on breadth-first subgraphs cut from them, and a
+DANN baseline (`mode="dann"`) beside source-only; `sweeps/repro/diffgda_real.py` runs them.
+
 The claims: guided evolution lands closer to the target domain than unguided evolution (MMD of
 node descriptors, and a fresh domain classifier's accuracy), and the GCN trained on the guided
 evolution beats the source-only GCN in target Macro-F1.

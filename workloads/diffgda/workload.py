@@ -65,7 +65,8 @@ class Config:
     source_graphs: int = 128
     """Labelled source graphs used for training (with data_dir: subgraphs of the source graph)."""
     source_val_graphs: int = 32
-    """Labelled source graphs held out (model selection with select_by='source')."""
+    """Labelled source graphs held out (model selection with select_by='source'; with data_dir,
+    source_val_frac holds out nodes instead)."""
     target_graphs: int = 64
     """Unlabelled target graphs (adaptation sees their x and A; their labels score the result); with
     data_dir, subgraphs of the target graph the guidance learns from (the whole graph is scored)."""
