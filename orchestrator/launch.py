@@ -131,38 +131,18 @@ def run_local(
 ) -> RunResult:
     """Train in this process. Exceptions mark the MLflow run FAILED (KILLED on Ctrl-C) and propagate."""
     from orchestrator import zero
-    from orchestrator.console import ProgressSink
     from orchestrator.run import LocalRun
+    from orchestrator.trial import TrialSpec, run_trial
 
     recorded = load_run_record(resume)["config"] if resume is not None else None
     zero.check_in_process(from_dict(registry.load(name).Config, recorded) if recorded else cfg)
     workload, cfg, run_dir, run_id, uri = _prepare(name, cfg, resume, track, "local", tags or {})
-    sinks: list[Any] = []
-    if run_id:
-        skip = tracking.last_recorded_step(run_id, uri) if resume is not None else None
-        mlflow_sink = tracking.MlflowSink(run_id, uri, skip_through=skip, outbox_dir=outbox.default_dir())
-        mlflow_sink.set_tags({"ladder.world_size": "1", "ladder.backend": "none"})
-        sinks.append(mlflow_sink)
-    if progress:
-        sinks.append(ProgressSink(name))
-    wandb_sink = tracking.WandbSink(f"ladder-{name}", run_dir.name, to_dict(cfg)) if wandb else None
-    if wandb_sink:
-        sinks.append(wandb_sink)
-    run = LocalRun(run_dir, sinks=sinks, identity=checkpoints.identity(name, to_dict(cfg)))
+    spec = TrialSpec.of(name, cfg, run_id=run_id, tracking_uri=uri, skip_recorded=resume is not None,
+                        outbox_dir=str(outbox.default_dir()), progress=name if progress else None,
+                        wandb={"project": f"ladder-{name}", "name": run_dir.name} if wandb else None,
+                        record_final=False, tags={"ladder.world_size": "1", "ladder.backend": "none"})
     started = time.monotonic()
-    status = "FAILED"
-    try:
-        metrics = workload.train(cfg, run)
-        status = "FINISHED"
-    except KeyboardInterrupt:
-        status = "KILLED"
-        raise
-    finally:
-        run.close()
-        if wandb_sink:
-            wandb_sink.finish()
-        if run_id:
-            tracking.end_run(run_id, status, uri=uri, outbox_dir=outbox.default_dir())
+    metrics, run = run_trial(spec, lambda sinks: LocalRun(run_dir, sinks=sinks, identity=spec.identity))
     return RunResult(name, metrics, run_dir, run_id, uri, time.monotonic() - started, run.history)
 
 
@@ -329,35 +309,17 @@ def run_ray(
 
 def _fit_run(name: str, cfg: Any, run_dir: Path, run_id: str | None, uri: str | None, workers: int,
              cpus_per_worker: float, max_failures: int, progress: bool, wandb: bool = False) -> Any:
-    import ray.train
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from orchestrator.ray_train import trainer
+    from orchestrator.trial import TrialSpec
 
-    from orchestrator.ray_train import worker_entry
-
-    trainer = TorchTrainer(
-        worker_entry,
-        train_loop_config={
-            "workload": name,
-            "config": to_dict(cfg),
-            "mlflow_run_id": run_id,
-            "tracking_uri": uri,
-            "cpus_per_worker": cpus_per_worker,
-            "progress": progress,
-            "outbox_dir": str(outbox.default_dir()),
-            "wandb": {"project": f"ladder-{name}", "name": run_dir.name} if wandb else None,
-        },
-        torch_config=TorchConfig(backend="gloo"),
-        scaling_config=ray.train.ScalingConfig(num_workers=workers, resources_per_worker={"CPU": cpus_per_worker}),
-        run_config=ray.train.RunConfig(
-            # The run folder's name is the Train run name, so fitting it again resumes it.
-            name=run_dir.name,
-            storage_path=str(run_dir.parent.parent / "ray"),
-            failure_config=ray.train.FailureConfig(max_failures=max_failures),
-            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
-            logging_config=ray.train.LoggingConfig(log_level="WARNING"),
-        ),
-    )
-    return trainer.fit()
+    # The MLflow run is this driver's to end; a restarted worker group skips the steps recorded.
+    spec = TrialSpec.of(name, cfg, run_id=run_id, tracking_uri=uri, skip_recorded=True,
+                        outbox_dir=str(outbox.default_dir()), progress=name if progress else None,
+                        wandb={"project": f"ladder-{name}", "name": run_dir.name} if wandb else None,
+                        record_final=False, end_run=False)
+    # The run folder's name is the Train run name, so fitting it again resumes it.
+    return trainer(spec, workers=workers, cpus_per_worker=cpus_per_worker, name=run_dir.name,
+                   storage=str(run_dir.parent.parent / "ray"), max_failures=max_failures).fit()
 
 
 def summary(result: RunResult) -> str:

@@ -107,8 +107,8 @@ class RayReports:
 
 
 class RayTrainRun:
-    def __init__(self, *, sinks: list[Any], cpus_per_worker: float, zero: ZeroSpec | None = None,
-                 identity: dict[str, Any] | None = None) -> None:
+    def __init__(self, *, sinks: list[Any], zero: ZeroSpec | None = None, identity: dict[str, Any] | None = None,
+                 cpus_per_worker: float = 0) -> None:
         import ray.train
         import ray.train.torch
 
@@ -121,9 +121,10 @@ class RayTrainRun:
         self.report, self.flush = self._ray.report, self._ray.flush
         self.zero = zero or ZeroSpec()
         self.engine: Any = None  # the DeepSpeed engine, once prepare built one
-        # Ray caps OMP threads of an actor at its CPU reservation; torch must agree or a
-        # 2-CPU worker trains on one thread.
-        torch.set_num_threads(max(1, int(cpus_per_worker)))
+        if cpus_per_worker:  # a caller without a TrialSpec (whose `threads` otherwise sets this)
+            # Ray caps OMP threads of an actor at its CPU reservation; torch must agree or a
+            # 2-CPU worker trains on one thread.
+            torch.set_num_threads(max(1, int(cpus_per_worker)))
 
     def save(self, state: dict[str, Any]) -> None:
         if self.engine is None:
@@ -192,50 +193,47 @@ def _quiet_train_reports() -> None:
 
 
 def worker_entry(loop_config: dict[str, Any]) -> dict[str, float]:
-    """`train_loop_per_worker` for TorchTrainer: rebuild the config, wire the sinks, train."""
+    """`train_loop_per_worker` for TorchTrainer: run the trial of `loop_config["spec"]` on this
+    worker (`trial.run_trial`); rank 0 reports to the sinks, the others only to Ray."""
     import ray.train
 
-    from orchestrator import registry
-    from orchestrator.config import from_dict
+    from orchestrator.trial import run_trial
 
+    spec = loop_config["spec"]
     if not loop_config.get("verbose"):
         _quiet_train_reports()
-    workload = registry.load(loop_config["workload"])
-    cfg = from_dict(workload.Config, loop_config["config"])
-    sinks: list[Any] = []
-    if ray.train.get_context().get_world_rank() == 0:
-        from orchestrator.console import ProgressSink
-        from orchestrator.tracking import MlflowSink
+    ctx = ray.train.get_context()
+    # Recorded from inside the worker group: what ran, not what was asked for.
+    tags = {"ladder.world_size": str(ctx.get_world_size()), "ladder.backend": _backend()}
+    zero = zero_engine.spec_of(spec.load()[1])
+    final, _ = run_trial(spec, lambda sinks: RayTrainRun(sinks=sinks, zero=zero, identity=spec.identity),
+                         with_sinks=ctx.get_world_rank() == 0, tags=tags)
+    return final  # rank 0's becomes Result.return_value
 
-        if loop_config.get("mlflow_run_id"):
-            from orchestrator.tracking import last_recorded_step
 
-            run_id, uri = loop_config["mlflow_run_id"], loop_config["tracking_uri"]
-            sink = MlflowSink(run_id, uri, skip_through=last_recorded_step(run_id, uri),
-                              outbox_dir=loop_config.get("outbox_dir"), spool=bool(loop_config.get("spool")))
-            # Recorded from inside the worker group: what ran, not what was asked for.
-            ctx = ray.train.get_context()
-            sink.set_tags({"ladder.world_size": str(ctx.get_world_size()), "ladder.backend": _backend()})
-            sinks.append(sink)
-        if loop_config.get("progress", True):
-            sinks.append(ProgressSink(loop_config["workload"]))
-        if loop_config.get("wandb"):
-            from orchestrator.config import flatten
-            from orchestrator.tracking import WandbSink
+def trainer(spec: Any, *, workers: int, cpus_per_worker: float, name: str, storage: str, gpus_per_worker: float = 0,
+            max_failures: int = 0, callbacks: list[Any] | None = None, verbose: bool = False) -> Any:
+    """The TorchTrainer that runs `spec` (a `trial.TrialSpec`) on `workers` workers: gloo on CPU,
+    NCCL between GPU workers. Its run `name` under `storage` is deterministic, so fitting the same
+    name again resumes from its checkpoints."""
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
 
-            w = loop_config["wandb"]
-            sinks.append(WandbSink(w["project"], w["name"], flatten(cfg), group=w.get("group")))
-    from orchestrator.checkpoints import identity
-
-    run = RayTrainRun(sinks=sinks, cpus_per_worker=loop_config["cpus_per_worker"], zero=zero_engine.spec_of(cfg),
-                      identity=identity(loop_config["workload"], loop_config["config"]))
-    from orchestrator.tracking import finish_quietly
-
-    try:
-        final = workload.train(cfg, run)
-        run.flush()
-        for sink in run.sinks:
-            sink.flush()
-    finally:
-        finish_quietly(run.sinks)
-    return {k: float(v) for k, v in final.items()}  # rank 0's becomes Result.return_value
+    return TorchTrainer(
+        worker_entry,
+        train_loop_config={"spec": spec.with_(threads=max(1, int(cpus_per_worker))), "verbose": verbose},
+        torch_config=TorchConfig(backend="nccl" if gpus_per_worker else "gloo"),
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=workers,
+            use_gpu=bool(gpus_per_worker),
+            resources_per_worker={"CPU": cpus_per_worker, **({"GPU": gpus_per_worker} if gpus_per_worker else {})},
+        ),
+        run_config=ray.train.RunConfig(
+            name=name,
+            storage_path=storage,
+            callbacks=callbacks or [],
+            failure_config=ray.train.FailureConfig(max_failures=max_failures),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
+            logging_config=ray.train.LoggingConfig(log_level="WARNING"),
+        ),
+    )

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from orchestrator import checkpoints, claims as judging, registry, tracking
+from orchestrator import claims as judging, registry, tracking
 from orchestrator.config import ConfigError, apply_overrides, flatten, redacted, to_dict, to_json
 from orchestrator.sweep import Sweep, SweepError
 
@@ -353,8 +353,8 @@ Ran = tuple[list[Trial], dict[str, dict[str, Any]], list[str], str | None, str |
 def _run_local(sweep: Sweep, tags: Mapping[str, str]) -> Ran:
     """Every trial in this process, one after another, each its own MLflow child run."""
     from orchestrator import zero
-    from orchestrator.console import ProgressSink
     from orchestrator.run import LocalRun
+    from orchestrator.trial import TrialSpec, run_trial
 
     workload = sweep.load_workload()
     base = sweep.check()
@@ -381,22 +381,14 @@ def _run_local(sweep: Sweep, tags: Mapping[str, str]) -> Ran:
                   "ladder.sweep_id": sweep_id, "ladder.trial_params": json.dumps(redacted(dict(params)), default=str)},
         )
         tracking.log_text(run_id, to_json(cfg), "config.json", uri=uri)
-        sink = tracking.MlflowSink(run_id, uri)
-        run = LocalRun(root / trial_id, sinks=[sink, ProgressSink(f"{sweep.workload}/{trial_id}")],
-                       identity=checkpoints.identity(sweep.workload, to_dict(cfg)))
-        status = "FAILED"
+        spec = TrialSpec.of(sweep.workload, cfg, run_id=run_id, tracking_uri=uri,
+                            progress=f"{sweep.workload}/{trial_id}")
         try:
-            final = workload.train(cfg, run)
-            sink.flush()
-            tracking.set_final(run_id, final, uri=uri)
+            final, _ = run_trial(spec, lambda sinks: LocalRun(root / trial_id, sinks=sinks, identity=spec.identity))
             trials.append(trial_record(cfg, final, trial_id))
-            status = "FINISHED"
-        except Exception as exc:
+        except Exception as exc:  # the trial's run is ended FAILED; the others still run
             failed.append(f"{trial_id} {params}: {type(exc).__name__}: {exc}")
             traceback.print_exc()
-        finally:
-            run.close()
-            tracking.end_run(run_id, status, uri=uri)
     tracking.end_run(parent, "FINISHED", uri=uri)
     return trials, ran, failed, parent, uri
 

@@ -21,6 +21,7 @@ from orchestrator.console import quiet_tune, stop_reason
 from orchestrator.ray_train import RayReports
 from orchestrator.sweep import MODEL_BASED_CONCURRENCY, Sweep, SweepError
 from orchestrator.sweep_summary import log_sweep_summary
+from orchestrator.trial import TrialSpec, run_trial
 
 SWEEPS_DIR = "ladder-runs/sweeps"
 RUNS_DIR_ENV = "LADDER_RUNS_DIR"
@@ -116,35 +117,20 @@ def trial_main(config: dict[str, Any], meta: dict[str, Any]) -> None:
         ctx = ray.get_runtime_context()
         tracking.set_tags(run_id, {"ladder.node_id": ctx.get_node_id(), "ladder.node_ip": ray.util.get_node_ip_address()},
                           uri=uri)
-    status, recorded = "FAILED", False
+    spec = TrialSpec.of(meta["workload"], cfg, run_id=run_id, tracking_uri=uri, skip_recorded=True,
+                        outbox_dir=meta.get("outbox_dir"), spool=True,
+                        wandb={"project": f"ladder-{meta['sweep']}", "name": f"{meta['sweep']}-{trial_id}",
+                               "group": meta["sweep_id"]} if meta.get("wandb") else None)
+    if meta.get("in_trial", meta["workers"] == 1):
+        run_trial(spec.with_(threads=max(1, int(meta["cpus_per_worker"]))),
+                  lambda sinks: TuneRun(sinks=sinks, identity=spec.identity))
+        return
+    # Several workers: a Ray Train run inside the trial, whose workers report into the trial's
+    # MLflow run; this process records the final metrics and ends the run.
+    status = "FAILED"
     try:
-        if meta.get("in_trial", meta["workers"] == 1):
-            import torch
-
-            torch.set_num_threads(max(1, int(meta["cpus_per_worker"])))
-            skip = tracking.last_recorded_step(run_id, uri) if run_id else None
-            sinks: list[Any] = [tracking.MlflowSink(run_id, uri, skip_through=skip, outbox_dir=meta.get("outbox_dir"),
-                                                    spool=True)] if run_id else []
-            if meta.get("wandb"):
-                sinks.append(tracking.WandbSink(f"ladder-{meta['sweep']}", f"{meta['sweep']}-{trial_id}", flatten(cfg),
-                                                group=meta["sweep_id"]))
-            from orchestrator.checkpoints import identity
-
-            run = TuneRun(sinks=sinks, identity=identity(meta["workload"], to_dict(cfg)))
-            try:
-                final = workload.train(cfg, run)
-                if run_id:  # before the last report reaches Tune, which may stop the trial right there (ASHA at max_t)
-                    tracking.set_final(run_id, final, uri=uri, outbox_dir=meta.get("outbox_dir"))
-                    recorded = True
-                run.flush()
-            finally:
-                # Also when the loop raised, or Tune stopped the trial (SystemExit in its report):
-                # what is not sent now waits in the outbox for the driver.
-                _flush_quietly(sinks)
-                tracking.finish_quietly(sinks)
-        else:
-            final = _fit_train(meta, cfg, trial_id, run_id)
-        if run_id and not recorded:
+        final = _fit_train(meta, spec.with_(record_final=False, end_run=False), trial_id)
+        if run_id:
             tracking.set_final(run_id, final, uri=uri, outbox_dir=meta.get("outbox_dir"))
         status = "FINISHED"
     finally:
@@ -183,56 +169,16 @@ def _graceful(fn: Any) -> Any:
     return Graceful
 
 
-def _flush_quietly(sinks: list[Any]) -> None:
-    for sink in sinks:
-        try:
-            sink.flush()
-        except Exception as exc:  # never hide why the trial ended; the outbox keeps the points
-            tracking.warn(f"could not flush the trial's metrics ({type(exc).__name__}: {exc}); "
-                          "the sweep's driver sends them when the trial ends")
-
-
-def _fit_train(meta: Mapping[str, Any], cfg: Any, trial_id: str, run_id: str | None) -> dict[str, float]:
-    import ray.train
-    from ray.train.torch import TorchConfig, TorchTrainer
+def _fit_train(meta: Mapping[str, Any], spec: TrialSpec, trial_id: str) -> dict[str, float]:
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    from orchestrator.ray_train import worker_entry
+    from orchestrator.ray_train import trainer
 
-    trainer = TorchTrainer(
-        worker_entry,
-        train_loop_config={
-            "workload": meta["workload"],
-            "config": to_dict(cfg),
-            "mlflow_run_id": run_id,
-            "tracking_uri": meta.get("tracking_uri"),
-            "cpus_per_worker": meta["cpus_per_worker"],
-            "progress": False,
-            "outbox_dir": meta.get("outbox_dir"),
-            "spool": True,
-            "wandb": {"project": f"ladder-{meta['sweep']}", "name": f"{meta['sweep']}-{trial_id}",
-                      "group": meta["sweep_id"]} if meta.get("wandb") else None,
-            "verbose": bool(meta.get("verbose")),
-        },
-        # NCCL between GPU workers; gloo on CPU.
-        torch_config=TorchConfig(backend="nccl" if meta.get("gpus_per_worker") else "gloo"),
-        scaling_config=ray.train.ScalingConfig(
-            num_workers=meta["workers"],
-            use_gpu=bool(meta.get("gpus_per_worker")),
-            resources_per_worker={"CPU": meta["cpus_per_worker"],
-                                  **({"GPU": meta["gpus_per_worker"]} if meta.get("gpus_per_worker") else {})},
-        ),
-        run_config=ray.train.RunConfig(
-            # A deterministic name makes a Tune-level retry resume this Train run.
-            name=f"train-{trial_id}",
-            storage_path=meta["storage"],
-            callbacks=[TuneReportCallback()],
-            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
-            logging_config=ray.train.LoggingConfig(log_level="WARNING"),
-        ),
-    )
-    result = trainer.fit()
-    return dict(result.return_value or {})
+    # A deterministic name makes a Tune-level retry resume this Train run.
+    fit = trainer(spec, workers=meta["workers"], cpus_per_worker=meta["cpus_per_worker"],
+                  gpus_per_worker=meta.get("gpus_per_worker") or 0, name=f"train-{trial_id}", storage=meta["storage"],
+                  callbacks=[TuneReportCallback()], verbose=bool(meta.get("verbose"))).fit()
+    return dict(fit.return_value or {})
 
 
 @dataclass

@@ -1,0 +1,134 @@
+"""One trial, run one way: the spec of a trial and the function that runs it.
+
+Every place that trains a workload builds its `Run` and hands a `TrialSpec` to `run_trial`:
+`ladder run` in this process (`launch.run_local`), each Ray Train worker (`ray_train.worker_entry`,
+for `ladder run --workers N` and for multi-worker Tune trials), each single-worker Tune trial
+(`tune_run.trial_main`) and each trial of a local reproduction (`reproduce`). `run_trial` does the
+rest the same way everywhere: the config rebuilt from the spec, torch's CPU threads, the sinks
+(MLflow, console progress, wandb), the workload's `train`, the flushes, the final metrics
+recorded and the tracking run ended with its status. The spec is frozen and pickles to Ray's
+workers as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping
+
+from orchestrator import checkpoints, registry, tracking
+from orchestrator.config import flatten, from_dict, to_dict
+
+STATUS_FINISHED, STATUS_FAILED, STATUS_KILLED = "FINISHED", "FAILED", "KILLED"
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """Everything a process needs to run one trial of a workload, and nothing it must look up."""
+
+    workload: str
+    """A name `registry.load` accepts: built-in, plugin or module path."""
+    config: Mapping[str, Any]
+    """The workload's Config as `config.to_dict` gives it."""
+    run_id: str | None = None
+    """The MLflow run the trial reports into (opened by the caller); None: not tracked."""
+    tracking_uri: str | None = None
+    skip_recorded: bool = False
+    """Steps the run already recorded are not sent again: a resumed run, a restarted trial or worker group."""
+    outbox_dir: str | None = None
+    """Where metrics wait while the tracking server cannot be reached (`outbox`)."""
+    spool: bool = False
+    """Metrics go through the outbox first (trials of a sweep, whose driver sends what is left)."""
+    progress: str | None = None
+    """The console progress line's label; None: no progress line."""
+    wandb: Mapping[str, Any] | None = None
+    """`{"project", "name", "group"}` of a Weights & Biases run to log to as well."""
+    threads: int = 0
+    """torch's CPU threads while training (0: leave torch's setting)."""
+    record_final: bool = True
+    """Record what `train` returned as the run's final metrics."""
+    end_run: bool = True
+    """End the MLflow run with the trial's status here (False where the caller ends it)."""
+    tags: Mapping[str, str] = field(default_factory=dict)
+    """Tags the trial sets on its run when it starts."""
+
+    @classmethod
+    def of(cls, workload: str, cfg: Any, **fields: Any) -> TrialSpec:
+        return cls(workload=workload, config=to_dict(cfg), **fields)
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        """What the trial's checkpoints belong to (`checkpoints.identity`)."""
+        return checkpoints.identity(self.workload, dict(self.config))
+
+    def load(self) -> tuple[registry.Workload, Any]:
+        """The workload module and the Config, rebuilt (and checked) from the spec."""
+        workload = registry.load(self.workload)
+        return workload, from_dict(workload.Config, dict(self.config))
+
+    def with_(self, **changes: Any) -> TrialSpec:
+        return replace(self, **changes)
+
+
+def sinks_for(spec: TrialSpec, cfg: Any, *, tags: Mapping[str, str] | None = None) -> list[Any]:
+    """The trial's sinks: its MLflow run (with `tags` and the spec's tags set), the console
+    progress line, wandb."""
+    sinks: list[Any] = []
+    if spec.run_id:
+        skip = tracking.last_recorded_step(spec.run_id, spec.tracking_uri) if spec.skip_recorded else None
+        sink = tracking.MlflowSink(spec.run_id, spec.tracking_uri, skip_through=skip, outbox_dir=spec.outbox_dir,
+                                   spool=spec.spool)
+        all_tags = {**spec.tags, **(tags or {})}
+        if all_tags:
+            sink.set_tags(all_tags)
+        sinks.append(sink)
+    if spec.progress:
+        from orchestrator.console import ProgressSink
+
+        sinks.append(ProgressSink(spec.progress))
+    if spec.wandb:
+        w = spec.wandb
+        sinks.append(tracking.WandbSink(w["project"], w["name"], flatten(cfg), group=w.get("group")))
+    return sinks
+
+
+def flush_quietly(sinks: list[Any]) -> None:
+    """Flush every sink; a failure is reported, never raised over the trial's own outcome (the
+    outbox keeps the points for the driver or `ladder sync`)."""
+    for sink in sinks:
+        try:
+            sink.flush()
+        except Exception as exc:
+            tracking.warn(f"could not flush the trial's metrics ({type(exc).__name__}: {exc}); "
+                          "they wait in the outbox for the sweep's driver or `ladder sync`")
+
+
+def run_trial(spec: TrialSpec, make_run: Callable[[list[Any]], Any], *, with_sinks: bool = True,
+              tags: Mapping[str, str] | None = None) -> tuple[dict[str, float], Any]:
+    """Run one trial: `make_run(sinks)` builds the `Run` for where it trains (`with_sinks` False: a
+    Ray Train worker of rank > 0, which reports nowhere itself). Returns the final metrics and the
+    Run. On an exception (or Ctrl-C, recorded KILLED) the run is ended FAILED and it propagates."""
+    from orchestrator.run import pinned_threads
+
+    workload, cfg = spec.load()
+    sinks = sinks_for(spec, cfg, tags=tags) if with_sinks else []
+    run = make_run(sinks)
+    status = STATUS_FAILED
+    try:
+        with pinned_threads(spec.threads):
+            final = {k: float(v) for k, v in workload.train(cfg, run).items()}
+        if spec.run_id and spec.record_final:
+            # Before the last report reaches Ray: a scheduler may stop a Tune trial right there.
+            tracking.set_final(spec.run_id, final, uri=spec.tracking_uri, outbox_dir=spec.outbox_dir)
+        if hasattr(run, "flush"):
+            run.flush()
+        status = STATUS_FINISHED
+    except KeyboardInterrupt:
+        status = STATUS_KILLED
+        raise
+    finally:
+        # Also when the loop raised, or Tune stopped the trial (SystemExit in its report).
+        flush_quietly(sinks)
+        tracking.finish_quietly(sinks)
+        if spec.run_id and spec.end_run:
+            tracking.end_run(spec.run_id, status, uri=spec.tracking_uri, outbox_dir=spec.outbox_dir)
+    return final, run
