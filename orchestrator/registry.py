@@ -92,12 +92,27 @@ class Workload:
     def smoke(self) -> Any:
         return self.module.smoke()
 
+    @property
+    def max_workers(self) -> int | None:
+        """How many Ray Train workers one trial may use: the module's `MAX_WORKERS` (None: any)."""
+        return getattr(self.module, "MAX_WORKERS", None)
+
+    def threads(self, cfg: Any) -> int:
+        """torch's CPU threads for a trial of `cfg`: its `threads` field when the Config has one (0:
+        the runner's choice)."""
+        return int(getattr(cfg, "threads", 0) or 0)
+
     def validate(self, cfg: Any, *, world_size: int = 1) -> None:
-        """Check the config's ZeRO fields (`orchestrator.zero`) and run the workload's optional
-        `validate(cfg, world_size)` hook; a ValueError from either becomes a ConfigError."""
+        """Check the worker count against `MAX_WORKERS`, the config's ZeRO fields
+        (`orchestrator.zero`), and run the workload's optional `validate(cfg, world_size)` hook; a
+        ValueError from any becomes a ConfigError."""
         from orchestrator import zero
 
         hook = getattr(self.module, "validate", None)
+        limit = self.max_workers
+        if limit is not None and world_size > limit:
+            raise ConfigError(f"{self.name} trains a trial on at most {limit} worker{'s' if limit > 1 else ''} "
+                              f"(its MAX_WORKERS), got {world_size}: use workers={limit}")
         try:
             zero.check(cfg)  # the optional ZeRO fields, for every workload that has them
             if hook is not None:

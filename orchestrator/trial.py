@@ -43,7 +43,8 @@ class TrialSpec:
     wandb: Mapping[str, Any] | None = None
     """`{"project", "name", "group"}` of a Weights & Biases run to log to as well."""
     threads: int = 0
-    """torch's CPU threads while training (0: leave torch's setting)."""
+    """torch's CPU threads while training, unless the Config's own `threads` field sets them (0:
+    leave torch's setting)."""
     record_final: bool = True
     """Record what `train` returned as the run's final metrics."""
     end_run: bool = True
@@ -114,7 +115,9 @@ def run_trial(spec: TrialSpec, make_run: Callable[[list[Any]], Any], *, with_sin
     run = make_run(sinks)
     status = STATUS_FAILED
     try:
-        with pinned_threads(spec.threads):
+        workload.validate(cfg, world_size=run.world_size)  # MAX_WORKERS, enforced where the trial runs
+        # The workload's own `threads` field wins over the runner's choice (its CPU reservation).
+        with pinned_threads(workload.threads(cfg) or spec.threads):
             final = {k: float(v) for k, v in workload.train(cfg, run).items()}
         if spec.run_id and spec.record_final:
             # Before the last report reaches Ray: a scheduler may stop a Tune trial right there.
