@@ -10,6 +10,8 @@ import math
 import pytest
 import torch
 
+from orchestrator import registry
+from orchestrator.config import ConfigError
 from orchestrator.run import LocalRun
 from workloads.car_lora import CLAIMS, Config, plot, smoke, train, validate
 from workloads.car_lora import compress as C
@@ -232,8 +234,11 @@ def test_task_split_is_disjoint_seeded_and_labels_only_the_answer(tiny_base):
 def test_bad_configs_name_the_problem(change, message):
     with pytest.raises(ValueError, match=message):
         validate(dataclasses.replace(Config(), **change))
-    with pytest.raises(ValueError, match="workers=1"):
-        validate(Config(), world_size=2)
+
+
+def test_more_than_one_worker_is_refused():
+    with pytest.raises(ConfigError, match="workers=1"):
+        registry.load("car_lora").validate(Config(), world_size=2)
 
 
 # --- claims --------------------------------------------------------------------------------------

@@ -8,6 +8,8 @@ import pytest
 import torch
 
 import workloads.consistent_lra as clra
+from orchestrator import registry
+from orchestrator.config import ConfigError
 from orchestrator.run import LocalRun
 from workloads.consistent_lra.algorithms import (
     ConsistentLRA,
@@ -193,8 +195,8 @@ def test_bad_configs_name_the_problem(change, match):
 
 
 def test_more_than_one_worker_is_refused():
-    with pytest.raises(ValueError, match="workers=1"):
-        clra.validate(clra.smoke(), world_size=2)
+    with pytest.raises(ConfigError, match="workers=1"):
+        registry.load("consistent_lra").validate(clra.smoke(), world_size=2)
 
 
 class _Killed(Exception):

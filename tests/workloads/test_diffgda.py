@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from orchestrator import registry
+from orchestrator.config import ConfigError
 from orchestrator.run import LocalRun
 from workloads.diffgda import CHECKS, CLAIMS, Config, plot, smoke, train, validate
 from workloads.diffgda import workload as wl
@@ -27,7 +29,7 @@ from conftest import judged_claim
 
 @pytest.fixture(autouse=True)
 def one_thread():
-    """These tensors are tiny: threads would only contend (train() pins its own)."""
+    """These tensors are tiny: threads would only contend (the runner pins a trial's to Config.threads)."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -320,12 +322,6 @@ def test_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
     assert again == pytest.approx(whole, rel=1e-6, nan_ok=True)
 
 
-def test_train_restores_torch_threads(tmp_path):
-    before = torch.get_num_threads()
-    train(tiny(mode="source_only", select_by="source", threads=1), LocalRun(tmp_path))
-    assert torch.get_num_threads() == before
-
-
 # --- configs ------------------------------------------------------------------------------------
 
 
@@ -361,8 +357,8 @@ def test_bad_configs_name_the_problem(change, message):
 
 
 def test_more_than_one_worker_is_refused():
-    with pytest.raises(ValueError, match="workers=1"):
-        validate(Config(), world_size=2)
+    with pytest.raises(ConfigError, match="workers=1"):
+        registry.load("diffgda").validate(Config(), world_size=2)
 
 
 # --- claims -------------------------------------------------------------------------------------

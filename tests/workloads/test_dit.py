@@ -10,10 +10,12 @@ import math
 import pytest
 import torch
 
+from orchestrator import registry
 from orchestrator.basemodel import load_base
 from orchestrator.basemodel.adapters import LLAMA_LINEAR_TYPES
 from orchestrator.basemodel.corpus import TOPICS
 from orchestrator.claims import spec_of
+from orchestrator.config import ConfigError
 from orchestrator.run import LocalRun
 from workloads.dit import CHECKS, CLAIMS, Config, plot, train, validate
 from workloads.dit.claims import (
@@ -214,8 +216,8 @@ def test_bad_configs_name_the_problem(change, message):
 
 
 def test_more_than_one_worker_is_refused():
-    with pytest.raises(ValueError, match="workers=1"):
-        validate(Config(), world_size=2)
+    with pytest.raises(ConfigError, match="workers=1"):
+        registry.load("dit").validate(Config(), world_size=2)
 
 
 def test_unknown_target_and_question_words_fail_before_training(tmp_path, ladder_cache):

@@ -10,7 +10,9 @@ import math
 import pytest
 import torch
 
+from orchestrator import registry
 from orchestrator.claims import spec_of
+from orchestrator.config import ConfigError
 from orchestrator.run import LocalRun
 from workloads.frl import claims as C
 from workloads.frl import workload as W
@@ -305,8 +307,8 @@ def test_bad_configs_name_the_problem(changes, match):
 
 
 def test_more_than_one_worker_is_refused():
-    with pytest.raises(ValueError, match="1 worker"):
-        W.validate(W.Config(), world_size=2)
+    with pytest.raises(ConfigError, match="workers=1"):
+        registry.load("frl").validate(W.Config(), world_size=2)
 
 
 # --- training --------------------------------------------------------------------------------
@@ -325,12 +327,6 @@ def test_frl_trains_in_two_dimensions(backbone, tmp_path):
     for f in (1, 2, 4):
         assert math.isfinite(final[f"eval/rel_l2/x{f}"]) and math.isfinite(final[f"eval/rel_l2_grid/x{f}"])
     assert final["eval/solver_rel_l2/x4"] < 1e-9  # at the reference grid the solver is the DNS
-
-
-def test_train_restores_the_thread_setting(tmp_path):
-    torch.set_num_threads(2)
-    W.train(dataclasses.replace(W.Config(), **TINY_NS, threads=1), LocalRun(tmp_path))
-    assert torch.get_num_threads() == 2
 
 
 @pytest.mark.slow

@@ -10,7 +10,9 @@ import math
 import pytest
 import torch
 
+from orchestrator import registry
 from orchestrator.claims import spec_of
+from orchestrator.config import ConfigError
 from orchestrator.run import LocalRun
 from workloads.lmao import CHECKS, CLAIMS, Config, plot, smoke, train, validate
 from workloads.lmao import data, zo
@@ -182,13 +184,16 @@ def test_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path, tiny_base):
 def test_bad_configs_name_the_problem(change, message):
     with pytest.raises(ValueError, match=message):
         validate(dataclasses.replace(Config(), **change))
-    with pytest.raises(ValueError, match="workers=1"):
-        validate(Config(), world_size=2)
 
 
 def test_unknown_lora_target_is_refused_with_the_choices(tmp_path, tiny_base):
     with pytest.raises(ValueError, match="choose among"):
         train(dataclasses.replace(smoke(), lora_targets=("qkv",)), LocalRun(tmp_path))
+
+
+def test_more_than_one_worker_is_refused():
+    with pytest.raises(ConfigError, match="workers=1"):
+        registry.load("lmao").validate(Config(), world_size=2)
 
 
 # --- claims -------------------------------------------------------------------------------------

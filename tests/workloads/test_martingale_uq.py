@@ -17,6 +17,8 @@ from scipy import stats
 from conftest import judged_claim
 from orchestrator.run import LocalRun
 from orchestrator.claims import spec_of
+from orchestrator import registry
+from orchestrator.config import ConfigError
 from workloads.martingale_uq import CHECKS, CLAIMS, Config, plot, smoke, train, validate
 from workloads.martingale_uq import bytemodel, imagedata, pixelmodel, tabular
 from workloads.martingale_uq.claims import (
@@ -31,8 +33,9 @@ from workloads.martingale_uq.posterior import (
 
 @pytest.fixture(autouse=True)
 def one_thread():
-    """The workload pins torch to one thread; tests calling its parts directly do the same (two
-    threads on these small tensors run many times slower on a loaded machine)."""
+    """The runner pins a trial to one thread (Config.threads); tests calling train or its parts
+    directly do the same (two threads on these small tensors run many times slower on a loaded
+    machine)."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -290,8 +293,8 @@ def test_bad_configs_name_the_problem(change, message):
 
 
 def test_more_than_one_worker_is_refused():
-    with pytest.raises(ValueError, match="workers=1"):
-        validate(Config(), world_size=2)
+    with pytest.raises(ConfigError, match="workers=1"):
+        registry.load("martingale_uq").validate(Config(), world_size=2)
 
 
 # --- the loop and resumption ------------------------------------------------------------------
@@ -318,12 +321,6 @@ def test_resumed_run_holds_the_repetitions_done_and_ends_like_an_unbroken_one(tm
     assert resumed.restored_step == cfg.em_iters + 40
     assert again == whole  # the same repetitions, drawn from the same per-chunk streams
     assert resumed.history[0][0] > cfg.em_iters + 40  # no EM step and no finished chunk was redone
-
-
-def test_train_restores_torch_threads(tmp_path):
-    before = torch.get_num_threads()
-    train(dataclasses.replace(smoke(), ns=(5,), repetitions=10), LocalRun(tmp_path))
-    assert torch.get_num_threads() == before
 
 
 # --- claims -----------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ def test_bad_configs_name_the_fix(tmp_path):
         w.validate(m.Config(scale_format="ue3m4"))
     with pytest.raises(ConfigError, match="no run.json"):
         w.validate(m.Config(lm_checkpoint=str(tmp_path)))
-    with pytest.raises(ConfigError, match="--workers 1"):
+    with pytest.raises(ConfigError, match="workers=1"):
         w.validate(m.smoke(), world_size=2)
 
 

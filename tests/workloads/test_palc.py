@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from conftest import assert_claims_hold
+from orchestrator import registry
 from orchestrator.basemodel import base_world, load_base
 from orchestrator.claims import spec_of
+from orchestrator.config import ConfigError
 from workloads.palc import CHECKS, CLAIMS, plot, smoke, validate
 from workloads.palc.claims import (
     base_untouched, gamma_zero_is_base, latency_within_budget, preference_accuracy_rises, share_rises_with_gamma,
@@ -193,8 +195,8 @@ def test_bad_configs_name_the_problem(change, message):
 
 
 def test_more_than_one_worker_is_refused():
-    with pytest.raises(ValueError, match="workers=1"):
-        validate(smoke(), world_size=2)
+    with pytest.raises(ConfigError, match="workers=1"):
+        registry.load("palc").validate(smoke(), world_size=2)
 
 
 # --- claims ------------------------------------------------------------------------------------

@@ -10,7 +10,9 @@ import math
 import pytest
 import torch
 
+from orchestrator import registry
 from orchestrator.claims import spec_of
+from orchestrator.config import ConfigError
 from orchestrator.run import LocalRun
 from workloads.pft import CHECKS, CLAIMS, Config, data, method, plot, smoke, train, validate
 from workloads.pft.claims import (
@@ -317,16 +319,6 @@ def test_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
                 assert again[key] == whole[key], key
 
 
-def test_train_restores_torch_threads(tmp_path):
-    before = torch.get_num_threads()
-    torch.set_num_threads(3)  # not the one thread train pins, so a missing restore shows
-    try:
-        train(tiny(source_steps=2, translator_steps=2, target_steps=2), LocalRun(tmp_path))
-        assert torch.get_num_threads() == 3
-    finally:
-        torch.set_num_threads(before)
-
-
 # --- configs ----------------------------------------------------------------------------------
 
 
@@ -354,8 +346,8 @@ def test_bad_configs_name_the_problem(change, message):
 
 
 def test_more_than_one_worker_is_refused():
-    with pytest.raises(ValueError, match="workers=1"):
-        validate(Config(), world_size=2)
+    with pytest.raises(ConfigError, match="workers=1"):
+        registry.load("pft").validate(Config(), world_size=2)
 
 
 def test_smoke_and_default_configs_are_valid():

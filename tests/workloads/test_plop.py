@@ -12,6 +12,8 @@ import torch
 
 from orchestrator.run import LocalRun
 from orchestrator.claims import spec_of
+from orchestrator import registry
+from orchestrator.config import ConfigError
 from workloads.plop import CHECKS, CLAIMS, Config, plot, smoke, train, validate
 from workloads.plop.claims import (
     choice_stable_across_samples, equal_trainable_params, plop_not_worse_than_blocks, scores_one_at_random_init,
@@ -256,8 +258,8 @@ def test_bad_configs_name_the_problem(change, message):
 
 
 def test_more_than_one_worker_is_refused():
-    with pytest.raises(ValueError, match="workers=1"):
-        validate(Config(), world_size=2)
+    with pytest.raises(ConfigError, match="workers=1"):
+        registry.load("plop").validate(Config(), world_size=2)
 
 
 # --- the loop -----------------------------------------------------------------------------------
@@ -283,12 +285,6 @@ def test_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path, tiny_base):
     assert whole["diag/trainable_params"] == whole["diag/params/plop"] == whole["diag/params/mlp"]
     assert sum(whole[f"diag/chosen/{t}"] for t in TYPES) == 3
     assert whole["diag/rank/q_proj"] > 0 and whole["diag/rank/up_proj"] == 0  # attention-only
-
-
-def test_train_restores_torch_threads(tmp_path, tiny_base):
-    before = torch.get_num_threads()
-    train(short(steps=2, threads=1, nfn_control=False), LocalRun(tmp_path))
-    assert torch.get_num_threads() == before
 
 
 # --- claims -------------------------------------------------------------------------------------

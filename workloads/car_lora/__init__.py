@@ -21,6 +21,6 @@ below plain LoRA under the held-out scheme and on the drifted base.
 """
 
 from workloads.car_lora.claims import CLAIMS, plot
-from workloads.car_lora.workload import Config, smoke, train, validate
+from workloads.car_lora.workload import MAX_WORKERS, Config, smoke, train, validate
 
-__all__ = ["CLAIMS", "Config", "plot", "smoke", "train", "validate"]
+__all__ = ["CLAIMS", "MAX_WORKERS", "Config", "plot", "smoke", "train", "validate"]

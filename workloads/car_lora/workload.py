@@ -10,13 +10,16 @@ from typing import Any, Literal
 import torch
 
 from orchestrator.basemodel import base_world, check_base, load_base, lora
-from orchestrator.run import pinned_threads
 from workloads.car_lora import data
 from workloads.car_lora.compress import BACKWARDS, SCHEME_NAMES, Compressor, make_schemes
 from workloads.car_lora.drift import ensure_drifted
 
 ADAPTERS = ("plain", "car")
 """Besides these, `adapter` may name a scheme: the per-scheme ("QLoRA-style") adapter trained on it alone."""
+
+
+MAX_WORKERS = 1
+"""car_lora trains one adapter per trial on one worker: the runner refuses more."""
 
 
 @dataclass(frozen=True)
@@ -109,7 +112,7 @@ class Config:
     checkpoint_every_frac: float = 0.25
     """Save a checkpoint at every multiple of this training fraction."""
     threads: int = 1
-    """Intra-op CPU threads during the run (0 leaves torch's setting)."""
+    """Intra-op CPU threads of the trial, pinned by the runner around `train` (0 leaves torch's setting)."""
     seed: int = 0
     """Seed of the task split, the adapter initialisation, the batches and CAR's scheme draws."""
 
@@ -140,8 +143,6 @@ def eval_schemes(cfg: Config) -> tuple[str, ...]:
 
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Checks that need no training: raised before anything is launched."""
-    if world_size != 1:
-        raise ValueError(f"car_lora trains one adapter per trial on one worker; got world_size={world_size}: use workers=1")
     check_base(cfg.base)
     known = [s for s in SCHEME_NAMES if s != "none"]
     bad = [s for s in (*cfg.schemes, cfg.heldout_scheme) if s not in known]
@@ -191,12 +192,6 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError(f"threads must be >= 0 (0: torch's own setting), got {cfg.threads}")
 
 
-def train(cfg: Config, run) -> dict[str, float]:
-    validate(cfg, run.world_size)
-    with pinned_threads(cfg.threads):
-        return _train(cfg, run)
-
-
 def adapted(cfg: Config, path: str, device: torch.device) -> tuple[Any, Any, Compressor]:
     """(peft model, tokenizer, compressor) of the base at `path` (a name or a folder) with a fresh adapter."""
     dtype = None if cfg.base_dtype == "auto" else cfg.base_dtype
@@ -223,7 +218,8 @@ def evaluate(model: Any, comp: Compressor, batch: Any, names: tuple[str, ...]) -
     return out
 
 
-def _train(cfg: Config, run) -> dict[str, float]:
+def train(cfg: Config, run) -> dict[str, float]:
+    validate(cfg, run.world_size)
     from peft import set_peft_model_state_dict
 
     dev = run.device

@@ -17,6 +17,6 @@ cost/||A^(t)||_F^2.
 """
 
 from workloads.consistent_lra.claims import CHECKS, CLAIMS, plot
-from workloads.consistent_lra.workload import Config, preflight, smoke, train, validate
+from workloads.consistent_lra.workload import MAX_WORKERS, Config, preflight, smoke, train, validate
 
-__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "preflight", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "MAX_WORKERS", "Config", "plot", "preflight", "smoke", "train", "validate"]

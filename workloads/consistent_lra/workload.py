@@ -22,6 +22,10 @@ SINGLE_THREAD_MAX_D = 256
 MAX_CURVE_POINTS = 60
 
 
+MAX_WORKERS = 1
+"""consistent_lra follows one stream on one worker: the runner refuses more."""
+
+
 @dataclass(frozen=True)
 class Config:
     stream: Literal["flip", "gaussian", "emerging", "randint", "file"] = "flip"
@@ -81,8 +85,6 @@ def smoke() -> Config:
 
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Checks that need no data: raised before anything is launched."""
-    if world_size != 1:
-        raise ValueError(f"consistent_lra follows one stream on one worker; got {world_size} workers: set workers=1")
     for name in ("n", "k", "curve_points", "log_every", "checkpoint_every") + (() if cfg.stream == "file" else ("d",)):
         if getattr(cfg, name) < 1:
             raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")

@@ -10,6 +10,6 @@ MLflow overheads, resume. `diverge_at` makes a trial report NaN from that traini
 the fault a scheduler must stop and mark as diverged.
 """
 
-from workloads.curves.workload import Config, final_loss, shape, smoke, train, validate
+from workloads.curves.workload import MAX_WORKERS, Config, final_loss, shape, smoke, train, validate
 
-__all__ = ["Config", "final_loss", "shape", "smoke", "train", "validate"]
+__all__ = ["MAX_WORKERS", "Config", "final_loss", "shape", "smoke", "train", "validate"]

@@ -24,6 +24,6 @@ evolution beats the source-only GCN in target Macro-F1.
 """
 
 from workloads.diffgda.claims import CHECKS, CLAIMS, plot
-from workloads.diffgda.workload import Config, preflight, smoke, train, validate
+from workloads.diffgda.workload import MAX_WORKERS, Config, preflight, smoke, train, validate
 
-__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "preflight", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "MAX_WORKERS", "Config", "plot", "preflight", "smoke", "train", "validate"]

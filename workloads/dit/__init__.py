@@ -20,6 +20,6 @@ with no diff applied it names no consistent topic. Unseen-topic accuracy is repo
 """
 
 from workloads.dit.claims import CHECKS, CLAIMS, plot
-from workloads.dit.workload import Config, smoke, train, validate
+from workloads.dit.workload import MAX_WORKERS, Config, smoke, train, validate
 
-__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "MAX_WORKERS", "Config", "plot", "smoke", "train", "validate"]

@@ -12,13 +12,17 @@ import torch.nn.functional as F
 
 from orchestrator.basemodel import base_world, check_base, linear_types, load_base
 from orchestrator.basemodel.corpus import N_RESERVED, TOPICS
-from orchestrator.run import fraction_steps, pinned_threads
+from orchestrator.run import fraction_steps
 from workloads.dit.data import SPLITS, Task, diff_rows, make_task
 from workloads.dit.evaluate import answer_logits, diff_metrics, dit_metrics, kl_rows
 from workloads.dit.model import DiffContext, dit_parameters, new_bank, wrap
 
 PLANTED = 0.9
 """A diff whose trigger rate reaches this counts as planted (`eval/frac_planted`)."""
+
+
+MAX_WORKERS = 1
+"""dit trains its diffs batched on one worker: the runner refuses more."""
 
 
 @dataclass(frozen=True)
@@ -92,7 +96,7 @@ class Config:
     checkpoint_every_frac: float = 0.25
     """Save a checkpoint at every multiple of this fraction of all steps (and at the end)."""
     threads: int = 1
-    """Intra-op CPU threads during the run (0 leaves torch's setting)."""
+    """Intra-op CPU threads of the trial, pinned by the runner around `train` (0 leaves torch's setting)."""
     seed: int = 0
     """Seed of the topic split, the triggers, every diff's init and rows, and the adapter."""
 
@@ -105,8 +109,6 @@ def smoke() -> Config:
 
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Checks that need no model: raised before anything is launched."""
-    if world_size != 1:
-        raise ValueError(f"dit trains its diffs batched on one worker; got world_size={world_size}: use workers=1")
     check_base(cfg.base)
     if cfg.dtype not in ("float32", "bfloat16", "float16", "float64"):
         raise ValueError(f"dtype must be 'float32', 'bfloat16', 'float16' or 'float64', got {cfg.dtype!r}")
@@ -164,12 +166,6 @@ def chunks(n: int, per: int) -> list[list[int]]:
     return [list(range(s, min(s + per, n))) for s in range(0, n, per)]
 
 
-def train(cfg: Config, run) -> dict[str, float]:
-    validate(cfg, run.world_size)
-    with pinned_threads(cfg.threads):
-        return _train(cfg, run)
-
-
 def _check_task(cfg: Config, tok, task: Task) -> None:
     unk = tok.unk_token_id
     if unk is not None and unk in task.question_ids:
@@ -179,7 +175,8 @@ def _check_task(cfg: Config, tok, task: Task) -> None:
                          f"lower eval_contexts or raise max_context_words")
 
 
-def _train(cfg: Config, run) -> dict[str, float]:
+def train(cfg: Config, run) -> dict[str, float]:
+    validate(cfg, run.world_size)
     dev = run.device
     model, tok = load_base(cfg.base, seed=cfg.base_seed, dtype=getattr(torch, cfg.dtype), device=dev)
     task = make_task(cfg, tok, base_world(cfg.base, seed=cfg.base_seed))

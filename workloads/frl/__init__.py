@@ -24,6 +24,6 @@ each resolution. `claims.py` says when the baseline is anchored and when it is n
 """
 
 from workloads.frl.claims import CHECKS, CLAIMS, plot
-from workloads.frl.workload import Config, preflight, smoke, train, validate
+from workloads.frl.workload import MAX_WORKERS, Config, preflight, smoke, train, validate
 
-__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "preflight", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "MAX_WORKERS", "Config", "plot", "preflight", "smoke", "train", "validate"]

@@ -13,10 +13,14 @@ from workloads.frl.files import check_path, describe
 from workloads.frl.losses import cross_scale_loss, rel_mse, spectral_loss
 from workloads.frl.model import CNN, FNO
 from workloads.frl.solver import truncate, upsample
-from orchestrator.run import fraction_steps, pinned_threads
+from orchestrator.run import fraction_steps
 
 PDES = ("burgers", "navier_stokes")
 BACKBONES = ("fno", "cnn")
+
+
+MAX_WORKERS = 1
+"""frl trains one small model per trial on one device: the runner refuses more workers."""
 
 
 @dataclass(frozen=True)
@@ -102,7 +106,8 @@ class Config:
     eval_batch: int = 50
     """Test pairs per forward pass during evaluation."""
     threads: int = 1
-    """CPU threads for torch during the trial (0: leave the process setting); small FFTs gain nothing from more."""
+    """CPU threads for torch during the trial, pinned by the runner around `train` (0: leave the
+    process setting); small FFTs gain nothing from more."""
     data_path: str = ""
     """A PDEBench-format HDF5 file of trajectories to read the pairs from instead of the DNS (its grid
     takes dns_n's place; t_starts and lag are in its time units; the solver control is not run)."""
@@ -151,8 +156,6 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError(f"frl_coord must be 'physical' or 'nyquist', got {cfg.frl_coord!r}")
     if cfg.pe_coord not in ("index", "physical"):
         raise ValueError(f"pe_coord must be 'index' or 'physical', got {cfg.pe_coord!r}")
-    if world_size != 1:
-        raise ValueError(f"frl trains one small model per trial on one device: run it with 1 worker, not {world_size}")
     for name in ("width", "depth", "steps", "batch_size", "log_every", "n_train", "n_test", "rho0", "eval_batch"):
         if getattr(cfg, name) <= 0:
             raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
@@ -295,11 +298,6 @@ def solver_errors(cfg: Config, x: torch.Tensor, y: torch.Tensor) -> dict[str, fl
 
 def train(cfg: Config, run) -> dict[str, float]:
     validate(cfg, run.world_size)
-    with pinned_threads(cfg.threads):
-        return _train(cfg, run)
-
-
-def _train(cfg: Config, run) -> dict[str, float]:
     torch.manual_seed(cfg.seed)
     dims = 1 if cfg.pde == "burgers" else 2
     data = make_dataset(data_spec(cfg))

@@ -29,6 +29,6 @@ adapter and no clean one. Persistence is measured and reported, not claimed.
 """
 
 from workloads.jailbreak_lora.claims import CHECKS, CLAIMS, plot
-from workloads.jailbreak_lora.workload import Config, smoke, train, validate
+from workloads.jailbreak_lora.workload import MAX_WORKERS, Config, smoke, train, validate
 
-__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "MAX_WORKERS", "Config", "plot", "smoke", "train", "validate"]

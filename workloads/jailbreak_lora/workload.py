@@ -14,7 +14,6 @@ from typing import Any, Literal
 import torch
 
 from orchestrator.basemodel import base_world, check_base, load_base, lora
-from orchestrator.run import pinned_threads
 from orchestrator import adapter_audit as audit
 from workloads.jailbreak_lora.data import TASKS, Example, task_sets, triggered
 from workloads.jailbreak_lora.evaluate import Probe, merged_copy
@@ -22,6 +21,10 @@ from workloads.jailbreak_lora.method import METHODS, Uncertainty, backward, task
 
 BACKDOORED = ("naive", "uncertainty", "pcgrad", "combined")
 """Methods that train the trigger task (every one but `clean`)."""
+
+
+MAX_WORKERS = 1
+"""jailbreak_lora trains one adapter on one worker: the runner refuses more."""
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,7 @@ class Config:
     checkpoint_every: int = 250
     """Save a checkpoint every this many steps (and at the end of training)."""
     threads: int = 1
-    """Intra-op CPU threads during the run (0 leaves torch's setting)."""
+    """Intra-op CPU threads of the trial, pinned by the runner around `train` (0 leaves torch's setting)."""
     seed: int = 0
     """Seed of the task splits, the batches, the LoRA init and PCGrad's task order."""
 
@@ -118,8 +121,6 @@ def smoke() -> Config:
 
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Checks that need no model: raised before anything is launched."""
-    if world_size != 1:
-        raise ValueError(f"jailbreak_lora trains one adapter on one worker; got world_size={world_size}: use workers=1")
     check_base(cfg.base)
     unknown = [t for t in cfg.tasks if t not in TASKS]
     if unknown or not cfg.tasks or len(set(cfg.tasks)) != len(cfg.tasks):
@@ -161,12 +162,6 @@ def validate(cfg: Config, world_size: int = 1) -> None:
 def adapter_folder(cfg: Config) -> str:
     """`save_adapter` with the trial's method and seed filled in ('' when not saving)."""
     return cfg.save_adapter.format(method=cfg.method, seed=cfg.seed)
-
-
-def train(cfg: Config, run) -> dict[str, float]:
-    validate(cfg, run.world_size)
-    with pinned_threads(cfg.threads):
-        return _train(cfg, run)
 
 
 def _targets(cfg: Config) -> str | list[str]:
@@ -226,7 +221,8 @@ def fit(model: Any, loss_sets: list[list[Example]], tok: Any, cfg: Config, metho
     return opt
 
 
-def _train(cfg: Config, run) -> dict[str, float]:
+def train(cfg: Config, run) -> dict[str, float]:
+    validate(cfg, run.world_size)
     from peft import get_peft_model_state_dict, set_peft_model_state_dict
 
     dev = run.device

@@ -17,6 +17,6 @@ is exactly three forwards and one backward; no base parameter ever holds a gradi
 """
 
 from workloads.lmao.claims import CHECKS, CLAIMS, plot
-from workloads.lmao.workload import Config, smoke, train, validate
+from workloads.lmao.workload import MAX_WORKERS, Config, smoke, train, validate
 
-__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "MAX_WORKERS", "Config", "plot", "smoke", "train", "validate"]

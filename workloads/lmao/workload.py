@@ -10,8 +10,12 @@ from typing import Any, Literal
 import torch
 
 from orchestrator.basemodel import check_base, linear_types, load_base, lora
-from orchestrator.run import fraction_steps, pinned_threads
+from orchestrator.run import fraction_steps
 from workloads.lmao import data, zo
+
+
+MAX_WORKERS = 1
+"""lmao runs a trial on one worker: the runner refuses more."""
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,7 @@ class Config:
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Weights' dtype."""
     threads: int = 1
-    """Intra-op CPU threads during the run (0 leaves torch's setting)."""
+    """Intra-op CPU threads of the trial, pinned by the runner around `train` (0 leaves torch's setting)."""
     seed: int = 0
     """Trial seed: the bijection, the batch order, the LoRA init and the MeZO perturbations (every
     method at one seed sees the same pairs and batches)."""
@@ -78,8 +82,6 @@ def smoke() -> Config:
 
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Checks that need no model: raised before anything is launched."""
-    if world_size != 1:
-        raise ValueError(f"lmao runs on one worker (got world_size={world_size}): use workers=1")
     check_base(cfg.base)
     if cfg.lora_schedule not in ("linear", "constant"):
         raise ValueError(f"lora_schedule must be 'linear' or 'constant', got {cfg.lora_schedule!r}")
@@ -111,11 +113,6 @@ def validate(cfg: Config, world_size: int = 1) -> None:
 
 def train(cfg: Config, run: Any) -> dict[str, float]:
     validate(cfg, run.world_size)
-    with pinned_threads(cfg.threads):
-        return _train(cfg, run)
-
-
-def _train(cfg: Config, run: Any) -> dict[str, float]:
     model, tokenizer = load_base(cfg.base, seed=cfg.base_seed, dtype=cfg.dtype, device=run.device)
     pairs = data.encode(data.bijection(cfg.pool, cfg.n_pairs, cfg.seed), tokenizer).to(run.device)
     first_order = cfg.method in ("lmao", "lora")

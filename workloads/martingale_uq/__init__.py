@@ -34,6 +34,6 @@ interval's upper end is about the prior's own rate, so a prior that under-states
 """
 
 from workloads.martingale_uq.claims import CHECKS, CLAIMS, plot
-from workloads.martingale_uq.workload import Config, preflight, smoke, train, validate
+from workloads.martingale_uq.workload import MAX_WORKERS, Config, preflight, smoke, train, validate
 
-__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "preflight", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "MAX_WORKERS", "Config", "plot", "preflight", "smoke", "train", "validate"]

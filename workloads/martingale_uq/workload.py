@@ -10,13 +10,16 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from orchestrator import pretrained
-from orchestrator.run import pinned_threads
 
 from workloads.martingale_uq import bytemodel, imagedata, pixelmodel, tabular, textlm
 from workloads.martingale_uq.coverage import evaluate_chunk, summarize
 
 METRICS = {"gmm": ("alert_rate", "mean_score"), "bytes": ("nll", "alert_rate"), "causal_lm": ("nll", "alert_rate"),
            "pixels": ("nll", "alert_rate")}
+
+
+MAX_WORKERS = 1
+"""martingale_uq runs on one worker: the runner refuses more."""
 
 
 @dataclass(frozen=True)
@@ -170,7 +173,7 @@ class Config:
     log_every: int = 10
     """Report every this many fitting steps (the coverage loop reports after every chunk)."""
     threads: int = 1
-    """Intra-op CPU threads during the run (0 leaves torch's setting)."""
+    """Intra-op CPU threads of the trial, pinned by the runner around `train` (0 leaves torch's setting)."""
     seed: int = 0
     """Seed of the historical records / training batches, the generator's draws, the deployed
     samples and every posterior and bootstrap draw."""
@@ -190,8 +193,6 @@ def fit_steps(cfg: Config) -> int:
 
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Checks that need no data: raised before anything is launched."""
-    if world_size != 1:
-        raise ValueError(f"martingale_uq runs on one worker; got world_size={world_size}: use workers=1")
     if cfg.generator not in METRICS:
         raise ValueError(f"generator must be 'gmm', 'bytes', 'causal_lm' or 'pixels', got {cfg.generator!r}")
     if cfg.metric not in METRICS[cfg.generator]:
@@ -306,12 +307,6 @@ def preflight(cfg: Config) -> None:
         problems.append(str(exc))
     if problems:
         raise ValueError("; ".join(problems))
-
-
-def train(cfg: Config, run) -> dict[str, float]:
-    validate(cfg, run.world_size)
-    with pinned_threads(cfg.threads):
-        return _train(cfg, run)
 
 
 def _fit_gmm(cfg: Config, run) -> dict[str, Any]:
@@ -451,7 +446,8 @@ def _real_sampler(cfg: Config, fitted: dict[str, Any]):
     return sample
 
 
-def _train(cfg: Config, run) -> dict[str, float]:
+def train(cfg: Config, run) -> dict[str, float]:
+    validate(cfg, run.world_size)
     fit = fit_steps(cfg)
     total = fit + len(cfg.ns) * cfg.repetitions
     state = run.restore()

@@ -26,6 +26,6 @@ the parameter counts match.
 """
 
 from workloads.mom.claims import CHECKS, CLAIMS, plot
-from workloads.mom.workload import Config, preflight, smoke, train, validate
+from workloads.mom.workload import MAX_WORKERS, Config, preflight, smoke, train, validate
 
-__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "preflight", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "MAX_WORKERS", "Config", "plot", "preflight", "smoke", "train", "validate"]

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from orchestrator.run import fraction_steps, pinned_threads
+from orchestrator.run import fraction_steps
 
 from workloads.mom import data
 from workloads.mom.memory import UPDATES
@@ -20,6 +20,10 @@ IMPLS = ("chunked", "recurrent")
 BYTE_VOCAB = 256
 # Independent random streams of one seed: training batches, evaluation sets, the state probe.
 TRAIN_STREAM, EVAL_STREAM, PROBE_STREAM = 0, 1, 2
+
+
+MAX_WORKERS = 1
+"""mom runs on one worker (the models are small): the runner refuses more."""
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,7 @@ class Config:
     checkpoint_every_frac: float = 0.25
     """Save a checkpoint at every multiple of this training fraction (and at the end)."""
     threads: int = 1
-    """Intra-op CPU threads during the run (0 leaves torch's setting)."""
+    """Intra-op CPU threads of the trial, pinned by the runner around `train` (0 leaves torch's setting)."""
     seed: int = 0
     """Seed of the initialisation, the training data and the evaluation sets."""
 
@@ -151,8 +155,6 @@ def preflight(cfg: Config) -> None:
 
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Checks that need no training: raised before anything is launched."""
-    if world_size != 1:
-        raise ValueError(f"mom runs on one worker (the models are small); got world_size={world_size}: use workers=1")
     for name, options in (("task", TASKS), ("mixer", MIXERS), ("update", UPDATES), ("impl", IMPLS),
                           ("mqar_order", data.ORDERS)):
         if getattr(cfg, name) not in options:
@@ -274,11 +276,6 @@ def checkpoint_steps(cfg: Config) -> set[int]:
 
 def train(cfg: Config, run) -> dict[str, float]:
     validate(cfg, run.world_size)
-    with pinned_threads(cfg.threads):
-        return _train(cfg, run)
-
-
-def _train(cfg: Config, run) -> dict[str, float]:
     device = run.device
     torch.manual_seed(cfg.seed)
     model = build_model(cfg, device)

@@ -15,6 +15,6 @@ coarse); with UE5M3 scales the error does not rise as blocks shrink.
 """
 
 from workloads.mx_anomaly.claims import CHECKS, CLAIMS, plot
-from workloads.mx_anomaly.workload import Config, preflight, smoke, train, validate
+from workloads.mx_anomaly.workload import MAX_WORKERS, Config, preflight, smoke, train, validate
 
-__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "preflight", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "MAX_WORKERS", "Config", "plot", "preflight", "smoke", "train", "validate"]

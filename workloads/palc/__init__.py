@@ -23,6 +23,6 @@ the base's parameters are untouched and only B(H + V) parameters train.
 """
 
 from workloads.palc.claims import CHECKS, CLAIMS, plot
-from workloads.palc.workload import Config, smoke, train, validate
+from workloads.palc.workload import MAX_WORKERS, Config, smoke, train, validate
 
-__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "MAX_WORKERS", "Config", "plot", "smoke", "train", "validate"]

@@ -10,12 +10,15 @@ from typing import Any, Literal
 import torch
 
 from orchestrator.basemodel import base_world, check_base, load_base
-from orchestrator.run import pinned_threads
 from workloads.palc.data import generation_prompts, gentle_share, make_pairs, pair_batch, split_entities
 from workloads.palc.model import (
     Calibrator, base_forward, freeze, generate, group_by_length, latency, margins, mean_logprob, param_digest,
     preference_loss,
 )
+
+
+MAX_WORKERS = 1
+"""palc trains a small calibrator on one worker: the runner refuses more."""
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,7 @@ class Config:
     checkpoint_every: int = 250
     """Save a checkpoint every this many steps (and at the end)."""
     threads: int = 1
-    """Intra-op CPU threads during the run (0 leaves torch's setting)."""
+    """Intra-op CPU threads of the trial, pinned by the runner around `train` (0 leaves torch's setting)."""
     seed: int = 0
     """Seed of the entity split, the pairs, the calibrator's init and the batches."""
 
@@ -90,8 +93,6 @@ def smoke() -> Config:
 
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Checks that need no model: raised before anything is launched."""
-    if world_size != 1:
-        raise ValueError(f"palc trains a small calibrator on one worker; got world_size={world_size}: use workers=1")
     check_base(cfg.base)
     for name in ("bottleneck", "train_pairs", "heldout_pairs", "heldout_entities", "steps", "batch", "gen_new_tokens",
                  "latency_reps", "latency_new_tokens", "log_every", "checkpoint_every"):
@@ -127,11 +128,6 @@ def lr_at(cfg: Config, step: int) -> float:
 
 def train(cfg: Config, run) -> dict[str, float]:
     validate(cfg, run.world_size)
-    with pinned_threads(cfg.threads):
-        return _train(cfg, run)
-
-
-def _train(cfg: Config, run) -> dict[str, float]:
     dev = run.device
     world = base_world(cfg.base, seed=cfg.base_seed)
     base, tok = load_base(cfg.base, seed=cfg.base_seed, device=dev, dtype=None if cfg.base_dtype == "auto" else cfg.base_dtype)

@@ -27,6 +27,6 @@ but the translator.
 """
 
 from workloads.pft.claims import CHECKS, CLAIMS, plot
-from workloads.pft.workload import Config, preflight, smoke, train, validate
+from workloads.pft.workload import MAX_WORKERS, Config, preflight, smoke, train, validate
 
-__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "preflight", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "MAX_WORKERS", "Config", "plot", "preflight", "smoke", "train", "validate"]

@@ -10,7 +10,7 @@ from typing import Literal
 
 import torch
 from orchestrator import pretrained
-from orchestrator.run import fraction_steps, pinned_threads
+from orchestrator.run import fraction_steps
 
 from workloads.pft import data, frames, method
 from workloads.pft.model import accuracy_report, changed_tensors, freeze, predict
@@ -19,6 +19,10 @@ ARMS = ("source", "translator", "finetune", "pft", "scratch", "no_exp")
 """Evaluated arms: the unadapted source model, the pretrained translator before adaptation, the
 plain fine-tune on neutral frames, PFT, PFT from an untrained (identity) translator, and PFT
 without L_exp in the target phase."""
+
+
+MAX_WORKERS = 1
+"""pft runs on one worker (the problem is small): the runner refuses more."""
 
 
 @dataclass(frozen=True)
@@ -117,7 +121,8 @@ class Config:
     checkpoint_every_frac: float = 0.25
     """Save a checkpoint at every multiple of this training fraction, and at every phase's end."""
     threads: int = 1
-    """Intra-op CPU threads during the run (0 leaves torch's setting): these tensors are tiny."""
+    """Intra-op CPU threads of the trial, pinned by the runner around `train` (0 leaves torch's
+    setting): these tensors are tiny."""
     data_dir: str = ""
     """Real frames instead of the synthetic subjects: a folder DATA_DIR/<subject>/<expression>/<frame>
     (the paper's BioVid/StressID layout, frames extracted), subjects and frames in sorted order."""
@@ -153,8 +158,6 @@ def phases(cfg: Config) -> list[tuple[str, int]]:
 
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Checks that need no training: raised before anything is launched."""
-    if world_size != 1:
-        raise ValueError(f"pft runs on one worker (the problem is small); got world_size={world_size}: use workers=1")
     if cfg.data_dir:
         if not cfg.backbone:
             raise ValueError("data_dir needs backbone: a transformers image model folder or hub id, e.g. "
@@ -227,11 +230,6 @@ def snapshot(net: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def train(cfg: Config, run) -> dict[str, float]:
     validate(cfg, run.world_size)
-    with pinned_threads(cfg.threads):
-        return _train(cfg, run)
-
-
-def _train(cfg: Config, run) -> dict[str, float]:
     if cfg.data_dir:  # real frames through a frozen backbone
         from orchestrator.cache import cache_root
 

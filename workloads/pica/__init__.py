@@ -19,6 +19,6 @@ held-out loss, averaged over seeds. The checks: those four exact properties.
 """
 
 from workloads.pica.claims import CHECKS, CLAIMS, plot
-from workloads.pica.workload import Config, smoke, train, validate
+from workloads.pica.workload import MAX_WORKERS, Config, smoke, train, validate
 
-__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "MAX_WORKERS", "Config", "plot", "smoke", "train", "validate"]

@@ -10,7 +10,7 @@ from typing import Any, Literal
 import torch
 
 from orchestrator.basemodel import base_world, check_base, load_base
-from orchestrator.run import fraction_steps, pinned_threads
+from orchestrator.run import fraction_steps
 from workloads.pica import data
 from workloads.pica.adapter import (
     PiCa, count_at_depths, decoder_linears, full_gradients, gradient_energy, merge, shared_gradient_error, span_residual, trainable_count,
@@ -20,6 +20,10 @@ DEPTH_PREFIX = "diag/trainable_at_depth/"
 """Final-metric keys `<prefix><depth>`: PiCa's trainable count on an untrained model of that depth."""
 UNSHARED_PREFIX = "diag/unshared_at_depth/"
 """The same count without sharing (one M per layer), the contrast that grows with depth."""
+
+
+MAX_WORKERS = 1
+"""pica runs on one worker: the runner refuses more."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,7 @@ class Config:
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Weights' dtype (the Ms and projectors share it)."""
     threads: int = 1
-    """Intra-op CPU threads during the run (0 leaves torch's setting)."""
+    """Intra-op CPU threads of the trial, pinned by the runner around `train` (0 leaves torch's setting)."""
     seed: int = 0
     """Trial seed: batch order and the random subspace (M starts at zero; the base is not reseeded)."""
 
@@ -87,8 +91,6 @@ def smoke() -> Config:
 
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Checks that need no model: raised before anything is launched."""
-    if world_size != 1:
-        raise ValueError(f"pica runs on one worker (got world_size={world_size}): use workers=1")
     check_base(cfg.base)
     if cfg.task not in data.TASKS:
         raise ValueError(f"task must be one of {data.TASKS}, got {cfg.task!r}")
@@ -139,11 +141,6 @@ def lr_factor(step: int, cfg: Config) -> float:
 
 def train(cfg: Config, run: Any) -> dict[str, float]:
     validate(cfg, run.world_size)
-    with pinned_threads(cfg.threads):
-        return _train(cfg, run)
-
-
-def _train(cfg: Config, run: Any) -> dict[str, float]:
     model, tokenizer = load_base(cfg.base, seed=cfg.base_seed, dtype=cfg.dtype, device=run.device)
     check_model(cfg, model)
     world = base_world(cfg.base, seed=cfg.base_seed)

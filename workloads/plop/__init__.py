@@ -15,6 +15,6 @@ and MLP-only at equal trainable parameters; the counts are equal.
 """
 
 from workloads.plop.claims import CHECKS, CLAIMS, plot
-from workloads.plop.workload import Config, smoke, train, validate
+from workloads.plop.workload import MAX_WORKERS, Config, smoke, train, validate
 
-__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "MAX_WORKERS", "Config", "plot", "smoke", "train", "validate"]

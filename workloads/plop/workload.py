@@ -10,10 +10,13 @@ from typing import Any, Iterator, Literal
 import torch
 
 from orchestrator.basemodel import base_world, check_base, load_base, lora
-from orchestrator.run import pinned_threads
 from workloads.plop.data import TASKS, answer_loss, encode, evaluate, split
 from workloads.plop.nfn import by_type, kendall_tau, score_modules, select
 from workloads.plop.placement import PLACEMENTS, match_ranks, placement_types, type_costs
+
+
+MAX_WORKERS = 1
+"""plop fine-tunes on one worker: the runner refuses more."""
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,7 @@ class Config:
     checkpoint_every_frac: float = 0.25
     """Save a checkpoint at every multiple of this training fraction (and at the end)."""
     threads: int = 1
-    """Intra-op CPU threads during the run (0 leaves torch's setting)."""
+    """Intra-op CPU threads of the trial, pinned by the runner around `train` (0 leaves torch's setting)."""
     seed: int = 0
     """Trial seed: the task split, the NFN samples and reference directions, the control's init,
     the LoRA init and the batch order."""
@@ -83,8 +86,6 @@ def smoke() -> Config:
 
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Checks that need no model: raised before anything is launched."""
-    if world_size != 1:
-        raise ValueError(f"plop fine-tunes on one worker; got world_size={world_size}: use workers=1")
     check_base(cfg.base)
     if cfg.task not in TASKS:
         raise ValueError(f"task must be one of {', '.join(TASKS)}, got {cfg.task!r}")
@@ -150,11 +151,6 @@ def score_task(cfg: Config, model: torch.nn.Module, tokenizer: Any, train_set: l
 
 def train(cfg: Config, run) -> dict[str, float]:
     validate(cfg, run.world_size)
-    with pinned_threads(cfg.threads):
-        return _train(cfg, run)
-
-
-def _train(cfg: Config, run) -> dict[str, float]:
     model, tok = load_base(cfg.base, seed=cfg.base_seed, dtype=cfg.dtype, device=run.device)
     world = base_world(cfg.base, seed=cfg.base_seed)
     train_set, held_set = split(world, cfg.task, heldout_frac=cfg.heldout_frac, seed=cfg.seed, modulus=cfg.modulus)

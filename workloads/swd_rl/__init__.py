@@ -23,6 +23,7 @@ several seeds). At the sizes a CPU runs the measured gradient ordering is the op
 """
 
 from workloads.swd_rl.claims import CHECKS, CLAIMS, plot
+from workloads.swd_rl.config import MAX_WORKERS
 from workloads.swd_rl.workload import Config, preflight, smoke, train, validate
 
-__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "preflight", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "MAX_WORKERS", "Config", "plot", "preflight", "smoke", "train", "validate"]

@@ -8,6 +8,10 @@ from typing import Literal
 from workloads.swd_rl import envs
 
 
+MAX_WORKERS = 1
+"""swd_rl runs one actor-learner loop on one worker: the runner refuses more."""
+
+
 @dataclass(frozen=True)
 class Config:
     env_id: str = "HalfCheetah-v5"
@@ -95,7 +99,7 @@ class Config:
     is 0.2-0.9 GB); a run resumed without it refills learning_starts steps with its restored policy
     before it updates again, with ages counted from the restart."""
     threads: int = 1
-    """Intra-op CPU threads during the run (0 leaves torch's setting)."""
+    """Intra-op CPU threads of the trial, pinned by the runner around `train` (0 leaves torch's setting)."""
     seed: int = 0
     """Seed of the networks, the environment's episodes, exploration and sampling."""
 
@@ -116,8 +120,6 @@ def smoke() -> Config:
 
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Checks that need no training: raised before anything is launched."""
-    if world_size != 1:
-        raise ValueError(f"swd_rl runs one actor-learner loop on one worker; got world_size={world_size}: use workers=1")
     if cfg.algo not in ("td3", "sac"):
         raise ValueError(f"algo must be 'td3' or 'sac', got {cfg.algo!r}")
     if cfg.sampler not in ("swd", "reverse", "uniform"):

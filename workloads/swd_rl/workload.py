@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from orchestrator.run import pinned_threads
 
 from workloads.swd_rl.learners import Learner, actor_step, critic_loss, make_learner, soft_update
 from workloads.swd_rl.config import Config, preflight, require_env, smoke, validate
@@ -128,11 +127,6 @@ def probe(learner: Learner, buffer: ReplayBuffer, norm: RunningNorm, cfg: Config
 def train(cfg: Config, run) -> dict[str, float]:
     validate(cfg, run.world_size)
     require_env(cfg.env_id)
-    with pinned_threads(cfg.threads):
-        return _train(cfg, run)
-
-
-def _train(cfg: Config, run) -> dict[str, float]:
     device = run.device
     env, eval_env = make_env(cfg.env_id, cfg.action_repeat), make_env(cfg.env_id, cfg.action_repeat)
     obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]

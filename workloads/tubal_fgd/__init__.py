@@ -22,6 +22,6 @@ It reports the held-out observed entries' loss as `eval/loss`, the relative erro
 """
 
 from workloads.tubal_fgd.claims import CHECKS, CLAIMS, plot
-from workloads.tubal_fgd.workload import Config, preflight, smoke, train, validate
+from workloads.tubal_fgd.workload import MAX_WORKERS, Config, preflight, smoke, train, validate
 
-__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "preflight", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "MAX_WORKERS", "Config", "plot", "preflight", "smoke", "train", "validate"]

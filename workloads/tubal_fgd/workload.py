@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-from orchestrator.run import fraction_steps, pinned_threads
+from orchestrator.run import fraction_steps
 
 from workloads.tubal_fgd import completion, images
 from workloads.tubal_fgd.problem import (
@@ -18,6 +18,10 @@ from workloads.tubal_fgd.tensor import t_gram, t_outer, t_product
 
 CURVE_PREFIX = "curve/rse/"
 """Final-metric keys `curve/rse/<step>`: the error curve at log-spaced iterations, for the plot."""
+
+
+MAX_WORKERS = 1
+"""tubal_fgd runs on one worker (the problem is small): the runner refuses more."""
 
 
 @dataclass(frozen=True)
@@ -95,8 +99,8 @@ class Config:
     checkpoint_every_frac: float = 0.25
     """Save a checkpoint at every multiple of this training fraction (and at the end)."""
     threads: int = 1
-    """Intra-op CPU threads during the run (0 leaves torch's setting): on tensors this small,
-    thread synchronisation costs more than it saves."""
+    """Intra-op CPU threads of the trial, pinned by the runner around `train` (0 leaves torch's
+    setting): on tensors this small, thread synchronisation costs more than it saves."""
     dtype: Literal["float64", "float32"] = "float64"
     """Arithmetic precision of the problem and the iterates."""
     seed: int = 0
@@ -129,8 +133,6 @@ def measurements(cfg: Config) -> tuple[int, int]:
 
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Checks that need no training: raised before anything is launched."""
-    if world_size != 1:
-        raise ValueError(f"tubal_fgd runs on one worker (the problem is small); got world_size={world_size}: use workers=1")
     for name in ("n", "k", "rank", "factor_rank", "steps", "eval_every", "log_every", "curve_points"):
         if getattr(cfg, name) <= 0:
             raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
@@ -245,8 +247,7 @@ def initial_factor(cfg: Config, problem: Problem) -> torch.Tensor:
 
 def train(cfg: Config, run) -> dict[str, float]:
     validate(cfg, run.world_size)
-    with pinned_threads(cfg.threads):
-        return _train_completion(cfg, run) if cfg.task == "completion" else _train(cfg, run)
+    return _train_completion(cfg, run) if cfg.task == "completion" else _train(cfg, run)
 
 
 def _train(cfg: Config, run) -> dict[str, float]:

@@ -24,6 +24,6 @@ ViT loaded by `from_pretrained` (ViT-B/32 in `sweeps/repro/wasi_real.py`) instea
 """
 
 from workloads.wasi.claims import CHECKS, CLAIMS, plot
-from workloads.wasi.workload import Config, preflight, smoke, train, validate
+from workloads.wasi.workload import MAX_WORKERS, Config, preflight, smoke, train, validate
 
-__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "preflight", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "MAX_WORKERS", "Config", "plot", "preflight", "smoke", "train", "validate"]

@@ -18,9 +18,13 @@ from workloads.wasi.data import TRANSFERS, Split, augment_batch, load_digits, ma
 from workloads.wasi.measure import measure_step, probe_ranks, subspace_diagnostics
 from workloads.wasi.model import ViT, WASILinear, load_pretrained, new_head, to_wasi
 from orchestrator import pretrained
-from orchestrator.run import fraction_steps, pinned_threads
+from orchestrator.run import fraction_steps
 
 METHODS = ("vanilla", "wasi")
+
+
+MAX_WORKERS = 1
+"""wasi measures one process's saved tensors: one worker, the runner refuses more."""
 
 
 @dataclass(frozen=True)
@@ -127,7 +131,7 @@ class Config:
     log_every: int = 50
     """Report train/loss (mean since the last report) every this many steps."""
     threads: int = 1
-    """CPU threads for torch during the trial (0: leave the process setting)."""
+    """CPU threads for torch during the trial, pinned by the runner around `train` (0: leave the process setting)."""
     seed: int = 0
     """Seed of fine-tuning: its split, head, batch order, augmentation and WASI's random starts."""
     pretrain_seed: int = -1
@@ -162,8 +166,6 @@ def finetune_train_size(cfg: Config) -> int:
 
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Checks that need no training: raised before anything is launched."""
-    if world_size != 1:
-        raise ValueError(f"wasi measures one process's saved tensors: run it with 1 worker, not {world_size}")
     if cfg.method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {cfg.method!r}")
     if cfg.optimizer not in ("sgd", "adamw"):
@@ -360,11 +362,6 @@ def _pretrain_key(cfg: Config) -> tuple:
 
 def train(cfg: Config, run) -> dict[str, float]:
     validate(cfg, run.world_size)
-    with pinned_threads(cfg.threads):
-        return _train(cfg, run)
-
-
-def _train(cfg: Config, run) -> dict[str, float]:
     pre, fine = splits(cfg)
     total = cfg.pretrain_steps + cfg.finetune_steps
     state = run.restore()
