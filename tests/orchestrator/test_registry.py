@@ -71,3 +71,62 @@ def test_a_plugin_is_listed_with_its_package_and_runs_by_its_name(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     assert "sparse_moe: finished" in run.stdout and "eval/loss" in run.stdout
     assert (elsewhere / "ladder-runs" / "sparse_moe").is_dir()
+
+
+CAPPED = '''"""A workload that declares its worker cap and its CPU threads, as a workload does."""
+from dataclasses import dataclass
+
+import torch
+
+MAX_WORKERS = 2
+"""Two workers at most."""
+
+
+@dataclass(frozen=True)
+class Config:
+    threads: int = 3
+    """torch CPU threads while training."""
+
+
+@dataclass(frozen=True)
+class Bare:
+    steps: int = 1
+    """No threads field."""
+
+
+def smoke() -> Config:
+    return Config()
+
+
+def train(cfg: Config, run) -> dict[str, float]:
+    return {"threads": float(torch.get_num_threads())}
+'''
+
+
+def test_the_runner_enforces_max_workers_and_pins_the_configs_threads(tmp_path, monkeypatch):
+    """What a workload declares once (MAX_WORKERS, Config.threads) is enforced by the registry and
+    run_trial, not by the workload's own train."""
+    import torch
+
+    from orchestrator.config import ConfigError
+    from orchestrator.run import LocalRun
+    from orchestrator.trial import TrialSpec, run_trial
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "rg_capped.py").write_text(CAPPED)
+    w = registry.load("rg_capped")
+    assert w.max_workers == 2
+    w.validate(w.Config(), world_size=2)
+    with pytest.raises(ConfigError, match=r"at most 2 workers \(its MAX_WORKERS\), got 3: use workers=2"):
+        w.validate(w.Config(), world_size=3)
+    assert registry.load("curves").max_workers == 1 and registry.load("celerity_lm").max_workers is None
+
+    assert w.threads(w.Config()) == 3 and w.threads(w.module.Bare()) == 0
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        final, _ = run_trial(TrialSpec.of("rg_capped", w.Config()), lambda sinks: LocalRun(tmp_path / "run"))
+        assert final == {"threads": 3.0}  # pinned while train ran ...
+        assert torch.get_num_threads() == 1  # ... and restored after
+    finally:
+        torch.set_num_threads(before)
