@@ -329,13 +329,21 @@ def judge(fns: list[Claim], per_seed: list[list[ClaimResult]], kind: str) -> lis
     return outcomes
 
 
+REPORT_OUTPUTS = ("docs/reproductions.md", "docs/reproductions")
+"""What `ladder report` itself writes in the checkout: not a change to the code that measured."""
+
+
 def source_commit(folder: Path | None = None) -> str:
-    """The checkout's commit, '-dirty' when tracked files differ from it; '' outside git."""
+    """The checkout's commit, '-dirty' when tracked files other than the report's own outputs
+    differ from it; '' outside git."""
     cwd = str(folder or Path(__file__).resolve().parents[1])
     try:
         sha = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=cwd, capture_output=True, text=True,
                              timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd, capture_output=True,
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=cwd, capture_output=True, text=True,
+                             timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                *(f":(exclude){p}" for p in REPORT_OUTPUTS)], cwd=top, capture_output=True,
                                text=True, timeout=10, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""

@@ -26,3 +26,28 @@ def test_notes_appear_under_their_own_paper(tmp_path):
     assert "Seed 100: the gap was 0.31." in page[beta:]
     # a notes file is not a record: it adds no row to the summary table
     assert page.count("| smoke | 2 |") == 2
+
+
+def test_the_commit_stamp_is_dirty_for_code_changes_not_for_the_reports_own_outputs(tmp_path):
+    import subprocess
+
+    from orchestrator.reproduce import source_commit
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    (tmp_path / "docs" / "reproductions").mkdir(parents=True)
+    (tmp_path / "docs" / "reproductions.md").write_text("page\n")
+    (tmp_path / "docs" / "reproductions" / "x.json").write_text("{}\n")
+    (tmp_path / "code.py").write_text("a = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "first")
+    clean = source_commit(tmp_path)
+    assert clean and not clean.endswith("-dirty")
+    (tmp_path / "docs" / "reproductions.md").write_text("page, rewritten by ladder report\n")
+    (tmp_path / "docs" / "reproductions" / "x.json").write_text('{"measured": 1}\n')
+    assert source_commit(tmp_path / "docs") == clean  # what the report wrote is not a change to the code
+    (tmp_path / "code.py").write_text("a = 2\n")
+    assert source_commit(tmp_path) == clean + "-dirty"
