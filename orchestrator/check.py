@@ -32,7 +32,7 @@ from typing import Any, Mapping
 
 from orchestrator import checkpoints, registry
 from orchestrator.config import to_dict
-from orchestrator.run import LocalRun
+from orchestrator.run import LocalRun, pinned_threads
 
 RTOL = 1e-6
 """Relative tolerance of "the same metrics": a resumed run recomputes the same floats, so only
@@ -247,7 +247,8 @@ def check(name: str, folder: str | Path, *, objective: str | None = None, ray: b
     # first checkpoint (2.).
     whole = SnapshotAfterCheckpoint(folder / "uninterrupted", snapshot=folder / "killed", identity=ident)
     try:
-        final = workload.train(cfg, whole)
+        with pinned_threads(workload.threads(cfg)):  # as the runner pins a trial's
+            final = workload.train(cfg, whole)
     except Exception as exc:
         report.add("smoke run finishes", False, _error(exc))
         _not_judged(report, ray, "the smoke run failed")
@@ -281,7 +282,8 @@ def check(name: str, folder: str | Path, *, objective: str | None = None, ray: b
     report.add("checkpoints before the end", True, f"first at step {whole.saved_step}")
     second = LocalRun(folder / "killed", identity=ident)
     try:
-        resumed_final = workload.train(cfg, second)
+        with pinned_threads(workload.threads(cfg)):
+            resumed_final = workload.train(cfg, second)
     except Exception as exc:
         report.add("killed run resumes from its checkpoint", False, _error(exc))
         report.add("resumed run matches an uninterrupted one", None, "the restart failed")
@@ -370,7 +372,8 @@ def _ray_worker(loop_config: dict[str, Any]) -> dict[str, float]:
 
     run = Run(sinks=[], cpus_per_worker=loop_config["cpus_per_worker"], zero=zero.spec_of(cfg),
               identity=checkpoints.identity(loop_config["workload"], loop_config["config"]))
-    workload.train(cfg, run)
+    with pinned_threads(workload.threads(cfg)):
+        workload.train(cfg, run)
     run.flush()
     return {"restored_step": seen.get("restored_step", -1.0), "progress": seen.get("progress", 0.0)}
 

@@ -32,6 +32,19 @@ import torch  # noqa: E402  (after the environment above: torch reads it at impo
 from orchestrator.run import LocalRun  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _one_thread_for_direct_train_calls(request):
+    """Tests under tests/workloads call `train` directly, without the runner that pins a trial's
+    `threads` (1 in every smoke config): they get that one thread too, with or without xdist."""
+    from orchestrator.run import pinned_threads
+
+    if "tests/workloads/" not in Path(str(request.node.fspath)).as_posix():
+        yield
+        return
+    with pinned_threads(1):
+        yield
+
+
 class DiesAtSave(LocalRun):
     """A LocalRun killed (KeyboardInterrupt) right after its `at`-th checkpoint is written: what a
     SIGKILL between a save and the next step leaves behind, in-process."""
