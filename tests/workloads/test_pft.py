@@ -370,7 +370,7 @@ def trial(target, *, source=0.6, finetune=0.7, pft=0.8, expr_pft=0.9, expr_no_ex
 
 
 def test_claims_hold_on_the_papers_pattern():
-    trials = [trial(0), trial(1, source=0.7, finetune=0.75, pft=0.78)]
+    trials = [trial(0), trial(1, source=0.7, finetune=0.7, pft=0.78)]
     results = {c.__name__: c(trials) for c in CLAIMS}
     assert all(holds for holds, _ in results.values()), results
     assert all(judged_claim(c, trials) for c in CLAIMS)
@@ -384,7 +384,7 @@ def test_claims_hold_on_the_papers_pattern():
 def test_claims_fail_when_the_pattern_is_absent():
     assert not judged_claim(pft_beats_source, [trial(0, source=0.78), trial(1, source=0.8)])
     assert not judged_claim(pft_beats_finetune, [trial(0, finetune=0.8), trial(1, finetune=0.79)])
-    assert not judged_claim(exp_loss_prevents_collapse, [trial(0, expr_no_exp=0.8)])
+    assert not judged_claim(exp_loss_prevents_collapse, [trial(0, expr_no_exp=0.88)])
     assert not only_translator_adapted([trial(0), trial(1, frozen=1.0)])[0]
     assert not only_translator_adapted([trial(0, moved=0.0)])[0]
 
