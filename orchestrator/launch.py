@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import checkpoints, outbox, registry, tracking
-from orchestrator.config import ConfigError, flatten, from_dict, to_dict, to_json
+from orchestrator.config import ConfigError, from_dict, to_dict
 
 RUNS_DIR = "ladder-runs"
 
@@ -75,15 +75,11 @@ def check_resources(workers: int, cpus_per_worker: float, available: float | Non
 
 
 def _open_tracking(workload: registry.Workload, cfg: Any, run_name: str, run_dir: Path, extra_tags: dict[str, str]) -> tuple[str, str]:
+    from orchestrator.trial import open_run
+
     uri = tracking.tracking_uri()
-    run_id = tracking.start_run(
-        workload.name,
-        run_name=run_name,
-        tags={"workload": workload.name, "paper": workload.paper, "ladder.run_dir": str(run_dir), **extra_tags},
-        params=flatten(cfg),
-        uri=uri,
-    )
-    tracking.log_text(run_id, to_json(cfg), "config.json", uri=uri)
+    run_id = open_run(workload.name, cfg, experiment=workload.name, run_name=run_name, uri=uri,
+                      tags={"ladder.run_dir": str(run_dir), **extra_tags})
     return run_id, uri
 
 

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from orchestrator import claims as judging, registry, tracking
-from orchestrator.config import ConfigError, apply_overrides, flatten, redacted, to_dict, to_json
+from orchestrator.config import ConfigError, apply_overrides, flatten, to_dict
 from orchestrator.sweep import Sweep, SweepError
 
 REPRO_DIR = Path(__file__).resolve().parents[1] / "sweeps" / "repro"
@@ -362,7 +362,7 @@ def _run_local(sweep: Sweep, tags: Mapping[str, str]) -> Ran:
     """Every trial in this process, one after another, each its own MLflow child run."""
     from orchestrator import zero
     from orchestrator.run import LocalRun
-    from orchestrator.trial import TrialSpec, run_trial
+    from orchestrator.trial import TrialSpec, open_run, run_trial, trial_tags
 
     workload = sweep.load_workload()
     base = sweep.check()
@@ -383,12 +383,8 @@ def _run_local(sweep: Sweep, tags: Mapping[str, str]) -> Ran:
         trial_id = f"trial_{i:03d}"
         ran[trial_id] = params
         cfg = apply_overrides(base, params)
-        run_id = tracking.start_run(
-            sweep.name, run_name=f"{sweep_id}-{trial_id}", parent_run_id=parent, uri=uri, params=flatten(cfg),
-            tags={"workload": sweep.workload, "paper": workload.paper, "ladder.trial_id": trial_id,
-                  "ladder.sweep_id": sweep_id, "ladder.trial_params": json.dumps(redacted(dict(params)), default=str)},
-        )
-        tracking.log_text(run_id, to_json(cfg), "config.json", uri=uri)
+        run_id = open_run(sweep.workload, cfg, experiment=sweep.name, run_name=f"{sweep_id}-{trial_id}", uri=uri,
+                          parent_run_id=parent, tags=trial_tags(trial_id, sweep_id, params))
         spec = TrialSpec.of(sweep.workload, cfg, run_id=run_id, tracking_uri=uri,
                             progress=f"{sweep.workload}/{trial_id}")
         try:

@@ -12,11 +12,12 @@ workers as it is.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 from orchestrator import checkpoints, registry, tracking
-from orchestrator.config import flatten, from_dict, to_dict
+from orchestrator.config import flatten, from_dict, redacted, to_dict, to_json
 
 STATUS_FINISHED, STATUS_FAILED, STATUS_KILLED = "FINISHED", "FAILED", "KILLED"
 
@@ -68,6 +69,25 @@ class TrialSpec:
 
     def with_(self, **changes: Any) -> TrialSpec:
         return replace(self, **changes)
+
+
+def trial_tags(trial_id: str, sweep_id: str, params: Mapping[str, Any]) -> dict[str, str]:
+    """The tags that make a run one trial of one sweep (found again by them when the trial restarts)."""
+    return {"ladder.trial_id": trial_id, "ladder.sweep_id": sweep_id,
+            "ladder.trial_params": json.dumps(redacted(dict(params)), default=str)}
+
+
+def open_run(workload: str, cfg: Any, *, experiment: str, run_name: str, uri: str | None,
+             tags: Mapping[str, str] | None = None, parent_run_id: str | None = None) -> str:
+    """A trial's MLflow run, opened the same way by every driver: the workload and its paper as
+    tags (with the driver's own `tags`), the flattened config as params and `config.json` as an
+    artifact; a child of `parent_run_id` when given. Returns the run id for the TrialSpec."""
+    run_id = tracking.start_run(
+        experiment, run_name=run_name, uri=uri, parent_run_id=parent_run_id, params=flatten(cfg),
+        tags={"workload": workload, "paper": registry.paper_title(workload), **(tags or {})},
+    )
+    tracking.log_text(run_id, to_json(cfg), "config.json", uri=uri)
+    return run_id
 
 
 def sinks_for(spec: TrialSpec, cfg: Any, *, tags: Mapping[str, str] | None = None) -> list[Any]:

@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from orchestrator import outbox, tracking, zero
-from orchestrator.config import apply_overrides, flatten, redacted, to_dict, to_json
+from orchestrator.config import apply_overrides, flatten, to_dict
 from orchestrator.console import quiet_tune, stop_reason
 from orchestrator.ray_train import RayReports
 from orchestrator.sweep import MODEL_BASED_CONCURRENCY, Sweep, SweepError
 from orchestrator.sweep_summary import log_sweep_summary
-from orchestrator.trial import TrialSpec, run_trial
+from orchestrator.trial import TrialSpec, open_run, run_trial, trial_tags
 
 SWEEPS_DIR = "ladder-runs/sweeps"
 RUNS_DIR_ENV = "LADDER_RUNS_DIR"
@@ -71,21 +71,8 @@ def _child_run(meta: Mapping[str, Any], trial_id: str, cfg: Any, params: Mapping
             return run.info.run_id, tracking.get_final(run, uri)
         c.update_run(run.info.run_id, status="RUNNING")
         return run.info.run_id, None
-    run_id = tracking.start_run(
-        meta["experiment"],
-        run_name=f"{meta['sweep']}-{trial_id}",
-        tags={
-            "workload": meta["workload"],
-            "paper": meta["paper"],
-            "ladder.trial_id": trial_id,
-            "ladder.sweep_id": meta["sweep_id"],
-            "ladder.trial_params": json.dumps(redacted(dict(params)), default=str),
-        },
-        params=flatten(cfg),
-        parent_run_id=meta["parent_run_id"],
-        uri=uri,
-    )
-    tracking.log_text(run_id, to_json(cfg), "config.json", uri=uri)
+    run_id = open_run(meta["workload"], cfg, experiment=meta["experiment"], run_name=f"{meta['sweep']}-{trial_id}",
+                      uri=uri, parent_run_id=meta["parent_run_id"], tags=trial_tags(trial_id, meta["sweep_id"], params))
     return run_id, None
 
 
