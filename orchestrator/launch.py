@@ -138,7 +138,7 @@ def run_local(
                         wandb={"project": f"ladder-{name}", "name": run_dir.name} if wandb else None,
                         record_final=False, tags={"ladder.world_size": "1", "ladder.backend": "none"})
     started = time.monotonic()
-    metrics, run = run_trial(spec, lambda sinks: LocalRun(run_dir, sinks=sinks, identity=spec.identity))
+    metrics, run = run_trial(spec, lambda sinks, _: LocalRun(run_dir, sinks=sinks, identity=spec.identity))
     return RunResult(name, metrics, run_dir, run_id, uri, time.monotonic() - started, run.history)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -205,9 +206,10 @@ def worker_entry(loop_config: dict[str, Any]) -> dict[str, float]:
     ctx = ray.train.get_context()
     # Recorded from inside the worker group: what ran, not what was asked for.
     tags = {"ladder.world_size": str(ctx.get_world_size()), "ladder.backend": _backend()}
-    zero = zero_engine.spec_of(spec.load()[1])
-    final, _ = run_trial(spec, lambda sinks: RayTrainRun(sinks=sinks, zero=zero, identity=spec.identity),
-                         with_sinks=ctx.get_world_rank() == 0, tags=tags)
+    spec = replace(spec, tags={**spec.tags, **tags})
+    final, _ = run_trial(spec, lambda sinks, cfg: RayTrainRun(sinks=sinks, zero=zero_engine.spec_of(cfg),
+                                                              identity=spec.identity),
+                         with_sinks=ctx.get_world_rank() == 0)
     return final  # rank 0's becomes Result.return_value
 
 
@@ -221,7 +223,7 @@ def trainer(spec: Any, *, workers: int, cpus_per_worker: float, name: str, stora
 
     return TorchTrainer(
         worker_entry,
-        train_loop_config={"spec": spec.with_(threads=max(1, int(cpus_per_worker))), "verbose": verbose},
+        train_loop_config={"spec": replace(spec, threads=max(1, int(cpus_per_worker))), "verbose": verbose},
         torch_config=TorchConfig(backend="nccl" if gpus_per_worker else "gloo"),
         scaling_config=ray.train.ScalingConfig(
             num_workers=workers,

@@ -340,10 +340,9 @@ def source_commit(folder: Path | None = None) -> str:
     try:
         sha = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=cwd, capture_output=True, text=True,
                              timeout=10, check=True).stdout.strip()
-        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=cwd, capture_output=True, text=True,
-                             timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
-                                *(f":(exclude){p}" for p in REPORT_OUTPUTS)], cwd=top, capture_output=True,
+        # ':/' is the whole tree and `top` anchors the exclusions there, wherever `cwd` is in it.
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ":/",
+                                *(f":(top,exclude){p}" for p in REPORT_OUTPUTS)], cwd=cwd, capture_output=True,
                                text=True, timeout=10, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
@@ -388,7 +387,7 @@ def _run_local(sweep: Sweep, tags: Mapping[str, str]) -> Ran:
         spec = TrialSpec.of(sweep.workload, cfg, run_id=run_id, tracking_uri=uri,
                             progress=f"{sweep.workload}/{trial_id}")
         try:
-            final, _ = run_trial(spec, lambda sinks: LocalRun(root / trial_id, sinks=sinks, identity=spec.identity))
+            final, _ = run_trial(spec, lambda sinks, _: LocalRun(root / trial_id, sinks=sinks, identity=spec.identity))
             trials.append(trial_record(cfg, final, trial_id))
         except Exception as exc:  # the trial's run is ended FAILED; the others still run
             failed.append(f"{trial_id} {params}: {type(exc).__name__}: {exc}")

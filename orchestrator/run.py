@@ -159,10 +159,6 @@ class LocalRun:
         for sink in self.sinks:
             sink.log_artifact(str(path))
 
-    def close(self) -> None:
-        for sink in self.sinks:
-            sink.flush()
-
     def last(self, key: str) -> float:
         """The newest reported value of `key` (nan when never reported)."""
         for _, metrics in reversed(self.history):

@@ -13,7 +13,7 @@ workers as it is.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from orchestrator import checkpoints, registry, tracking
@@ -67,9 +67,6 @@ class TrialSpec:
         workload = registry.load(self.workload)
         return workload, from_dict(workload.Config, dict(self.config))
 
-    def with_(self, **changes: Any) -> TrialSpec:
-        return replace(self, **changes)
-
 
 def trial_tags(trial_id: str, sweep_id: str, params: Mapping[str, Any]) -> dict[str, str]:
     """The tags that make a run one trial of one sweep (found again by them when the trial restarts)."""
@@ -90,17 +87,15 @@ def open_run(workload: str, cfg: Any, *, experiment: str, run_name: str, uri: st
     return run_id
 
 
-def sinks_for(spec: TrialSpec, cfg: Any, *, tags: Mapping[str, str] | None = None) -> list[Any]:
-    """The trial's sinks: its MLflow run (with `tags` and the spec's tags set), the console
-    progress line, wandb."""
+def sinks_for(spec: TrialSpec, cfg: Any) -> list[Any]:
+    """The trial's sinks: its MLflow run (with the spec's tags set), the console progress line, wandb."""
     sinks: list[Any] = []
     if spec.run_id:
         skip = tracking.last_recorded_step(spec.run_id, spec.tracking_uri) if spec.skip_recorded else None
         sink = tracking.MlflowSink(spec.run_id, spec.tracking_uri, skip_through=skip, outbox_dir=spec.outbox_dir,
                                    spool=spec.spool)
-        all_tags = {**spec.tags, **(tags or {})}
-        if all_tags:
-            sink.set_tags(all_tags)
+        if spec.tags:
+            sink.set_tags(dict(spec.tags))
         sinks.append(sink)
     if spec.progress:
         from orchestrator.console import ProgressSink
@@ -123,16 +118,16 @@ def flush_quietly(sinks: list[Any]) -> None:
                           "they wait in the outbox for the sweep's driver or `ladder sync`")
 
 
-def run_trial(spec: TrialSpec, make_run: Callable[[list[Any]], Any], *, with_sinks: bool = True,
-              tags: Mapping[str, str] | None = None) -> tuple[dict[str, float], Any]:
-    """Run one trial: `make_run(sinks)` builds the `Run` for where it trains (`with_sinks` False: a
-    Ray Train worker of rank > 0, which reports nowhere itself). Returns the final metrics and the
+def run_trial(spec: TrialSpec, make_run: Callable[[list[Any], Any], Any], *,
+              with_sinks: bool = True) -> tuple[dict[str, float], Any]:
+    """Run one trial: `make_run(sinks, cfg)` builds the `Run` for where it trains (`with_sinks`
+    False: a Ray Train worker of rank > 0, which reports nowhere itself). Returns the final metrics and the
     Run. On an exception (or Ctrl-C, recorded KILLED) the run is ended FAILED and it propagates."""
     from orchestrator.run import pinned_threads
 
     workload, cfg = spec.load()
-    sinks = sinks_for(spec, cfg, tags=tags) if with_sinks else []
-    run = make_run(sinks)
+    sinks = sinks_for(spec, cfg) if with_sinks else []
+    run = make_run(sinks, cfg)
     status = STATUS_FAILED
     try:
         workload.validate(cfg, world_size=run.world_size)  # MAX_WORKERS, enforced where the trial runs

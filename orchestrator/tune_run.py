@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -109,14 +109,14 @@ def trial_main(config: dict[str, Any], meta: dict[str, Any]) -> None:
                         wandb={"project": f"ladder-{meta['sweep']}", "name": f"{meta['sweep']}-{trial_id}",
                                "group": meta["sweep_id"]} if meta.get("wandb") else None)
     if meta.get("in_trial", meta["workers"] == 1):
-        run_trial(spec.with_(threads=max(1, int(meta["cpus_per_worker"]))),
-                  lambda sinks: TuneRun(sinks=sinks, identity=spec.identity))
+        run_trial(replace(spec, threads=max(1, int(meta["cpus_per_worker"]))),
+                  lambda sinks, _: TuneRun(sinks=sinks, identity=spec.identity))
         return
     # Several workers: a Ray Train run inside the trial, whose workers report into the trial's
     # MLflow run; this process records the final metrics and ends the run.
     status = "FAILED"
     try:
-        final = _fit_train(meta, spec.with_(record_final=False, end_run=False), trial_id)
+        final = _fit_train(meta, replace(spec, record_final=False, end_run=False), trial_id)
         if run_id:
             tracking.set_final(run_id, final, uri=uri, outbox_dir=meta.get("outbox_dir"))
         status = "FINISHED"

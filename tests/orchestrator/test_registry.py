@@ -125,7 +125,7 @@ def test_the_runner_enforces_max_workers_and_pins_the_configs_threads(tmp_path, 
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        final, _ = run_trial(TrialSpec.of("rg_capped", w.Config()), lambda sinks: LocalRun(tmp_path / "run"))
+        final, _ = run_trial(TrialSpec.of("rg_capped", w.Config()), lambda sinks, _: LocalRun(tmp_path / "run"))
         assert final == {"threads": 3.0}  # pinned while train ran ...
         assert torch.get_num_threads() == 1  # ... and restored after
     finally:
