@@ -283,3 +283,50 @@ def wait_for(predicate, proc: subprocess.Popen, timeout: float = 240.0, poll: fl
     proc.wait(timeout=30)
     raise AssertionError("kill point never reached")
 
+
+
+class ModelCopies:
+    """The most `transformers` models alive at once while the fixture was active: every
+    `PreTrainedModel` made (from_pretrained, from_config) or copied (copy.deepcopy) is counted
+    until it is garbage."""
+
+    def __init__(self) -> None:
+        import weakref
+
+        self.alive: "weakref.WeakSet" = weakref.WeakSet()
+        self.peak = 0
+
+    def add(self, model) -> None:
+        import gc
+
+        gc.collect()  # a model dropped earlier but held in a reference cycle is not a copy in use
+        self.alive.add(model)
+        self.peak = max(self.peak, self.count())
+
+    def count(self) -> int:
+        """Models alive now that are not part of another (GPT2LMHeadModel holds a GPT2Model)."""
+        models = list(self.alive)
+        inner = {id(m) for outer in models for m in outer.modules() if m is not outer}
+        return sum(1 for m in models if id(m) not in inner)
+
+
+@pytest.fixture
+def model_copies(monkeypatch) -> ModelCopies:
+    """Counts the base-model copies a test's code holds at once (`model_copies.peak`): a model
+    built by a constructor or copied by deepcopy (which goes through `__setstate__`)."""
+    from transformers import PreTrainedModel
+
+    copies = ModelCopies()
+    init, setstate = PreTrainedModel.__init__, torch.nn.Module.__setstate__
+
+    def counted_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        copies.add(self)
+
+    def counted_setstate(self, state):
+        setstate(self, state)
+        copies.add(self)
+
+    monkeypatch.setattr(PreTrainedModel, "__init__", counted_init)
+    monkeypatch.setattr(PreTrainedModel, "__setstate__", counted_setstate, raising=False)
+    return copies

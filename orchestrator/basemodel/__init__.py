@@ -3,7 +3,12 @@
     from orchestrator.basemodel import base_world, load_base, lora
     model, tokenizer = load_base("tiny-local")          # or "meta-llama/Llama-3.1-8B", or a folder
     world = base_world("tiny-local")                    # the corpus it was pre-trained on
-    peft_model = lora(model, ["q_proj", "v_proj"], r=4)
+    peft_model = lora(model, ["q_proj", "v_proj"], r=4)  # kinds(model): the projection kinds it has
+
+A workload reaches a model's linear projections through `projections(model)` (nn.Linear and
+GPT-2's Conv1D, found by asking the model for its block class), its task data through
+`read_records(path, fields)` (JSONL or a datasets save_to_disk folder), and a second
+architecture for tests through `toy.save_tiny_gpt2`.
 
 `tiny-local` is a small `LlamaForCausalLM` with a word-level tokenizer of its own, pre-trained
 here (one CPU thread, about a minute) on templated attribute sentences, modular arithmetic and
@@ -12,13 +17,20 @@ key-value facts, then cached under `$LADDER_CACHE` (default `~/.cache/ladder`) a
 or `ladder base info`.
 """
 
-from orchestrator.basemodel.adapters import LLAMA_LINEAR_TYPES, linear_types, lora
+from orchestrator.basemodel.adapters import (
+    LLAMA_LINEAR_TYPES, Projection, as_linear, check_targets, kinds, linear_types, lora, projections, select, weight_oi,
+)
 from orchestrator.basemodel.corpus import RESERVED_TOKENS, Example, World, make_world, vocabulary
-from orchestrator.basemodel.loader import TINY, BaseModelError, base_info, base_world, check_base, load_base, parse_tiny, resolve
+from orchestrator.basemodel.loader import (
+    DTYPES, TINY, BaseModelError, base_info, base_kinds, base_world, check_base, check_dtype, load_base, parse_tiny, resolve,
+)
+from orchestrator.basemodel.taskfile import TaskFileError, check_records, read_records, write_jsonl
 from orchestrator.basemodel.tiny import CODE_VERSION, TinyRecipe, cache_root, score
 
 __all__ = [
-    "CODE_VERSION", "LLAMA_LINEAR_TYPES", "RESERVED_TOKENS", "TINY", "BaseModelError", "Example", "TinyRecipe",
-    "World", "base_info", "base_world", "cache_root", "check_base", "linear_types", "load_base", "lora", "make_world",
-    "parse_tiny", "resolve", "score", "vocabulary",
+    "CODE_VERSION", "DTYPES", "LLAMA_LINEAR_TYPES", "RESERVED_TOKENS", "TINY", "BaseModelError", "Example", "Projection",
+    "TaskFileError", "TinyRecipe", "World", "as_linear", "base_info", "base_kinds", "base_world", "cache_root", "check_base",
+    "check_dtype", "check_records", "check_targets", "kinds", "linear_types", "load_base", "lora", "make_world",
+    "parse_tiny", "projections", "read_records", "resolve", "score", "select", "vocabulary", "weight_oi",
+    "write_jsonl",
 ]

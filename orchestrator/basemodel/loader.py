@@ -24,8 +24,19 @@ from orchestrator.basemodel.tiny import META_FILE, TinyRecipe, artefact_dir, ens
 TINY = "tiny-local"
 
 
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+"""A workload's `dtype` field: the weights' dtype when loading ('auto': the checkpoint's own;
+bfloat16 on a GPU for the papers' models)."""
+
+
 class BaseModelError(ValueError):
     """A base model that cannot be loaded; the message names the fix."""
+
+
+def check_dtype(value: str, field: str = "dtype", allowed: tuple[str, ...] = DTYPES) -> None:
+    """Raises BaseModelError (a ValueError) unless `value` is one of `allowed`."""
+    if value not in allowed:
+        raise BaseModelError(f"{field}={value!r} is not a dtype ladder loads; choose among {', '.join(allowed)}")
 
 
 def parse_tiny(name: str) -> TinyRecipe | None:
@@ -149,3 +160,25 @@ def base_info(name_or_path: str = TINY, *, seed: int = 0) -> dict[str, Any]:
     from transformers import AutoConfig
 
     return {"path": target, "config": AutoConfig.from_pretrained(target).to_dict()}
+
+
+def base_kinds(name_or_path: str = TINY) -> list[str]:
+    """The projection kinds (`adapters.kinds`) of a base model, from its config alone: the model
+    is built on the meta device, no weights are read or allocated. For a workload's `preflight`,
+    to refuse targets or placements the model does not have before any work is launched."""
+    from orchestrator.basemodel.adapters import LLAMA_LINEAR_TYPES, kinds
+
+    if parse_tiny(name_or_path) is not None:
+        return list(LLAMA_LINEAR_TYPES)
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    target = resolve(name_or_path)
+    try:
+        config = AutoConfig.from_pretrained(target)
+    except OSError as exc:
+        raise BaseModelError(f"could not read the config of base model {name_or_path!r}: {exc}. A hub id must be in "
+                             f"the local Hugging Face cache (`hf download {name_or_path}`); a folder must hold "
+                             f"config.json") from exc
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return kinds(model)

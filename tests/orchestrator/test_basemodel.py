@@ -147,7 +147,7 @@ def test_a_saved_folder_loads_through_from_pretrained(tiny_base, tmp_path, monke
 def test_lora_wraps_it_and_trains_through_run_prepare(tiny_base, tmp_path):
     model, tok = load_base("tiny-local")
     assert linear_types(model) == list(LLAMA_LINEAR_TYPES)
-    with pytest.raises(ValueError, match="not linear module types"):
+    with pytest.raises(ValueError, match="not linear projection kinds"):
         lora(model, ["q_proj", "qkv"])
     base = {k: v.clone() for k, v in model.state_dict().items()}
     ids = tok([e.text for e in make_world(0).fact_examples("heldout")[:8]], return_tensors="pt").input_ids
