@@ -32,13 +32,16 @@ def is_saved_dataset(path: Path) -> bool:
     return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
 
 
-def _open_saved(path: Path, split: str) -> Any:
+def open_saved(path: Path, split: str, *, field: str = "text_path", split_field: str = "text_split",
+               error: type[Exception] = ValueError) -> Any:
+    """The dataset a `save_to_disk` folder holds: a Dataset as it is, a DatasetDict's `split`
+    (else `error` naming `field`, its splits and `split_field`)."""
     import datasets
 
     loaded = datasets.load_from_disk(str(path))
     if isinstance(loaded, datasets.DatasetDict):
         if split not in loaded:
-            raise ValueError(f"text_path={str(path)!r} has splits {sorted(loaded)}, not text_split={split!r}")
+            raise error(f"{field}={str(path)!r} has splits {sorted(loaded)}, not {split_field}={split!r}")
         return loaded[split]
     return loaded
 
@@ -50,7 +53,7 @@ def check_text(path: str, split: str, sources: str) -> None:
         return
     if not p.is_dir() or not is_saved_dataset(p):
         raise ValueError(f"text_path={path!r} is neither a text file nor a datasets save_to_disk folder: expected {sources}")
-    columns = _open_saved(p, split).column_names
+    columns = open_saved(p, split).column_names
     if "text" not in columns:
         raise ValueError(f"text_path={path!r} has columns {columns}, no 'text' column: expected {sources}")
 
@@ -60,4 +63,4 @@ def read_text(path: str, split: str) -> str:
     p = Path(path)
     if p.is_file():
         return p.read_text(encoding="utf-8")
-    return "\n".join(_open_saved(p, split)["text"])
+    return "\n".join(open_saved(p, split)["text"])

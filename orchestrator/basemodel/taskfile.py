@@ -20,6 +20,8 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
+from orchestrator.pretrained import is_saved_dataset
+
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 
 FieldTypes = Mapping[str, type | tuple[type, ...]]
@@ -40,24 +42,18 @@ def describe(fields: FieldTypes) -> str:
     return ", ".join(f"{k} ({_type_words(t)})" for k, t in fields.items())
 
 
-def _is_saved(path: Path) -> bool:
-    return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
-
-
 def _where(path: str, what: str) -> str:
     return f"{what}={path!r}"
 
 
-def _open_saved(path: Path, split: str, what: str) -> Any:
-    import datasets
+def _split_field(what: str) -> str:
+    return what[: -len("_path")] + "_split" if what.endswith("_path") else "split"
 
-    loaded = datasets.load_from_disk(str(path))
-    if isinstance(loaded, datasets.DatasetDict):
-        if split not in loaded:
-            raise TaskFileError(f"{_where(str(path), what)} is a saved DatasetDict with splits {sorted(loaded)}, not "
-                                f"{split!r}: name one of them as the split")
-        return loaded[split]
-    return loaded
+
+def _open_saved(path: Path, split: str, what: str) -> Any:
+    from orchestrator.pretrained import open_saved
+
+    return open_saved(path, split, field=what, split_field=_split_field(what), error=TaskFileError)
 
 
 def _check_record(record: Any, fields: FieldTypes, at: str, fmt: str) -> None:
@@ -84,7 +80,7 @@ def _resolve(path: str, what: str, fields: FieldTypes) -> Path:
     p = Path(path).expanduser()
     if p.is_file() and p.suffix in JSONL_SUFFIXES:
         return p
-    if p.is_dir() and _is_saved(p):
+    if p.is_dir() and is_saved_dataset(p):
         return p
     if p.is_file():
         raise TaskFileError(f"{_where(path, what)} has suffix {p.suffix!r}; task files are read as "

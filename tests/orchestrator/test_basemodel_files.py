@@ -186,6 +186,6 @@ def test_a_bad_path_or_saved_dataset_is_refused_naming_the_fix(tmp_path):
         str(tmp_path / "dd"))
     with pytest.raises(TaskFileError, match=r"has columns \['prompt', 'output'\], no \['answer'\]"):
         check_records(str(tmp_path / "dd"), FIELDS)
-    with pytest.raises(TaskFileError, match=r"splits \['train'\], not 'test'"):
+    with pytest.raises(TaskFileError, match=r"splits \['train'\], not task_split='test'"):
         check_records(str(tmp_path / "dd"), {"prompt": str}, split="test")
     assert json.loads((tmp_path / "dd" / "dataset_dict.json").read_text())["splits"] == ["train"]
