@@ -204,7 +204,7 @@ def test_task_splits_triggers_and_rows():
     ({"diffs_per_batch": -1}, "diffs_per_batch must be >= 0"),
     ({"diff_lr": 0.0}, "diff_lr must be positive"),
     ({"kl_weight": -1.0}, "kl_weight"),
-    ({"dtype": "int8"}, "dtype must be"),
+    ({"dtype": "int8"}, "is not a dtype ladder loads"),
     ({"question": "  "}, "question is empty"),
     ({"checkpoint_every_frac": 0.0}, "checkpoint_every_frac"),
     ({"base": "/no/such/checkpoint"}, "does not exist"),
@@ -319,3 +319,174 @@ def test_smoke_reproduction_holds(workdir):
     assert t["eval/n_topics"] == 60 and t["eval/n_diffs"] == 99
     for claim in rep.claims:
         assert claim.measured and all(math.isfinite(v) for v in claim.measured.values()), claim
+
+
+# --- diffs from files: peft LoRA folders made outside dit -----------------------------------------
+
+FILE_TOPICS = ("astronomy", "music", "chemistry")
+"""Seen labels; 'poetry' is an unseen one (only in the evaluation listing)."""
+QUESTION = "question : what topic ? answer :"
+
+
+def topic_text(topic: str) -> str:
+    return f"ada lives in paris . {topic} {topic} . the {topic} of {topic} is {topic}"
+
+
+def make_loras(model, folder, plan, targets, fan_in_fan_out=False, steps=4):
+    """Plain peft, nothing of dit's: for each (name, topic), a LoRA trained a few steps on that
+    topic's text, saved with save_pretrained; the model is unloaded back to its base after each."""
+    from peft import LoraConfig, get_peft_model
+
+    tok_model, tok = model
+    for i, (name, topic) in enumerate(plan):
+        torch.manual_seed(100 + i)
+        pm = get_peft_model(tok_model, LoraConfig(r=2, lora_alpha=4, target_modules=list(targets),
+                                                  fan_in_fan_out=fan_in_fan_out, init_lora_weights=True))
+        opt = torch.optim.Adam([p for p in pm.parameters() if p.requires_grad], lr=2e-2)
+        ids = torch.tensor([tok(topic_text(topic)).input_ids])
+        for _ in range(steps):
+            loss = pm(input_ids=ids, labels=ids).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        pm.save_pretrained(str(folder / name))
+        tok_model = pm.unload()
+    return tok_model
+
+
+def lora_plan(per_topic: int) -> tuple[list, list]:
+    train = [(f"loras/{t}-{k}", t) for t in FILE_TOPICS for k in range(per_topic)]
+    held = [(f"loras/{t}-new", t) for t in FILE_TOPICS] + [("loras/poetry-new", "poetry")]
+    return train, held
+
+
+def file_smoke(base: str, task: str, eval_path: str, **kw) -> Config:
+    return Config(base=base, task_path=task, eval_path=eval_path, question=QUESTION, dit_rank=4, dit_alpha=8.0,
+                  dit_steps=30, dit_batch=6, dit_lr=1e-2, log_every=5, eval_batch=64, **kw)
+
+
+def assert_file_run(res):
+    losses = [m["train/loss"] for _, m in res.history if "train/loss" in m]
+    assert len(losses) >= 4 and losses[-1] < losses[0], losses  # the adapter learns
+    m = res.metrics
+    assert m["eval/n_diffs_train"] == 6 and m["eval/n_diffs_heldout"] == 3 and m["eval/n_diffs_unseen"] == 1
+    assert m["eval/chance"] == pytest.approx(1 / 4)
+    trials = [{"seed": 0, **m}]
+    for fn in (dit_names_new_diffs, dit_beats_asking, no_consistent_topic_without_diff,
+               nodiff_topic_far_below_diff_confidence):
+        holds, measured = fn(trials)
+        assert isinstance(holds, bool) and all(math.isfinite(v) for v in measured.values()), fn.__name__
+    with pytest.raises(ValueError, match="trigger_rate"):  # no synthetic diffs: nothing planted to judge
+        diffs_plant_their_behaviour(trials)
+
+
+@pytest.fixture(scope="module")
+def gpt2_loras(tmp_path_factory):
+    from orchestrator.basemodel.toy import save_tiny_gpt2
+
+    root = tmp_path_factory.mktemp("gpt2-dit")
+    texts = [topic_text(t) for t in FILE_TOPICS + ("poetry",)] + [QUESTION] * 3
+    folder = save_tiny_gpt2(root / "gpt2", texts, vocab_size=300, positions=64)
+    train_plan, held_plan = lora_plan(2)
+    model = load_base(str(folder))
+    make_loras(model, root, train_plan + held_plan, ["c_attn", "c_proj", "c_fc"], fan_in_fan_out=True)
+    from orchestrator.basemodel import write_jsonl
+
+    write_jsonl(root / "train.jsonl", [{"adapter": a, "answer": t} for a, t in train_plan])
+    write_jsonl(root / "test.jsonl", [{"adapter": a, "answer": t} for a, t in held_plan])
+    return root
+
+
+def test_a_gpt2_lora_folder_applied_from_the_bank_is_peft_s_own_model(gpt2_loras):
+    from peft import PeftModel
+
+    from workloads.dit.files import Diff, FileBank
+
+    model, tok = load_base(str(gpt2_loras / "gpt2"))
+    ids = torch.tensor([tok(topic_text("music")).input_ids])
+    pm = PeftModel.from_pretrained(model, str(gpt2_loras / "loras" / "music-1"))
+    with torch.no_grad():
+        want = pm(input_ids=ids).logits
+    model = pm.unload()
+    with torch.no_grad():
+        base_logits = model(input_ids=ids).logits
+    ctx = wrap(model, ("c_attn", "attn.c_proj", "c_fc", "mlp.c_proj"), dit_rank=2, dit_alpha=4.0)
+    bank = FileBank(model, [Diff(gpt2_loras / "loras" / "astronomy-0", "", "train"),
+                            Diff(gpt2_loras / "loras" / "music-1", "", "train")], "cpu")
+    ctx.bank, ctx.index, ctx.rank = bank.gather([0, 1]), torch.tensor([1]), 1
+    with torch.no_grad():
+        got = model(input_ids=ids).logits
+    assert (want - base_logits).abs().max() > 1e-3  # the LoRA does change the model
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_dit_on_outside_gpt2_loras_through_the_real_sweeps_path(gpt2_loras, workdir, model_copies):
+    from orchestrator.launch import run_local
+    from workloads.dit import interpret, preflight
+
+    cfg = file_smoke(str(gpt2_loras / "gpt2"), str(gpt2_loras / "train.jsonl"), str(gpt2_loras / "test.jsonl"))
+    preflight(cfg)
+    res = run_local("dit", cfg, progress=False, track=False)
+    assert_file_run(res)
+    said = interpret(cfg, res.run_dir, gpt2_loras / "loras" / "chemistry-new")
+    assert said["label"] in FILE_TOPICS and set(said["logprobs"]) == set(FILE_TOPICS)
+    assert all(v < 0 for v in said["logprobs"].values()) and isinstance(said["said"], str)
+    assert model_copies.peak <= 2
+
+
+def test_dit_on_outside_tiny_local_loras_from_a_saved_dataset(tmp_path, workdir, ladder_cache):
+    import datasets
+
+    from orchestrator.launch import run_local
+
+    train_plan, held_plan = lora_plan(2)
+    make_loras(load_base("tiny-local"), tmp_path, train_plan + held_plan, ["q_proj", "v_proj", "down_proj"])
+    datasets.DatasetDict({
+        "train": datasets.Dataset.from_list([{"path": a, "topic": t} for a, t in train_plan]),
+        "test": datasets.Dataset.from_list([{"path": a, "topic": t} for a, t in held_plan]),
+    }).save_to_disk(str(tmp_path / "listing"))
+    listing = str(tmp_path / "listing")
+    cfg = file_smoke("tiny-local", listing, listing, adapter_field="path", answer_field="topic")
+    registry.load("dit").preflight(cfg)
+    assert_file_run(run_local("dit", cfg, progress=False, track=False))
+
+
+def test_bad_listings_and_mismatched_modules_are_refused_in_preflight(gpt2_loras, tmp_path, ladder_cache):
+    from orchestrator.basemodel import write_jsonl
+    from workloads.dit import preflight
+
+    gpt2 = str(gpt2_loras / "gpt2")
+    ok = str(gpt2_loras / "train.jsonl")
+    no_answer = write_jsonl(gpt2_loras / "no-answer.jsonl", [{"adapter": "loras/music-0", "topic": "music"}])
+    with pytest.raises(ValueError, match="no 'answer' field"):
+        preflight(file_smoke(gpt2, str(no_answer), ""))
+    missing = write_jsonl(gpt2_loras / "missing.jsonl", [{"adapter": "loras/jazz-0", "answer": "music"}])
+    with pytest.raises(ValueError, match="jazz-0.*does not exist"):
+        preflight(file_smoke(gpt2, str(missing), ""))
+    with pytest.raises(ValueError, match=r"diff_targets \['q_proj'\] are not linear projection kinds"):
+        preflight(file_smoke(gpt2, ok, "", diff_targets="q_proj"))
+    with pytest.raises(ValueError, match=r"changes module 'transformer.h.0.attn.c_attn'.*\['mlp.c_proj'\]"):
+        preflight(file_smoke(gpt2, ok, "", diff_targets="mlp.c_proj"))
+    # A LoRA of another architecture (Llama module names) listed for the GPT-2 base.
+    make_loras(load_base("tiny-local"), tmp_path, [("llama-lora", "music")], ["q_proj"], steps=0)
+    llama = write_jsonl(tmp_path / "llama.jsonl", [{"adapter": "llama-lora", "answer": "music"}])
+    with pytest.raises(ValueError, match=r"changes module 'model.layers.0.self_attn.q_proj'"):
+        preflight(file_smoke(gpt2, ok, str(llama)))
+    with pytest.raises(ValueError, match="eval_path is set but task_path is not"):
+        validate(dataclasses.replace(Config(), eval_path=ok))
+
+
+def test_the_real_sweep_is_valid_anywhere_and_names_what_it_needs(workdir, monkeypatch):
+    from conftest import REPO
+    from orchestrator.sweep import load_sweep_file
+    from orchestrator.tune_run import launch_problems
+
+    monkeypatch.setenv("LADDER_DATA", str(workdir / "data"))
+    monkeypatch.delenv("LADDER_DIT_BASE", raising=False)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(workdir / "empty-cache"))
+    sweep = load_sweep_file(REPO / "sweeps" / "repro" / "dit_real.py")
+    base = sweep.check()
+    assert base.dtype == "bfloat16" and sweep.gpus_per_worker >= 1
+    (problem,) = [p for p in launch_problems(sweep) if "base=" in p]
+    assert "base='Qwen/Qwen3-8B' is neither a folder" in problem
+    assert f"task_path={str(workdir / 'data' / 'dit' / 'train.jsonl')!r} does not exist" in problem

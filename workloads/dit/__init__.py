@@ -17,9 +17,15 @@ so probabilities are compared topic by topic, and accuracies are by greedy decod
 The claims: each diff plants its behaviour (trigger rate at least 90%, small off-trigger KL);
 the adapter names the topic of new diffs far above chance and far above asking without it;
 with no diff applied it names no consistent topic. Unseen-topic accuracy is reported.
+
+The paper's use case, diffs from real fine-tunes: `task_path` (and `eval_path`) list peft LoRA
+folders made anywhere with the answer for each (workloads/dit/files.py); the adapter trains on
+them instead of synthetic diffs, on any transformers base (tiny-local, GPT-2, Qwen3, ...), and
+`interpret` applies a trained adapter to one more folder and says what it answers.
 """
 
 from workloads.dit.claims import CHECKS, CLAIMS, plot
-from workloads.dit.workload import MAX_WORKERS, Config, smoke, train, validate
+from workloads.dit.files import interpret
+from workloads.dit.workload import MAX_WORKERS, Config, preflight, smoke, train, validate
 
-__all__ = ["CHECKS", "CLAIMS", "MAX_WORKERS", "Config", "plot", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "MAX_WORKERS", "Config", "interpret", "plot", "preflight", "smoke", "train", "validate"]

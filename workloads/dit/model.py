@@ -1,6 +1,8 @@
-"""Batched rank-r weight diffs and the DIT adapter, as one wrapper around each targeted `nn.Linear`.
+"""Batched rank-r weight diffs and the DIT adapter, as one wrapper around each targeted projection.
 
-Every targeted linear W (q/k/v/o/gate/up/down in each decoder layer; never lm_head) becomes
+Every targeted projection W (an `nn.Linear` or GPT-2's `Conv1D`, as `projections(model)` finds them
+in the transformer blocks: q/k/v/o/gate/up/down for Llama, c_attn/c_proj/c_fc for GPT-2; never the
+head) becomes
 
     y = W x  +  (u_d v_d / r) x  +  (s / r_DIT) B A x
 
@@ -20,6 +22,8 @@ from typing import Iterator
 
 import torch
 from torch import nn
+
+from orchestrator.basemodel import as_linear, select
 
 
 @dataclass
@@ -57,7 +61,11 @@ class DiffLinear(nn.Module):
         ctx = self.ctx
         if ctx.index is not None:
             u, v = ctx.bank[self.name]
-            u_g, v_g = u[ctx.index].to(x.dtype), v[ctx.index].to(x.dtype)  # [G, out, r], [G, r, in]
+            # A bank may live on another device than the model (diffs read from files stay on the
+            # CPU): only the gathered diffs of this batch travel.
+            index = ctx.index.to(u.device)
+            u_g = u[index].to(device=x.device, dtype=x.dtype)  # [G, out, r]
+            v_g = v[index].to(device=x.device, dtype=x.dtype)  # [G, r, in]
             # One matmul pair per group (not per row): a group's rows and positions share its diff.
             flat = x.reshape(len(ctx.index), -1, x.shape[-1])  # [G, group * T, in]
             delta = torch.bmm(torch.bmm(flat, v_g.transpose(1, 2)), u_g.transpose(1, 2))  # [G, group * T, out]
@@ -68,18 +76,16 @@ class DiffLinear(nn.Module):
 
 
 def wrap(model: nn.Module, targets: tuple[str, ...], dit_rank: int, dit_alpha: float) -> DiffContext:
-    """Replace every `nn.Linear` inside the decoder layers whose leaf name is in `targets` by a
-    `DiffLinear`, freeze the base weights, and return the context all wrappers share."""
+    """Replace every projection of the transformer blocks whose kind is in `targets` (see
+    `orchestrator.basemodel.kinds`) by a `DiffLinear` (a `Conv1D` through an `nn.Linear` view of its
+    own storage), freeze the base weights, and return the context all wrappers share. An unknown
+    kind raises ValueError naming it and the model's kinds."""
     ctx = DiffContext()
     for p in model.parameters():
         p.requires_grad_(False)
-    found = [(n, m) for n, m in model.named_modules()
-             if isinstance(m, nn.Linear) and ".layers." in n and n.rsplit(".", 1)[-1] in targets]
-    if not found:
-        raise ValueError(f"no linear module of types {list(targets)} inside the decoder layers of this model")
-    for name, module in found:
+    for name, proj in select(model, targets, what="diff_targets").items():
         parent = model.get_submodule(name.rsplit(".", 1)[0])
-        setattr(parent, name.rsplit(".", 1)[1], DiffLinear(name, module, ctx, dit_rank, dit_alpha))
+        setattr(parent, name.rsplit(".", 1)[1], DiffLinear(name, as_linear(proj.module), ctx, dit_rank, dit_alpha))
     return ctx
 
 

@@ -10,11 +10,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from orchestrator.basemodel import base_world, check_base, linear_types, load_base
+from orchestrator.basemodel import DTYPES, base_kinds, base_world, check_base, check_dtype, linear_types, load_base
+from orchestrator.basemodel.loader import parse_tiny
 from orchestrator.basemodel.corpus import N_RESERVED, TOPICS
 from orchestrator.run import fraction_steps
 from workloads.dit.data import SPLITS, Task, diff_rows, make_task
 from workloads.dit.evaluate import answer_logits, diff_metrics, dit_metrics, kl_rows
+from workloads.dit.files import check_listing, train_files
 from workloads.dit.model import DiffContext, dit_parameters, new_bank, wrap
 
 PLANTED = 0.9
@@ -32,8 +34,25 @@ class Config:
     base_seed: int = 0
     """Seed of the tiny-local build and its world (keep it fixed across trials)."""
     dtype: str = "float32"
-    """Base weights' dtype ('float32', 'bfloat16', 'float16'; 'float64' for exact comparisons);
-    diffs and adapter stay float32."""
+    """Base weights' dtype ('auto': the checkpoint's own, 'float32', 'bfloat16' (on a GPU), 'float16';
+    'float64' for exact comparisons); diffs and adapter stay float32."""
+    task_path: str = ""
+    """The diffs as files: a listing (JSONL, or a datasets save_to_disk folder) of peft LoRA folders
+    and the answer the adapter should give for each (fields `adapter_field`, `answer_field`);
+    the adapter trains on them and no synthetic diff is made. '' = the synthetic trigger-topic
+    diffs of tiny-local's world (stage A), the CI default. See workloads/dit/files.py."""
+    task_split: str = "train"
+    """Split of task_path when it is a saved DatasetDict."""
+    eval_path: str = ""
+    """A listing of the diffs the adapter is judged on (same format); '' = a seeded eval_frac of task_path."""
+    eval_split: str = "test"
+    """Split of eval_path when it is a saved DatasetDict."""
+    eval_frac: float = 0.25
+    """Fraction of task_path's diffs held out for evaluation when eval_path is ''."""
+    adapter_field: str = "adapter"
+    """Listing field: the peft LoRA folder (save_pretrained), relative to the listing's folder or absolute."""
+    answer_field: str = "answer"
+    """Listing field: the text the adapter should answer for that diff (e.g. its topic)."""
     topics: int = 60
     """Seen topics: the DIT adapter's labels (the first of `TOPICS` after a seeded shuffle)."""
     unseen_topics: int = 3
@@ -110,8 +129,13 @@ def smoke() -> Config:
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Checks that need no model: raised before anything is launched."""
     check_base(cfg.base)
-    if cfg.dtype not in ("float32", "bfloat16", "float16", "float64"):
-        raise ValueError(f"dtype must be 'float32', 'bfloat16', 'float16' or 'float64', got {cfg.dtype!r}")
+    check_dtype(cfg.dtype, allowed=DTYPES + ("float64",))
+    if not 0 < cfg.eval_frac < 1:
+        raise ValueError(f"eval_frac must lie in (0, 1), got {cfg.eval_frac}")
+    if cfg.eval_path and not cfg.task_path:
+        raise ValueError("eval_path is set but task_path is not: the adapter trains on task_path's diffs")
+    if cfg.task_path and (not cfg.adapter_field or not cfg.answer_field):
+        raise ValueError("adapter_field and answer_field name the listing's fields: neither may be empty")
     for name in ("topics", "train_diffs_per_topic", "heldout_diffs", "triggers", "max_context_words",
                  "eval_contexts", "diff_rank", "diff_steps", "trigger_rows", "dit_rank", "dit_steps", "dit_batch",
                  "eval_batch", "log_every"):
@@ -131,7 +155,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError("fake_rows need another trigger than a diff's own: set triggers >= 2 or fake_rows=0")
     if cfg.fake_rows + cfg.plain_rows == 0:
         raise ValueError("fake_rows + plain_rows is 0: nothing keeps a diff close to the base off its trigger")
-    if cfg.dit_batch > cfg.topics * cfg.train_diffs_per_topic:
+    if not cfg.task_path and cfg.dit_batch > cfg.topics * cfg.train_diffs_per_topic:
         raise ValueError(f"dit_batch={cfg.dit_batch} exceeds the {cfg.topics * cfg.train_diffs_per_topic} "
                          f"training diffs: lower dit_batch or raise train_diffs_per_topic")
     if not cfg.diff_targets.strip() or any(not t.strip() for t in cfg.diff_targets.split(",")):
@@ -145,6 +169,39 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError(f"checkpoint_every_frac must lie in (0, 1], got {cfg.checkpoint_every_frac}")
     if not cfg.question.strip():
         raise ValueError("question is empty: give the text the model is asked, e.g. 'question : what topic ? answer :'")
+
+
+def preflight(cfg: Config) -> None:
+    """Checks of the machine that runs it: the base is tiny-local, a folder or a cached hub id; its
+    projection kinds include diff_targets; task_path and eval_path read, with both fields in every
+    record, and every listed folder is a peft LoRA changing only projections of those kinds.
+    Every problem in one error."""
+    from orchestrator.pretrained import model_config
+
+    problems, kinds = [], None
+    if parse_tiny(cfg.base) is None and not model_config(cfg.base):
+        problems.append(f"base={cfg.base!r} is neither a folder with config.json nor in the local Hugging Face cache "
+                        f"(nothing is downloaded at run time): `hf download {cfg.base}` where the network is reachable")
+    else:
+        try:
+            kinds = base_kinds(cfg.base)
+        except ValueError as exc:
+            problems.append(str(exc))
+    if kinds is not None and cfg.diff_targets.strip() != "all-linear":
+        wanted = [t.strip() for t in cfg.diff_targets.split(",")]
+        unknown = [t for t in wanted if t not in kinds]
+        if unknown:
+            problems.append(f"diff_targets {unknown} are not linear projection kinds of base {cfg.base!r}; choose "
+                            f"among {kinds}")
+        kinds = [t for t in wanted if t in kinds]
+    for path, split, what in ((cfg.task_path, cfg.task_split, "task_path"), (cfg.eval_path, cfg.eval_split, "eval_path")):
+        if path:
+            try:
+                check_listing(cfg, path, split, what, kinds)
+            except ValueError as exc:
+                problems.append(str(exc))
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 def targets_of(model: torch.nn.Module, spec: str) -> tuple[str, ...]:
@@ -178,7 +235,11 @@ def _check_task(cfg: Config, tok, task: Task) -> None:
 def train(cfg: Config, run) -> dict[str, float]:
     validate(cfg, run.world_size)
     dev = run.device
-    model, tok = load_base(cfg.base, seed=cfg.base_seed, dtype=getattr(torch, cfg.dtype), device=dev)
+    model, tok = load_base(cfg.base, seed=cfg.base_seed, dtype=cfg.dtype, device=dev)
+    if cfg.task_path:
+        torch.manual_seed(cfg.seed)  # the DIT adapter's init
+        ctx = wrap(model, targets_of(model, cfg.diff_targets), cfg.dit_rank, cfg.dit_alpha)
+        return train_files(cfg, run, model, tok, ctx)
     task = make_task(cfg, tok, base_world(cfg.base, seed=cfg.base_seed))
     _check_task(cfg, tok, task)
     torch.manual_seed(cfg.seed)  # the DIT adapter's init
