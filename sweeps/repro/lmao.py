@@ -11,6 +11,8 @@ Smoke: tiny-local (built once, reused), the 63 topic words, full batch, LoRA r =
 600 steps, one trial seed (`--seed`). Full: a real checkpoint through the same code (the paper's
 setting: LoRA on q and v, Adam 1e-4, zeroth-order SGD 1e-6, eps 1e-3), the 128 key words, five
 seeds; point `FULL_BASE` (or $LADDER_LMAO_BASE) at a hub id or a local save_pretrained folder.
+The paper's own setting (OPT-13B on SST-2, the three arms at their step counts) is
+`sweeps/repro/lmao_real.py`.
 """
 
 import os

@@ -56,8 +56,10 @@ def test_weight_decay_skips_the_masked_parameters():
     zo.update(theta, seed=0, lr=0.5, projected_grad=0.0, weight_decay=0.2, decay=[True, False])
     torch.testing.assert_close(theta[0], torch.full((3,), 0.9))
     torch.testing.assert_close(theta[1], torch.ones(3))
-    assert zo.decay_mask([("model.layers.0.mlp.up_proj.weight", theta[0]), ("model.norm.weight", theta[1]),
-                          ("x.bias", theta[1])]) == [True, False, False]
+    matrix = torch.ones(3, 2)
+    assert zo.decay_mask([("model.layers.0.mlp.up_proj.weight", matrix), ("model.norm.weight", theta[1]),
+                          ("x.bias", theta[1]), ("transformer.h.0.ln_1.weight", theta[1]),
+                          ("model.norm_like.weight", matrix)]) == [True, False, False, False, False]
 
 
 def test_projected_gradient_estimates_the_gradient_on_average():
@@ -270,3 +272,143 @@ def test_smoke_reproduction_holds(workdir, tiny_base):
     # tiny-local's size the zeroth-order half's gain over LoRA r = 1 is below the run-to-run spread
     # of the LoRA trajectory (over seeds 0-5 LMAO ended below LoRA in 4 of 6, mean 2.830 vs 2.877,
     # per-seed differences from -0.36 to +0.21).
+
+
+# --- task files and a second architecture -------------------------------------------------------
+
+POSITIVE = ("good", "fine", "nice", "lovely", "superb", "bright")
+NEGATIVE = ("bad", "awful", "poor", "dull", "grim", "weak")
+
+
+def review_records(n: int, seed: int = 0) -> list[dict]:
+    """SST-2-shaped records (`sentence`, `label` 0/1): the label is the sentiment of the adjective."""
+    import random
+
+    rng = random.Random(seed)
+    nouns = ("film", "plot", "cast", "score", "ending", "script")
+    return [{"sentence": f"the {rng.choice(nouns)} was {rng.choice(POSITIVE if i % 2 else NEGATIVE)} . ", "label": i % 2,
+             "idx": i} for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def gpt2_task(tmp_path_factory):
+    """A tiny GPT-2 folder (Conv1D, `transformer.h`, a byte-level BPE) and an SST-2-shaped JSONL file."""
+    from orchestrator.basemodel import write_jsonl
+    from orchestrator.basemodel.toy import save_tiny_gpt2
+
+    root = tmp_path_factory.mktemp("lmao-gpt2")
+    records = review_records(96)
+    task = write_jsonl(root / "sst2.jsonl", records)
+    folder = save_tiny_gpt2(root / "gpt2", [r["sentence"] + " It was terrible great" for r in records], vocab_size=300)
+    return str(folder), str(task)
+
+
+def gpt2_cfg(gpt2_task, **change) -> Config:
+    folder, task = gpt2_task
+    fields = dict(base=folder, task_path=task, lora_targets=("c_attn",), lora_rank=2, lora_alpha=4.0, lora_lr=1e-2, batch=16,
+                  steps=30, eval_every=10, log_every=5)
+    return dataclasses.replace(smoke(), **{**fields, **change})
+
+
+def test_gpt2_folder_and_jsonl_task_run_the_real_sweeps_code(workdir, gpt2_task, model_copies):
+    from orchestrator import launch
+    from workloads.lmao import preflight
+
+    trials = []
+    for method, zo_lr in (("lmao", 3e-6), ("lora", 3e-6), ("mezo", 1e-3)):
+        cfg = gpt2_cfg(gpt2_task, method=method, zo_lr=zo_lr)
+        preflight(cfg)
+        result = launch.run_local("lmao", cfg, progress=False, track=False)
+        losses = [m["train/loss"] for _, m in result.history if "train/loss" in m]
+        assert losses[-1] < losses[0] - 0.1, (method, losses)
+        assert 0.0 <= result.metrics["eval/acc"] <= 1.0 and math.isfinite(result.metrics["eval/loss"])
+        trials.append({"method": method, "seed": cfg.seed, **result.metrics})
+    assert model_copies.peak <= 2
+    outcomes = {c.__name__: c(trials) for c in CLAIMS + CHECKS}
+    assert all(math.isfinite(v) for _, measured in outcomes.values() for v in measured.values()), outcomes
+    assert outcomes["three_forwards_one_backward"][0] and outcomes["no_base_grad_after_zo"][0], outcomes
+    assert outcomes["lmao_beats_lora_and_mezo"][1]["seeds"] == 1
+
+
+def test_label_word_scores_agree_with_the_answer_loss(gpt2_task):
+    from orchestrator.basemodel import load_base
+
+    folder, task = gpt2_task
+    model, tok = load_base(folder)
+    rows = data.read_task(task, "train", "{sentence} It was", "label", 2)[:12]
+    assert rows[0][0] == "the " + rows[0][0].split()[1] + " " + rows[0][0].split()[2] + " " + rows[0][0].split()[3] + " . It was"
+    words = ("terrible", "great")
+    got = data.choice_metrics(model, data.encode_choices(rows, words, tok), chunk=5)
+    assert got["loss"] == pytest.approx(data.evaluate(model, data.encode_labelled(rows, words, tok))["loss"], rel=1e-5)
+    # The prediction is the word of highest mean log-probability: flipping every label flips the accuracy.
+    flipped = data.choice_metrics(model, data.encode_choices([(p, 1 - y) for p, y in rows], words, tok), chunk=5)
+    assert got["acc"] + flipped["acc"] == pytest.approx(1.0)
+
+
+def test_tiny_local_with_a_saved_dataset_task(workdir, tiny_base):
+    import datasets
+
+    from orchestrator import launch
+    from orchestrator.basemodel import corpus
+    from workloads.lmao import preflight
+
+    # Words tiny-local knows: "<name> likes <topic>", labelled by a random half of the topics.
+    topics = list(corpus.TOPICS[:20])
+    liked = set(topics[::2])
+    rows = [{"sentence": f"{n} likes {t}", "label": int(t in liked)} for n in corpus.NAMES[:6] for t in topics]
+    folder = workdir / "likes"
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows[:100]),
+                          "test": datasets.Dataset.from_list(rows[100:])}).save_to_disk(str(folder))
+    cfg = dataclasses.replace(smoke(), task_path=str(folder), eval_path=str(folder), eval_split="test", template="{sentence} :",
+                              label_words=("0", "1"), n_train=64, batch=16, steps=20, eval_every=10, log_every=5,
+                              lora_rank=2, lora_alpha=4.0, lora_lr=1e-2)
+    preflight(cfg)
+    result = launch.run_local("lmao", cfg, progress=False, track=False)
+    losses = [m["train/loss"] for _, m in result.history if "train/loss" in m]
+    assert losses[-1] < losses[0] - 0.1, losses
+    evals = [m["eval/loss"] for _, m in result.history if "eval/loss" in m]
+    assert evals[-1] < evals[0] and result.metrics["diag/forwards_per_step_max"] == 3, evals
+
+
+def test_bad_task_files_and_foreign_kinds_are_refused_in_preflight(tmp_path, gpt2_task):
+    from orchestrator import registry
+    from orchestrator.basemodel import write_jsonl
+
+    lmao = registry.load("lmao")
+    folder, task = gpt2_task
+    no_label = write_jsonl(tmp_path / "no_label.jsonl", [{"sentence": "a b", "label": 1}, {"sentence": "c d"}])
+    with pytest.raises(ConfigError, match=r"line 2 has no 'label' field"):
+        lmao.preflight(gpt2_cfg(gpt2_task, task_path=str(no_label)))
+    with pytest.raises(ConfigError, match=r"no 'text' field"):
+        lmao.preflight(gpt2_cfg(gpt2_task, template="Review: {text} It was"))
+    unlabelled = write_jsonl(tmp_path / "test.jsonl", [{"sentence": "a b", "label": -1}])
+    with pytest.raises(ConfigError, match=r"eval_path=.*record 0.*field 'label' is -1"):
+        lmao.preflight(gpt2_cfg(gpt2_task, eval_path=str(unlabelled)))
+    # GPT-2 has no q_proj / v_proj: the paper's targets are refused, naming the model's kinds.
+    with pytest.raises(ConfigError, match=r"lora_targets \['q_proj', 'v_proj'\] are not projection kinds.*'c_attn'"):
+        lmao.preflight(gpt2_cfg(gpt2_task, lora_targets=("q_proj", "v_proj")))
+    lmao.preflight(gpt2_cfg(gpt2_task, lora_targets=("q_proj",), method="mezo"))  # no LoRA, nothing to place
+    with pytest.raises(ConfigError, match="is neither a folder"):
+        lmao.preflight(dataclasses.replace(Config(), base="nobody/no-such-model-here"))
+    for change, message in (({"template": "It was"}, "names no record field"), ({"label_words": ("great",)}, "label_words"),
+                            ({"eval_frac": 1.0}, "eval_frac"), ({"dtype": "int8"}, "dtype='int8'")):
+        with pytest.raises(ValueError, match=message):
+            validate(gpt2_cfg(gpt2_task, **change))
+
+
+def test_the_real_sweep_is_valid_anywhere_and_names_what_it_needs(workdir, monkeypatch):
+    from conftest import REPO
+    from orchestrator.sweep import load_sweep_file
+    from orchestrator.tune_run import launch_problems
+
+    monkeypatch.setenv("LADDER_DATA", str(workdir / "data"))
+    monkeypatch.delenv("LADDER_LLMS", raising=False)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(workdir / "empty-cache"))
+    sweep = load_sweep_file(REPO / "sweeps" / "repro" / "lmao_real.py")
+    base = sweep.check()
+    assert (base.template, base.label_words, base.dtype) == ("{sentence} It was", ("terrible", "great"), "float16")
+    steps = {p["method"]: p["steps"] for p in sweep.points}
+    assert steps == {"lmao": 1000, "lora": 1000, "mezo": 20000} and sweep.gpus_per_worker == 1
+    (problem,) = [p for p in launch_problems(sweep) if "task_path" in p]
+    assert "base='facebook/opt-13b' is neither a folder" in problem
+    assert f"task_path='{workdir / 'data' / 'sst2'}' does not exist" in problem

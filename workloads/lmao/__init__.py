@@ -7,16 +7,20 @@ z regenerated from one seed and never stored). Each update costs three forwards 
 the base update is full rank and keeps no gradient or optimizer state.
 
 One trial trains one method ('lmao', 'lora' alone, 'mezo' alone) on a task that needs a high-rank
-update: a random bijection pi over a set of words, `a -> pi(a)`. It reports `train/loss`, the loss
-and accuracy over all pairs `eval/loss`, `eval/acc`, and what hooks counted: forwards and
+update: a random bijection pi over a set of words, `a -> pi(a)` (the default, from tiny-local's
+vocabulary), or, from a task file (`task_path`: JSONL or a datasets save_to_disk folder), a
+classification task through the LM as MeZO and LMAO run SST-2: a prompt template around the record's
+text and a verbalizer word per label, trained on the label word's answer-token loss and scored by
+the label word of highest mean log-probability. It reports `train/loss`, the loss and accuracy over
+all pairs (or the held-out records) `eval/loss`, `eval/acc`, and what hooks counted: forwards and
 backwards per step (min and max over steps) and how many base parameters held a gradient after a
-step.
+step. `sweeps/repro/lmao_real.py` runs OPT-13B on SST-2.
 
 The claims: LMAO's final loss ends below both LoRA of the same rank and MeZO alone; every LMAO step
 is exactly three forwards and one backward; no base parameter ever holds a gradient.
 """
 
 from workloads.lmao.claims import CHECKS, CLAIMS, plot
-from workloads.lmao.workload import MAX_WORKERS, Config, smoke, train, validate
+from workloads.lmao.workload import MAX_WORKERS, Config, preflight, smoke, train, validate
 
-__all__ = ["CHECKS", "CLAIMS", "MAX_WORKERS", "Config", "plot", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "MAX_WORKERS", "Config", "plot", "preflight", "smoke", "train", "validate"]

@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import torch
 
-from orchestrator.basemodel import check_base, linear_types, load_base, lora
+from orchestrator.basemodel import base_kinds, check_base, check_dtype, check_targets, load_base, lora, parse_tiny
 from orchestrator.run import fraction_steps
 from workloads.lmao import data, zo
 
@@ -27,12 +27,40 @@ class Config:
     method: Literal["lmao", "lora", "mezo"] = "lmao"
     """'lmao': per step a first-order LoRA step then a MeZO step on every base parameter, same batch;
     'lora': the LoRA step alone (base frozen); 'mezo': the MeZO step alone on every parameter, no LoRA."""
+    task_path: str = ""
+    """Classification task file: JSONL (one object per line) or a datasets save_to_disk folder, with
+    the template's text fields (strings; SST-2: `sentence`) and `label_field` (an integer in
+    [0, len(label_words))). "" = the built-in random bijection over `pool` (the CI default)."""
+    task_split: str = "train"
+    """Split of a saved DatasetDict read from task_path (ignored for JSONL)."""
+    eval_path: str = ""
+    """Held-out task file, same format ("" = hold out `eval_frac` of task_path, seeded by `seed`)."""
+    eval_split: str = "test"
+    """Split of a saved DatasetDict read from eval_path (SST-2: 'validation'; GLUE's test labels are -1)."""
+    eval_frac: float = 0.2
+    """Fraction of task_path held out for evaluation when no eval_path is given."""
+    template: str = "{sentence} It was"
+    """Prompt around a record: Python format fields name the record's text fields (MeZO's SST-2 prompt
+    for OPT is `{sentence} It was`, answered by a label word). Fields are stripped of surrounding spaces."""
+    label_field: str = "label"
+    """Record field holding the label, an integer indexing `label_words`."""
+    label_words: tuple[str, ...] = ("terrible", "great")
+    """Verbalizer: the word that answers the prompt for each label (SST-2: 0 terrible, 1 great). Training
+    loss: the answer-token loss of the record's own word; prediction: the word of highest mean log-probability."""
+    n_train: int = 0
+    """Training records drawn (seeded by `seed`) from task_path (0: all; the paper's OPT runs: 1000)."""
+    n_eval: int = 0
+    """Evaluation records drawn from the held-out ones (0: all; the paper's OPT runs: 1000)."""
+    eval_chunk: int = 64
+    """Rows per forward pass at evaluation (each record once per label word)."""
     pool: Literal["topics", "names", "keys"] = "topics"
-    """Word set the random bijection pi is drawn over (63, 48, 128 words of the base world's vocabulary)."""
+    """Word set the random bijection pi is drawn over (63, 48, 128 words of the base world's vocabulary);
+    the built-in task, used when task_path is ""."""
     n_pairs: int = 63
     """Words in the bijection: the task is the n pairs `a -> pi(a)`, trained and evaluated on all of them."""
     lora_targets: tuple[str, ...] = ("q_proj", "v_proj")
-    """LoRA module types (the paper's: q and v)."""
+    """LoRA projection kinds (the paper's: q and v; OPT's kinds are q_proj, k_proj, v_proj, out_proj,
+    fc1, fc2; GPT-2's c_attn, attn.c_proj, c_fc, mlp.c_proj). A kind the model lacks is refused in preflight."""
     lora_rank: int = 8
     """LoRA rank (the paper's 8; the reproduction uses 1, too small for the bijection, which is the comparison's point)."""
     lora_alpha: float = 16.0
@@ -53,21 +81,22 @@ class Config:
     steps: int = 1000
     """Optimizer steps (for lmao each is one LoRA step and one MeZO step)."""
     batch: int = 16
-    """Pairs per step, drawn with replacement (0: all pairs every step, full batch); the LoRA and MeZO
-    phases of a step use the same batch."""
+    """Pairs (or task records) per step, drawn with replacement (0: all of them every step, full batch);
+    the LoRA and MeZO phases of a step use the same batch."""
     eval_every: int = 100
-    """Evaluate the loss over all n pairs every this many steps (and at the end)."""
+    """Evaluate the loss over all n pairs (or the held-out records) every this many steps (and at the end)."""
     log_every: int = 50
     """Report train/loss every this many steps."""
     checkpoint_every_frac: float = 0.25
     """Save a checkpoint at every multiple of this training fraction (and at the end)."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Weights' dtype."""
+    dtype: str = "float32"
+    """Weights' dtype: 'auto' (the checkpoint's), 'float32', 'bfloat16' or 'float16' (the paper's OPT runs,
+    as MeZO's: bfloat16's 8-bit mantissa rounds away most zeroth-order updates of size zo_lr * g)."""
     threads: int = 1
     """Intra-op CPU threads of the trial, pinned by the runner around `train` (0 leaves torch's setting)."""
     seed: int = 0
-    """Trial seed: the bijection, the batch order, the LoRA init and the MeZO perturbations (every
-    method at one seed sees the same pairs and batches)."""
+    """Trial seed: the bijection (or the records drawn and held out), the batch order, the LoRA init and
+    the MeZO perturbations (every method at one seed sees the same pairs and batches)."""
 
 
 def smoke() -> Config:
@@ -91,9 +120,22 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError(f"pool must be one of {sorted(data.POOLS)}, got {cfg.pool!r}")
     if not 2 <= cfg.n_pairs <= len(data.POOLS[cfg.pool]):
         raise ValueError(f"n_pairs must lie in [2, {len(data.POOLS[cfg.pool])}] for pool {cfg.pool!r}, got {cfg.n_pairs}")
+    if cfg.task_path or cfg.eval_path:
+        if not cfg.task_path:
+            raise ValueError("eval_path needs a task_path to train on")
+        data.task_fields(cfg.template, cfg.label_field)  # raises naming a malformed template
+        if not cfg.label_field:
+            raise ValueError("label_field must name the record field holding the label, e.g. 'label'")
+        words = [w.strip() for w in cfg.label_words]
+        if len(words) < 2 or not all(words) or len(set(words)) != len(words):
+            raise ValueError(f"label_words must be at least two distinct non-empty words, one per label, got {cfg.label_words!r}")
+        if not 0 < cfg.eval_frac < 1:
+            raise ValueError(f"eval_frac must lie in (0, 1), got {cfg.eval_frac}")
+        if cfg.n_train < 0 or cfg.n_eval < 0:
+            raise ValueError(f"n_train and n_eval must be >= 0 (0: all records), got {cfg.n_train}, {cfg.n_eval}")
     if cfg.batch < 0:
         raise ValueError(f"batch must be >= 0 (0: full batch), got {cfg.batch}")
-    for name in ("steps", "eval_every", "log_every", "lora_rank"):
+    for name in ("steps", "eval_every", "log_every", "lora_rank", "eval_chunk"):
         if getattr(cfg, name) <= 0:
             raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
     if not cfg.lora_targets:
@@ -105,16 +147,57 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError(f"zo_weight_decay and grad_clip must be >= 0, got {cfg.zo_weight_decay}, {cfg.grad_clip}")
     if not 0 < cfg.checkpoint_every_frac <= 1:
         raise ValueError(f"checkpoint_every_frac must lie in (0, 1], got {cfg.checkpoint_every_frac}")
-    if cfg.dtype not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', got {cfg.dtype!r}")
+    check_dtype(cfg.dtype)
     if cfg.threads < 0:
         raise ValueError(f"threads must be >= 0 (0: torch's own setting), got {cfg.threads}")
+
+
+def preflight(cfg: Config) -> None:
+    """Checks of the machine that runs it, before any Ray work: the base model is a folder or a cached
+    hub id whose projection kinds include every LoRA target, and the task files read, field by field.
+    Every problem in one error."""
+    from orchestrator.pretrained import model_config
+
+    problems = []
+    if parse_tiny(cfg.base) is None and not model_config(cfg.base):
+        problems.append(f"base={cfg.base!r} is neither a folder with config.json nor in the local Hugging Face cache "
+                        f"(nothing is downloaded at run time): `hf download {cfg.base}` where the network is reachable")
+    elif cfg.method in ("lmao", "lora"):
+        kinds = base_kinds(cfg.base)
+        missing = [t for t in cfg.lora_targets if t not in kinds]
+        if missing:
+            problems.append(f"lora_targets {missing} are not projection kinds of base={cfg.base!r}; its kinds: {kinds}")
+    for path, split, what in ((cfg.task_path, cfg.task_split, "task_path"), (cfg.eval_path, cfg.eval_split, "eval_path")):
+        if path:
+            try:
+                data.check_task(path, split, cfg.template, cfg.label_field, len(cfg.label_words), what)
+            except ValueError as exc:
+                problems.append(str(exc))
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+def task(cfg: Config, tokenizer: Any) -> tuple[data.Batch, Callable[[Any], dict[str, float]]]:
+    """(the training rows, the evaluation of a model): the bijection's pairs, trained and evaluated on
+    all of them, or a task file's records, the label words scored on the held-out records."""
+    if not cfg.task_path:
+        pairs = data.encode(data.bijection(cfg.pool, cfg.n_pairs, cfg.seed), tokenizer)
+        return pairs, lambda model: data.evaluate(model, pairs)
+    words = tuple(w.strip() for w in cfg.label_words)
+    rows = data.read_task(cfg.task_path, cfg.task_split, cfg.template, cfg.label_field, len(words))
+    held = (data.read_task(cfg.eval_path, cfg.eval_split, cfg.template, cfg.label_field, len(words), "eval_path")
+            if cfg.eval_path else None)
+    train_rows, eval_rows = data.split_task(rows, held, eval_frac=cfg.eval_frac, n_train=cfg.n_train,
+                                            n_eval=cfg.n_eval, seed=cfg.seed)
+    choices = data.encode_choices(eval_rows, words, tokenizer)
+    return data.encode_labelled(train_rows, words, tokenizer), lambda model: data.choice_metrics(model, choices, cfg.eval_chunk)
 
 
 def train(cfg: Config, run: Any) -> dict[str, float]:
     validate(cfg, run.world_size)
     model, tokenizer = load_base(cfg.base, seed=cfg.base_seed, dtype=cfg.dtype, device=run.device)
-    pairs = data.encode(data.bijection(cfg.pool, cfg.n_pairs, cfg.seed), tokenizer).to(run.device)
+    rows, evaluate = task(cfg, tokenizer)
+    pairs = rows.to(run.device)
     first_order = cfg.method in ("lmao", "lora")
     zeroth_order = cfg.method in ("lmao", "mezo")
 
@@ -124,9 +207,7 @@ def train(cfg: Config, run: Any) -> dict[str, float]:
     for p in model.parameters():
         p.requires_grad_(False)
     if first_order:
-        missing = [t for t in cfg.lora_targets if t not in linear_types(model)]
-        if missing:
-            raise ValueError(f"lora_targets {missing} are not linear module types of {cfg.base!r}; choose among {linear_types(model)}")
+        check_targets(model, cfg.lora_targets, what="lora_targets")
         torch.manual_seed(cfg.seed)  # peft draws lora_A from torch's global generator
         model = lora(model, list(cfg.lora_targets), r=cfg.lora_rank, alpha=cfg.lora_alpha)
     named = list(model.named_parameters())
@@ -159,7 +240,7 @@ def train(cfg: Config, run: Any) -> dict[str, float]:
     result = {"loss": math.nan, "acc": math.nan}
     loss_sum, loss_n, window_start, window_steps = 0.0, 0, time.perf_counter(), 0
     for step in range(start + 1, cfg.steps + 1):
-        batch = pairs.rows(torch.randint(len(pairs), (cfg.batch,), generator=gen)) if cfg.batch else pairs
+        batch = data.trim(pairs.rows(torch.randint(len(pairs), (cfg.batch,), generator=gen))) if cfg.batch else pairs
         before = counter.snapshot()
         if first_order:  # the LoRA phase: one forward, one backward, an Adam step on A and B
             for group in optimizer.param_groups:
@@ -190,7 +271,7 @@ def train(cfg: Config, run: Any) -> dict[str, float]:
         if step % cfg.eval_every == 0 or step == cfg.steps:
             counter.active = False  # evaluation passes are not the method's
             model.eval()
-            result = data.evaluate(model, pairs)
+            result = evaluate(model)
             counter.active = True
             metrics.update({"eval/loss": result["loss"], "eval/acc": result["acc"]})
         if step % cfg.log_every == 0 or step == cfg.steps:

@@ -63,7 +63,9 @@ def zo_step(params: Sequence[torch.Tensor], loss_fn: Callable[[], torch.Tensor],
 
 
 def decay_mask(named: Sequence[tuple[str, torch.Tensor]]) -> list[bool]:
-    return [not any(part in name for part in NO_DECAY) for name, _ in named]
+    """Which parameters the weight decay reaches: not biases nor norm weights, told by the name
+    (NO_DECAY) or by being a vector (GPT-2's `ln_1.weight` says neither bias nor norm)."""
+    return [p.dim() >= 2 and not any(part in name for part in NO_DECAY) for name, p in named]
 
 
 class PassCounter:
