@@ -20,7 +20,7 @@ def build(*, smoke: bool = False, seed: int = 0) -> Sweep:
                      objective=("eval/pref_acc", "max"))
     return Sweep(
         name="palc_repro", workload="palc", base="default",
-        overrides={"base": FULL_BASE, "base_dtype": "bfloat16", "bottleneck": 256, "steps": 1000, "batch": 16},
+        overrides={"base": FULL_BASE, "dtype": "bfloat16", "bottleneck": 256, "steps": 1000, "batch": 16},
         space={"seed": seeds(FULL_SEEDS, start=seed)}, objective=("eval/pref_acc", "max"),
     )
 

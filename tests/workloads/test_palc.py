@@ -188,6 +188,10 @@ def test_latency_is_measured_for_both_arms(base, world):
     ({"latency_clock": "gpu"}, "latency_clock"),
     ({"base": "./no/such/folder"}, "does not exist"),
     ({"base": "tiny-local:nope=1"}, "not a tiny-local override"),
+    ({"method": "ppo"}, "method='ppo'"),
+    ({"dtype": "int8"}, "dtype='int8'"),
+    ({"eval_path": "held.jsonl"}, "eval_path needs a task_path"),
+    ({"dpo_targets": " , "}, "dpo_targets name at least one kind"),
 ])
 def test_bad_configs_name_the_problem(change, message):
     with pytest.raises(ValueError, match=message):
@@ -281,3 +285,154 @@ def test_smoke_reproduction_holds(workdir):
         assert share[0] < share[1] < share[2], (kind, share)
     assert math.isfinite(t["perf/latency_ratio"]) and t["perf/palc_s_per_token"] > 0
     assert t["eval/trainable_params"] == 16 * (64 + 579)
+
+
+# --- preference files, a second architecture, the DPO baseline ---------------------------------
+
+
+def test_hh_dialogues_split_at_the_last_assistant_turn_and_message_lists_give_their_last_content():
+    from workloads.palc.data import pairs_from_records
+
+    hh = {"chosen": "\n\nHuman: hi\n\nAssistant: hello\n\nHuman: and?\n\nAssistant: kind words",
+          "rejected": "\n\nHuman: hi\n\nAssistant: hello\n\nHuman: and?\n\nAssistant: rude words"}
+    other = {"chosen": "\n\nHuman: a\n\nAssistant: b", "rejected": "\n\nHuman: c\n\nAssistant: b"}
+    pairs, skipped = pairs_from_records([hh, other], prompt_field="", chosen_field="chosen", rejected_field="rejected",
+                                        what="t")
+    assert skipped == 1 and len(pairs) == 1
+    assert pairs[0].prompt == "\n\nHuman: hi\n\nAssistant: hello\n\nHuman: and?\n\nAssistant:"
+    assert (pairs[0].chosen, pairs[0].rejected) == (" kind words", " rude words")
+    with pytest.raises(ValueError, match="'rejected' has no"):
+        pairs_from_records([{"chosen": hh["chosen"], "rejected": "no turns"}], prompt_field="", chosen_field="chosen",
+                           rejected_field="rejected", what="t")
+    uf = {"prompt": "q?", "chosen": [{"role": "user", "content": "q?"}, {"role": "assistant", "content": "good"}],
+          "rejected": [{"role": "user", "content": "q?"}, {"role": "assistant", "content": "bad"}]}
+    (p,), _ = pairs_from_records([uf], prompt_field="prompt", chosen_field="chosen", rejected_field="rejected", what="t")
+    assert (p.prompt, p.chosen, p.rejected) == ("q?", "good", "bad")
+
+
+def test_long_pairs_are_cut_to_max_len_keeping_the_prompts_end_the_same_for_both(base):
+    from workloads.palc.data import Pair, encode_pair
+
+    _, tok = base
+    pair = Pair(" ".join(["ada is kind ."] * 6), "kind and warm and calm .", "rude .")
+    (c, cs), (r, rs) = encode_pair(tok, pair, max_len=12)
+    full_c, full_start = encode(tok, pair.prompt, pair.chosen)
+    assert len(c) == 12 and cs == rs and c[:cs] == r[:rs] == full_c[:full_start][-cs:]
+    assert c[cs:] == full_c[full_start:][: 12 - cs] and r[rs:] == encode(tok, pair.prompt, pair.rejected)[0][full_start:]
+    assert encode_pair(tok, pair)[0] == (full_c, full_start)  # no limit: untouched
+
+
+def test_dpo_loss_by_hand():
+    from workloads.palc.model import dpo_loss
+
+    pol, ref = torch.tensor([-1.0, -3.0]), torch.tensor([-2.0, -2.0])  # chosen gains 1, rejected loses 1
+    torch.testing.assert_close(dpo_loss(pol, ref, 0.5), -torch.nn.functional.logsigmoid(torch.tensor(1.0)))
+    torch.testing.assert_close(dpo_loss(ref, ref, 0.1), torch.tensor(math.log(2.0)))
+
+
+def _world_records(world, n: int, tag: str) -> list[dict]:
+    return [dataclasses.asdict(p) for p in make_pairs(world, list(world.entities), n, tag, context_prob=0.3)]
+
+
+@pytest.fixture(scope="module")
+def gpt2_files(world, tmp_path_factory):
+    """A tiny GPT-2 folder and a JSONL preference file (prompt, chosen, rejected) from the world's pairs."""
+    from orchestrator.basemodel import write_jsonl
+    from orchestrator.basemodel.toy import save_tiny_gpt2
+
+    root = tmp_path_factory.mktemp("palc-gpt2")
+    records = _world_records(world, 600, "gpt2")
+    texts = [f"{r['prompt']} {r['chosen']}" for r in records] + [f"{r['prompt']} {r['rejected']}" for r in records]
+    folder = save_tiny_gpt2(root / "gpt2", texts, vocab_size=300, positions=64)
+    return folder, write_jsonl(root / "pairs.jsonl", records)
+
+
+def _file_cfg(folder, task, **kw):
+    return dataclasses.replace(smoke(), base=str(folder), task_path=str(task), heldout_pairs=100, max_len=48, batch=16,
+                               micro_batch=8, log_every=5, checkpoint_every=1000, latency_reps=3, **kw)
+
+
+def _losses(result) -> list[float]:
+    return [m["train/loss"] for _, m in result.history if "train/loss" in m]
+
+
+def test_palc_and_dpo_on_a_tiny_gpt2_and_a_jsonl_file_through_the_real_sweeps_path(gpt2_files, workdir, model_copies):
+    from orchestrator import launch
+
+    folder, task = gpt2_files
+    w = registry.load("palc")
+    out = {}
+    for method, extra in (("palc", {"steps": 30, "lr": 3e-3}), ("dpo", {"steps": 20, "lr": 3e-3, "dpo_beta": 0.5})):
+        cfg = _file_cfg(folder, task, method=method, **extra)
+        w.validate(cfg)
+        w.preflight(cfg)
+        res = launch.run_local("palc", cfg, progress=False, track=False)
+        losses, m = _losses(res), res.metrics
+        assert losses[-1] < losses[0], (method, losses)
+        assert m["eval/train_pairs"] == 500 and m["eval/heldout_pairs"] == 100
+        assert m["eval/pref_acc"] > m["eval/pref_acc_base"] and m["eval/reward_margin"] > 0, (method, m)
+        out[method] = m
+    trial_ = {"seed": 0, **out["palc"]}
+    assert [c([trial_])[0] for c in CHECKS] == [True, True]  # gamma 0 is the base, the base untouched, B(H + V) trained
+    for claim_ in (preference_accuracy_rises, latency_within_budget):  # judged, not asserted: a random-init base
+        assert claim_([trial_])[1]
+    with pytest.raises(ValueError, match="no eval/share"):  # the gentle-word share is the synthetic world's measure
+        share_rises_with_gamma([trial_])
+    assert base_untouched([{"seed": 0, **out["dpo"]}])[0]  # the LoRA count as built, the base's weights unchanged
+    assert out["dpo"]["eval/trainable_params"] == 8 * (2 * (32 + 96) + 2 * (32 + 32) + 2 * (32 + 128) + 2 * (128 + 32))
+    assert model_copies.peak <= 2
+
+
+def test_tiny_local_on_a_saved_hh_style_dataset_splits_the_prompt_off(world, workdir, model_copies):
+    import datasets
+
+    from orchestrator import launch
+
+    def hh(records):
+        return [{"chosen": f"\n\nHuman: {r['prompt']}\n\nAssistant: {r['chosen']}",
+                 "rejected": f"\n\nHuman: {r['prompt']}\n\nAssistant: {r['rejected']}"} for r in records]
+
+    folder = workdir / "hh"
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(hh(_world_records(world, 400, "hh-train"))),
+                          "test": datasets.Dataset.from_list(hh(_world_records(world, 80, "hh-test")))}).save_to_disk(folder)
+    cfg = dataclasses.replace(smoke(), task_path=str(folder), eval_path=str(folder), prompt_field="", steps=40,
+                              log_every=5, checkpoint_every=1000, latency_reps=3)
+    registry.load("palc").preflight(cfg)
+    res = launch.run_local("palc", cfg, progress=False, track=False)
+    losses, m = _losses(res), res.metrics
+    assert losses[-1] < losses[0], losses
+    assert m["eval/train_pairs"] == 400 and m["eval/heldout_pairs"] == 80 and m["eval/skipped_records"] == 0
+    assert m["eval/pref_acc"] > m["eval/pref_acc_base"] and gamma_zero_is_base([{"seed": 0, **m}])[0]
+    assert preference_accuracy_rises([{"seed": 0, **m}])[1]
+    assert model_copies.peak <= 2
+
+
+def test_a_missing_field_or_a_target_the_model_lacks_is_refused_before_any_work(gpt2_files, workdir):
+    from orchestrator.basemodel import write_jsonl
+
+    folder, task = gpt2_files
+    w = registry.load("palc")
+    bad = write_jsonl(workdir / "bad.jsonl", [{"prompt": "a", "chosen": "b", "rejected": "c"}, {"prompt": "a", "chosen": "b"}])
+    with pytest.raises(ConfigError, match=r"line 2 has no 'rejected' field"):
+        w.preflight(_file_cfg(folder, bad))
+    with pytest.raises(ConfigError, match=r"line 1 has no 'question' field"):
+        w.preflight(_file_cfg(folder, task, prompt_field="question"))
+    with pytest.raises(ConfigError, match=r"dpo_targets \['q_proj'\] are not projection kinds .*'c_attn'"):
+        w.preflight(_file_cfg(folder, task, method="dpo", dpo_targets="q_proj,c_attn"))
+    w.preflight(_file_cfg(folder, task, method="dpo", dpo_targets="c_attn,mlp.c_proj"))
+
+
+def test_the_real_sweep_is_valid_anywhere_and_names_what_it_needs(workdir, monkeypatch):
+    from conftest import REPO
+    from orchestrator.sweep import load_sweep_file
+    from orchestrator.tune_run import launch_problems
+
+    monkeypatch.setenv("LADDER_DATA", str(workdir / "data"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(workdir / "empty-cache"))
+    sweep = load_sweep_file(REPO / "sweeps" / "repro" / "palc_real.py")
+    sweep.check()
+    assert {p["method"] for p in sweep.points} == {"palc", "dpo"} and sweep.overrides["dtype"] == "bfloat16"
+    (problem,) = [p for p in launch_problems(sweep) if "task_path" in p]
+    assert "base='argsearch/llama-7b-sft-float32' is neither a save_pretrained folder" in problem
+    assert f"task_path='{workdir / 'data' / 'hh-rlhf'}' does not exist" in problem  # the first config refused
+    assert {p["task_path"] for p in sweep.points} == {str(workdir / "data" / n) for n in ("hh-rlhf", "ultrafeedback_binarized")}

@@ -16,6 +16,17 @@ difference between the gamma-0 logits and the base's, the per-token decoding lat
 the base (median over interleaved repetitions in the same run), and a hash check that the base's
 parameters are unchanged.
 
+Data from a file (`task_path`, docs/datasets.md): a JSONL file or a datasets save_to_disk folder
+of preference pairs (prompt, chosen, rejected; HH-RLHF's whole dialogues with the prompt split off;
+UltraFeedback-binarized's message lists), on any causal LM (`base`: a folder or a hub id). There
+the generations are not counted (no gentle words to count); the held-out preference metrics and
+the latency are measured as above.
+
+The DPO baseline (`method="dpo"`, Rafailov et al. 2023, implemented here): a LoRA adapter on the
+same base trained with the DPO loss, its reference the base itself (the adapter disabled, so one
+copy of the model is held). Both methods report the same held-out metrics: preference accuracy and
+mean margin of the aligned model and of the base, and the implicit reward's accuracy and margin.
+
 The claims: held-out preference accuracy rises from about 50% (the base) to at least 90%; the
 gentle-word share of generations rises monotonically in gamma; per-token latency is at most 1.3x
 the base's. The checks (invariants of the construction): gamma 0 reproduces the base's logits,
@@ -23,6 +34,6 @@ the base's parameters are untouched and only B(H + V) parameters train.
 """
 
 from workloads.palc.claims import CHECKS, CLAIMS, plot
-from workloads.palc.workload import MAX_WORKERS, Config, smoke, train, validate
+from workloads.palc.workload import MAX_WORKERS, Config, preflight, smoke, train, validate
 
-__all__ = ["CHECKS", "CLAIMS", "MAX_WORKERS", "Config", "plot", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "MAX_WORKERS", "Config", "plot", "preflight", "smoke", "train", "validate"]

@@ -38,10 +38,13 @@ def freeze(model: nn.Module) -> None:
         p.requires_grad_(False)
 
 
-def param_digest(model: nn.Module) -> str:
-    """sha256 over every tensor of the state dict (names and raw bytes), in name order."""
+def param_digest(model: nn.Module, exclude: str = "") -> str:
+    """sha256 over every tensor of the state dict (names and raw bytes), in name order; names
+    containing `exclude` (when given, e.g. a LoRA adapter's `lora_`) left out."""
     h = hashlib.sha256()
     for name, t in sorted(model.state_dict().items()):
+        if exclude and exclude in name:
+            continue
         h.update(name.encode())
         h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
@@ -59,6 +62,21 @@ def mean_logprob(logits: torch.Tensor, ids: torch.Tensor, resp: torch.Tensor) ->
     logits, targets, mask = logits[:, :-1], ids[:, 1:], resp[:, :-1].float()
     lp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     return (lp * mask).sum(1) / mask.sum(1).clamp_min(1)
+
+
+def logprob_sums(logits: torch.Tensor, ids: torch.Tensor, resp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed log-probability of each row's response tokens [N], their count [N])."""
+    logits, targets, mask = logits[:, :-1], ids[:, 1:], resp[:, :-1].float()
+    lp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    return (lp * mask).sum(1), mask.sum(1).clamp_min(1)
+
+
+def dpo_loss(policy: torch.Tensor, reference: torch.Tensor, beta: float) -> torch.Tensor:
+    """DPO (Rafailov et al. 2023): -log sigmoid(beta ((log pi(y_w) - log ref(y_w)) - (log pi(y_l) -
+    log ref(y_l)))), from summed response log-probabilities [2N], rows chosen then rejected."""
+    n = policy.shape[0] // 2
+    ratio = policy - reference
+    return -torch.nn.functional.logsigmoid(beta * (ratio[:n] - ratio[n:])).mean()
 
 
 def preference_loss(lp: torch.Tensor) -> torch.Tensor:

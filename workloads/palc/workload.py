@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import math
+import random
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
-from orchestrator.basemodel import base_world, check_base, load_base
-from workloads.palc.data import generation_prompts, gentle_share, make_pairs, pair_batch, split_entities
+from orchestrator.basemodel import (
+    base_kinds, base_world, check_base, check_dtype, check_records, load_base, lora, parse_tiny, read_records, select,
+)
+from orchestrator.pretrained import model_config
+from workloads.palc.data import (
+    Pair, file_fields, generation_prompts, gentle_share, make_pairs, pair_batch, pairs_from_records, split_entities,
+)
 from workloads.palc.model import (
-    Calibrator, base_forward, freeze, generate, group_by_length, latency, margins, mean_logprob, param_digest,
-    preference_loss,
+    Calibrator, base_forward, dpo_loss, freeze, generate, group_by_length, latency, logprob_sums, margins, mean_logprob,
+    param_digest, preference_loss,
 )
 
 
@@ -27,8 +33,41 @@ class Config:
     """Frozen base model: tiny-local[:k=v,...], a local save_pretrained folder or a hub id."""
     base_seed: int = 0
     """tiny-local build seed (keep it fixed across a sweep; each value is its own build)."""
-    base_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """dtype the base is loaded in ('auto': the checkpoint's own); the calibrator is float32."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """dtype the base is loaded in ('auto': the checkpoint's own; bfloat16 on a GPU); the calibrator
+    and DPO's LoRA adapter are float32."""
+    method: Literal["palc", "dpo"] = "palc"
+    """'palc': the calibrator on the frozen base; 'dpo': the DPO baseline, a LoRA policy on the same
+    base whose reference is the base itself (the adapter disabled: one model in memory)."""
+    task_path: str = ""
+    """Preference pairs: a JSONL file or a datasets save_to_disk folder with prompt_field,
+    chosen_field and rejected_field ("": the synthetic gentle-vs-blunt pairs of tiny-local's world)."""
+    task_split: str = "train"
+    """Split of a saved DatasetDict at task_path."""
+    eval_path: str = ""
+    """Held-out pairs, same format ("": heldout_pairs of task_path's pairs, drawn by the seed)."""
+    eval_split: str = "test"
+    """Split of a saved DatasetDict at eval_path."""
+    prompt_field: str = "prompt"
+    """The prompt's field; "" when chosen and rejected are whole dialogues (HH-RLHF as Anthropic
+    publishes it): the prompt is then split off each after its last '\\n\\nAssistant:'."""
+    chosen_field: str = "chosen"
+    """The preferred response's field: a string or a chat message list (its last message's content)."""
+    rejected_field: str = "rejected"
+    """The dispreferred response's field, the same forms."""
+    max_len: int = 1024
+    """Most tokens of a prompt-response row (the released code's 1024): the prompt keeps its end, the response its start."""
+    micro_batch: int = 0
+    """Pairs per forward pass, gradients accumulated over the batch (0: the whole batch at once)."""
+    dpo_beta: float = 0.1
+    """DPO's beta (the DPO paper's 0.1)."""
+    dpo_targets: str = "all-linear"
+    """DPO's LoRA targets: 'all-linear' or comma-separated projection kinds of the base (Llama:
+    q_proj,v_proj; GPT-2: c_attn; `orchestrator.basemodel.base_kinds` lists a model's)."""
+    lora_r: int = 8
+    """DPO's LoRA rank."""
+    lora_alpha: float = 16.0
+    """DPO's LoRA alpha."""
     bottleneck: int = 256
     """B, the calibrator's width: W_down in R^{B x H}, W_up in R^{V x B} (the paper's 256)."""
     relu: bool = True
@@ -44,9 +83,11 @@ class Config:
     gammas: tuple[float, ...] = (-1.0, 0.0, 0.5, 1.0, 2.0)
     """gamma grid of the evaluation: accuracy and the preferred-word share of generations at each."""
     train_pairs: int = 4000
-    """Synthetic preference pairs about the training entities."""
+    """Synthetic preference pairs about the training entities; with a task file, at most this many
+    of its pairs (a seeded draw; 0: all)."""
     heldout_pairs: int = 500
-    """Pairs about the held-out entities, for the preference accuracy."""
+    """Held-out pairs for the preference accuracy: about held-out entities, or from the task file
+    (the first ones of eval_path, else a seeded draw of task_path kept out of training)."""
     heldout_entities: int = 12
     """Entities (of the world's 48) whose pairs and prompts are never trained on."""
     context_prob: float = 0.5
@@ -94,7 +135,20 @@ def smoke() -> Config:
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Checks that need no model: raised before anything is launched."""
     check_base(cfg.base)
-    for name in ("bottleneck", "train_pairs", "heldout_pairs", "heldout_entities", "steps", "batch", "gen_new_tokens",
+    check_dtype(cfg.dtype)
+    if cfg.method not in ("palc", "dpo"):
+        raise ValueError(f"method={cfg.method!r}: choose 'palc' or 'dpo'")
+    if not cfg.task_path and cfg.train_pairs <= 0:
+        raise ValueError(f"train_pairs must be positive, got {cfg.train_pairs}")
+    if cfg.train_pairs < 0 or cfg.micro_batch < 0 or not (cfg.max_len == 0 or cfg.max_len >= 2):
+        raise ValueError("train_pairs and micro_batch must be >= 0 and max_len 0 (no limit) or at least 2")
+    if cfg.eval_path and not cfg.task_path:
+        raise ValueError("eval_path needs a task_path (the synthetic pairs have their own held-out entities)")
+    if not cfg.chosen_field or not cfg.rejected_field:
+        raise ValueError("chosen_field and rejected_field must name fields")
+    if not cfg.dpo_beta > 0 or cfg.lora_r <= 0 or not dpo_targets(cfg):
+        raise ValueError("dpo_beta and lora_r must be positive and dpo_targets name at least one kind")
+    for name in ("bottleneck", "heldout_pairs", "heldout_entities", "steps", "batch", "gen_new_tokens",
                  "latency_reps", "latency_new_tokens", "log_every", "checkpoint_every"):
         if getattr(cfg, name) <= 0:
             raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
@@ -110,8 +164,78 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError(f"gammas {cfg.gammas} must contain 0 (the base) and gamma_eval={cfg.gamma_eval}: add them")
     if list(cfg.gammas) != sorted(set(cfg.gammas)):
         raise ValueError(f"gammas must be strictly increasing, got {cfg.gammas}")
-    if cfg.latency_clock not in ("wall", "cpu") or cfg.base_dtype not in ("auto", "float32", "bfloat16", "float16"):
-        raise ValueError("latency_clock must be 'wall' or 'cpu' and base_dtype one of auto/float32/bfloat16/float16")
+    if cfg.latency_clock not in ("wall", "cpu"):
+        raise ValueError("latency_clock must be 'wall' or 'cpu'")
+
+
+def dpo_targets(cfg: Config) -> list[str] | str:
+    """dpo_targets as `lora` takes it: 'all-linear' or a list of kinds."""
+    if cfg.dpo_targets.strip() == "all-linear":
+        return "all-linear"
+    return [t.strip() for t in cfg.dpo_targets.split(",") if t.strip()]
+
+
+def preflight(cfg: Config) -> None:
+    """Checks of the machine that runs it, before any Ray work: the base is tiny-local, a folder or
+    a cached hub id; DPO's targets are projection kinds of that base; the task files read with
+    their fields. Every problem in one error."""
+    problems = []
+    kinds_of = None
+    if parse_tiny(cfg.base) is None and not model_config(cfg.base):
+        problems.append(f"base={cfg.base!r} is neither a save_pretrained folder with config.json nor in the local Hugging "
+                        f"Face cache (nothing is downloaded at run time): `hf download {cfg.base}` where the network is "
+                        f"reachable")
+    elif cfg.method == "dpo":
+        kinds_of = base_kinds(cfg.base)
+    targets = dpo_targets(cfg)
+    if kinds_of is not None and targets != "all-linear":
+        unknown = [t for t in targets if t not in kinds_of]
+        if unknown:
+            problems.append(f"dpo_targets {unknown} are not projection kinds of base={cfg.base!r}; its kinds: {kinds_of}")
+    fields = file_fields(cfg.prompt_field, cfg.chosen_field, cfg.rejected_field)
+    for path, split, what in ((cfg.task_path, cfg.task_split, "task_path"), (cfg.eval_path, cfg.eval_split, "eval_path")):
+        if path:
+            try:
+                check_records(path, fields, split=split, what=what)
+            except ValueError as exc:
+                problems.append(str(exc))
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+def task_pairs(cfg: Config) -> tuple[list[Pair], list[Pair], list[str] | None, int]:
+    """(training pairs, held-out pairs, held-out entities or None for a task file, skipped records)."""
+    if not cfg.task_path:
+        world = base_world(cfg.base, seed=cfg.base_seed)
+        train_ents, held_ents = split_entities(world, cfg.heldout_entities, cfg.seed)
+        pairs = make_pairs(world, train_ents, cfg.train_pairs, f"{cfg.seed}-train", cfg.context_prob)
+        held = make_pairs(world, held_ents, cfg.heldout_pairs, f"{cfg.seed}-heldout", cfg.context_prob)
+        return pairs, held, held_ents, 0
+    fields = file_fields(cfg.prompt_field, cfg.chosen_field, cfg.rejected_field)
+    names = dict(prompt_field=cfg.prompt_field, chosen_field=cfg.chosen_field, rejected_field=cfg.rejected_field)
+    records = read_records(cfg.task_path, fields, split=cfg.task_split, what="task_path")
+    pairs, skipped = pairs_from_records(records, what=f"task_path={cfg.task_path!r}", **names)
+    order = list(range(len(pairs)))
+    random.Random(f"palc-file-{cfg.seed}").shuffle(order)
+    if cfg.eval_path:
+        records = read_records(cfg.eval_path, fields, split=cfg.eval_split, what="eval_path")
+        held, more = pairs_from_records(records, what=f"eval_path={cfg.eval_path!r}", **names)
+        held, skipped = held[: cfg.heldout_pairs], skipped + more
+    else:
+        if len(pairs) <= cfg.heldout_pairs:
+            raise ValueError(f"task_path={cfg.task_path!r} has {len(pairs)} usable pairs: heldout_pairs={cfg.heldout_pairs} "
+                             f"leaves none to train on; lower it or give an eval_path")
+        held, order = [pairs[i] for i in order[: cfg.heldout_pairs]], order[cfg.heldout_pairs:]
+    if not held:
+        raise ValueError(f"eval_path={cfg.eval_path!r} gave no usable pairs")
+    train_set = [pairs[i] for i in (order[: cfg.train_pairs] if cfg.train_pairs else order)]
+    return train_set, held, None, skipped
+
+
+def chunks(items: list, size: int) -> list[list]:
+    """`items` in consecutive pieces of `size` (0: one piece)."""
+    size = size or len(items)
+    return [items[i: i + size] for i in range(0, len(items), size)]
 
 
 def gamma_key(g: float) -> str:
@@ -129,22 +253,37 @@ def lr_at(cfg: Config, step: int) -> float:
 def train(cfg: Config, run) -> dict[str, float]:
     validate(cfg, run.world_size)
     dev = run.device
-    world = base_world(cfg.base, seed=cfg.base_seed)
-    base, tok = load_base(cfg.base, seed=cfg.base_seed, device=dev, dtype=None if cfg.base_dtype == "auto" else cfg.base_dtype)
+    pairs, held, held_ents, skipped = task_pairs(cfg)
+    base, tok = load_base(cfg.base, seed=cfg.base_seed, device=dev, dtype=None if cfg.dtype == "auto" else cfg.dtype)
     freeze(base)
-    digest = param_digest(base)
-    train_ents, held_ents = split_entities(world, cfg.heldout_entities, cfg.seed)
-    pairs = make_pairs(world, train_ents, cfg.train_pairs, f"{cfg.seed}-train", cfg.context_prob)
-    held = make_pairs(world, held_ents, cfg.heldout_pairs, f"{cfg.seed}-heldout", cfg.context_prob)
     vocab, hidden = base.get_output_embeddings().weight.shape
     torch.manual_seed(cfg.seed)
-    cal = Calibrator(hidden, vocab, cfg.bottleneck, relu=cfg.relu, dropout=cfg.dropout, up_init_std=cfg.up_init_std).to(dev)
-    opt = torch.optim.AdamW(cal.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if cfg.method == "palc":
+        model = cal = Calibrator(hidden, vocab, cfg.bottleneck, relu=cfg.relu, dropout=cfg.dropout,
+                                 up_init_std=cfg.up_init_std).to(dev)
+        expected = cfg.bottleneck * (hidden + vocab)
+    else:
+        # peft wraps the base in place: the policy is base + adapter, the reference the same
+        # model with the adapter disabled, so one copy of the weights serves both.
+        expected = sum(cfg.lora_r * (p.in_features + p.out_features) for p in select(base, dpo_targets(cfg)).values())
+        model = lora(base, dpo_targets(cfg), r=cfg.lora_r, alpha=cfg.lora_alpha)
+        model.eval()  # the base's own dropout off; LoRA's dropout is 0
+        cal = None
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    exclude = "lora_" if cfg.method == "dpo" else ""
+    digest = param_digest(base, exclude)
+    opt = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    def weights() -> dict[str, torch.Tensor]:
+        return cal.state_dict() if cal is not None else {k: v for k, v in model.state_dict().items() if "lora_" in k}
 
     start = 0
     state = run.restore()
     if state is not None:
-        cal.load_state_dict(state["calibrator"])
+        if cal is not None:
+            cal.load_state_dict(state["calibrator"])
+        else:
+            model.load_state_dict(state["adapter"], strict=False)
         opt.load_state_dict(state["optimizer"])
         if "rng" in state:  # the dropout masks' generator: a resumed run draws the masks it would have
             torch.set_rng_state(state["rng"])
@@ -153,67 +292,155 @@ def train(cfg: Config, run) -> dict[str, float]:
     def to_dev(b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v.to(dev) for k, v in b.items()}
 
+    def pair_loss(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loss, mean response log-probability of each row under the model being trained)."""
+        if cal is not None:
+            logits, h = base_forward(base, batch["ids"], batch["attn"])  # frozen, no graph
+            lp = mean_logprob(logits + cfg.gamma_train * cal(h), batch["ids"], batch["resp"])
+            return preference_loss(lp), lp
+        with torch.no_grad(), model.disable_adapter():
+            ref, _ = row_sums(model, batch)
+        pol, count = row_sums(model, batch)
+        return dpo_loss(pol, ref, cfg.dpo_beta), pol.detach() / count
+
     loss_v, acc_v, window_t, window_n = math.nan, math.nan, time.perf_counter(), 0
-    cal.train()
+    if cal is not None:
+        cal.train()  # its dropout; DPO's model stays in eval mode (see above)
     for step in range(start, cfg.steps):
         # The batch is a function of (seed, step), so a resumed run sees the batches it would have.
         g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
-        batch = to_dev(pair_batch(tok, [pairs[i] for i in torch.randint(len(pairs), (cfg.batch,), generator=g).tolist()]))
+        chosen = [pairs[i] for i in torch.randint(len(pairs), (cfg.batch,), generator=g).tolist()]
         for group in opt.param_groups:
             group["lr"] = lr_at(cfg, step)
-        logits, h = base_forward(base, batch["ids"], batch["attn"])  # frozen, no graph
-        lp = mean_logprob(logits + cfg.gamma_train * cal(h), batch["ids"], batch["resp"])
-        loss = preference_loss(lp)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(cal.parameters(), cfg.clip)
+        pieces = chunks(chosen, cfg.micro_batch)
+        if len(pieces) == 1:
+            loss, lp = pair_loss(to_dev(pair_batch(tok, chosen, cfg.max_len)))
+            loss.backward()
+            won = lp[: cfg.batch] > lp[cfg.batch:]
+        else:  # gradient accumulation: each piece's mean loss weighted by its share of the batch
+            loss, won = torch.zeros(()), []
+            for piece in pieces:
+                part, lp = pair_loss(to_dev(pair_batch(tok, piece, cfg.max_len)))
+                (part * (len(piece) / cfg.batch)).backward()
+                loss = loss + part.detach().cpu() * (len(piece) / cfg.batch)
+                won.append((lp[: len(piece)] > lp[len(piece):]).cpu())
+            won = torch.cat(won)
+        torch.nn.utils.clip_grad_norm_(trainable, cfg.clip)
         opt.step()
         window_n += 1
         done = step + 1
         if done % cfg.log_every == 0 or done == cfg.steps:
-            n = cfg.batch
-            loss_v, acc_v = loss.item(), float((lp[:n] > lp[n:]).float().mean())
+            loss_v, acc_v = loss.item(), float(won.float().mean())
             now = time.perf_counter()
             run.report({"train/loss": loss_v, "train/pref_acc": acc_v, "train/lr": lr_at(cfg, step),
                         "perf/steps_per_s": window_n / max(now - window_t, 1e-9), "progress": done / cfg.steps}, step=done)
             window_t, window_n = now, 0
         if done % cfg.checkpoint_every == 0 or done == cfg.steps:
-            run.save({"step": done, "calibrator": cal.state_dict(), "optimizer": opt.state_dict(),
-                      "rng": torch.get_rng_state()})
+            run.save({"step": done, ("calibrator" if cal is not None else "adapter"): weights(),
+                      "optimizer": opt.state_dict(), "rng": torch.get_rng_state()})
 
-    cal.eval()
-    final = evaluate(cfg, base, tok, cal, held, held_ents, dev)
+    model.eval()
+    if cal is not None:
+        final = evaluate(cfg, base, tok, cal, held, held_ents, dev)
+    else:
+        final = evaluate_dpo(cfg, model, tok, held, dev)
     final["train/loss"], final["train/pref_acc"] = loss_v, acc_v
-    final["eval/base_unchanged"] = float(param_digest(base) == digest)
-    final["eval/base_trainable_params"] = float(sum(p.numel() for p in base.parameters() if p.requires_grad))
-    final["eval/base_grads"] = float(sum(p.grad is not None for p in base.parameters()))
-    final["eval/trainable_params"] = float(sum(p.numel() for p in cal.parameters() if p.requires_grad))
-    final["eval/expected_params"] = float(cfg.bottleneck * (hidden + vocab))
-    run.report({**{k: v for k, v in final.items() if k.startswith(("eval/", "perf/"))}, "progress": 1.0}, step=cfg.steps)
+    base_params = [(n, p) for n, p in base.named_parameters() if not (exclude and exclude in n)]
+    final["eval/base_unchanged"] = float(param_digest(base, exclude) == digest)
+    final["eval/base_trainable_params"] = float(sum(p.numel() for _, p in base_params if p.requires_grad))
+    final["eval/base_grads"] = float(sum(p.grad is not None for _, p in base_params))
+    final["eval/trainable_params"] = float(sum(p.numel() for p in trainable))
+    final["eval/expected_params"] = float(expected)
+    final["eval/train_pairs"], final["eval/heldout_pairs"] = float(len(pairs)), float(len(held))
+    final["eval/skipped_records"] = float(skipped)
+    run.report({**{k: v for k, v in final.items() if k.startswith(("eval/", "perf/"))}, "progress": 1.0},
+               step=cfg.steps)
     return final
 
 
+def row_sums(model: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """`logprob_sums` of the batch's rows under `model` (as it is: adapter on or off)."""
+    logits = model(input_ids=batch["ids"], attention_mask=batch["attn"]).logits.float()
+    return logprob_sums(logits, batch["ids"], batch["resp"])
+
+
+def _margins_of(sums: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean-log-probability margin, summed-log-probability margin) per pair, rows chosen then rejected."""
+    n = sums.shape[0] // 2
+    mean = sums / counts
+    return mean[:n] - mean[n:], sums[:n] - sums[n:]
+
+
+def _shared_metrics(out: dict[str, float], aligned: torch.Tensor, base: torch.Tensor, reward: torch.Tensor) -> None:
+    """The held-out metrics both methods report: preference accuracy and mean margin (mean
+    response log-probability, chosen minus rejected) of the aligned model and of the base, and the
+    implicit reward's accuracy and margin (summed log-probability over the base's, chosen minus
+    rejected; DPO's reward without beta)."""
+    out["eval/pref_acc"] = float((aligned > 0).float().mean())
+    out["eval/pref_acc_base"] = float((base > 0).float().mean())
+    out["eval/margin"] = float(aligned.mean())
+    out["eval/margin_base"] = float(base.mean())
+    out["eval/reward_acc"] = float((reward > 0).float().mean())
+    out["eval/reward_margin"] = float(reward.mean())
+
+
 @torch.no_grad()
-def evaluate(cfg: Config, base: Any, tok: Any, cal: Calibrator, held: list, held_ents: list[str],
+def evaluate_dpo(cfg: Config, model: Any, tok: Any, held: list[Pair], dev: torch.device) -> dict[str, float]:
+    aligned, plain, reward = [], [], []
+    for piece in chunks(held, cfg.micro_batch or 256):
+        batch = {k: v.to(dev) for k, v in pair_batch(tok, piece, cfg.max_len).items()}
+        pol = row_sums(model, batch)
+        with model.disable_adapter():
+            ref = row_sums(model, batch)
+        (a, a_sum), (b, b_sum) = _margins_of(*pol), _margins_of(*ref)
+        aligned.append(a)
+        plain.append(b)
+        reward.append(a_sum - b_sum)
+    out: dict[str, float] = {}
+    _shared_metrics(out, torch.cat(aligned), torch.cat(plain), torch.cat(reward))
+    return out
+
+
+def latency_prompts(tok: Any, held: list[Pair], max_len: int, n: int = 8) -> torch.Tensor:
+    """Equal-length decoding prompts from a task file's held-out pairs: the first `n` prompts, each
+    cut to the last tokens of the shortest (and of at most max_len / 2)."""
+    rows = [tok(p.prompt).input_ids for p in held[:n]]
+    width = min(min(len(r) for r in rows), max_len // 2 or 10**9)
+    return torch.tensor([r[-width:] for r in rows])
+
+
+@torch.no_grad()
+def evaluate(cfg: Config, base: Any, tok: Any, cal: Calibrator, held: list, held_ents: list[str] | None,
              dev: torch.device) -> dict[str, float]:
     out: dict[str, float] = {}
     # Held-out preference accuracy at every gamma (gamma 0 is the base model).
     margin: dict[float, list[torch.Tensor]] = {g: [] for g in cfg.gammas}
+    reward: list[torch.Tensor] = []
     gamma0_diff = 0.0
-    for i in range(0, len(held), 256):
-        batch = {k: v.to(dev) for k, v in pair_batch(tok, held[i: i + 256]).items()}
+    for piece in chunks(held, cfg.micro_batch or 256):
+        batch = {k: v.to(dev) for k, v in pair_batch(tok, piece, cfg.max_len).items()}
         for g, m in margins(base, cal, batch, list(cfg.gammas)).items():
             margin[g].append(m)
         logits, h = base_forward(base, batch["ids"], batch["attn"])
         plain = base(input_ids=batch["ids"], attention_mask=batch["attn"]).logits.float()
         gamma0_diff = max(gamma0_diff, float((logits + 0.0 * cal(h) - plain).abs().max()))
+        aligned, _ = logprob_sums(logits + cfg.gamma_eval * cal(h), batch["ids"], batch["resp"])
+        ref, _ = logprob_sums(logits, batch["ids"], batch["resp"])
+        n = len(piece)
+        reward.append((aligned[:n] - ref[:n]) - (aligned[n:] - ref[n:]))
     for g in cfg.gammas:
         m = torch.cat(margin[g])
         out[f"eval/pref_acc/{gamma_key(g)}"] = float((m > 0).float().mean())
         out[f"eval/margin/{gamma_key(g)}"] = float(m.mean())
-    out["eval/pref_acc_base"] = out[f"eval/pref_acc/{gamma_key(0.0)}"]
-    out["eval/pref_acc"] = out[f"eval/pref_acc/{gamma_key(cfg.gamma_eval)}"]
+    _shared_metrics(out, torch.cat(margin[cfg.gamma_eval]), torch.cat(margin[0.0]), torch.cat(reward))
     out["eval/gamma0_max_abs_logit_diff"] = gamma0_diff
+    if held_ents is None:  # a task file: no gentle words to count; latency on its held-out prompts
+        lat = latency(base, cal, latency_prompts(tok, held, cfg.max_len).to(dev), cfg.latency_new_tokens,
+                      cfg.latency_reps, cfg.gamma_eval, cfg.latency_clock)
+        out["perf/base_s_per_token"], out["perf/palc_s_per_token"], out["perf/latency_ratio"] = (
+            lat["base_s"], lat["palc_s"], lat["ratio"])
+        return out
 
     # Preferred-word share of greedy and sampled generations on held-out prompts, per gamma;
     # sampling reuses one random stream at every gamma, so the comparison across gamma is paired.
