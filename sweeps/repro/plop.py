@@ -5,7 +5,8 @@ attention-only and MLP-only LoRA at exactly equal trainable parameters.
 Smoke: tiny-local, task mul_mod (a new arithmetic operation, the analogue of the paper's math
 fine-tuning), the three placements at one seed. Full: a real checkpoint (`PLOP_BASE`, a local
 save_pretrained folder or a hub id already in the local cache; default Qwen/Qwen3-0.6B, one of
-the paper's models) through the same code, every task, PLoP^-1 as well, five seeds.
+the paper's models) through the same code, every task, PLoP^-1 as well, five seeds. The paper's
+own SFT data (MetaMathQA -> GSM8K, CommonsenseQA) on its models: sweeps/repro/plop_real.py.
 """
 
 import os

@@ -1,9 +1,11 @@
 """plop: the NFN score on hand-built cases and at random init, the hooks, the tasks' encoding, the
 rank match (equal trainable parameters, checked against peft), bad configs, resumption, the
-claims, and the smoke reproduction. tiny-local is built once per test run (the shared cache) and loaded once here."""
+claims, the smoke reproduction, and task files (JSONL, save_to_disk) on a tiny GPT-2 folder and on
+tiny-local through the code the full-size sweep runs, with the preflight refusals. tiny-local is built once per test run (the shared cache) and loaded once here."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 
@@ -21,7 +23,7 @@ from workloads.plop.claims import (
 )
 from workloads.plop.data import TASKS, answer_loss, encode, split
 from workloads.plop.nfn import (
-    NFNRecorder, by_type, decoder_linears, kendall_tau, mean_gain, nfn, score_modules, select,
+    NFNRecorder, by_type, decoder_projections, kendall_tau, mean_gain, module_kinds, nfn, score_modules, select,
 )
 from workloads.plop.placement import block_types, match_ranks, placement_types, reachable, type_costs
 from workloads.plop.workload import nfn_batches
@@ -104,7 +106,7 @@ def test_random_init_model_scores_about_one_and_the_pretrained_one_does_not(base
 
 def test_hooks_capture_each_decoder_linear_input_without_padding(base):
     model, tok, _, train_set, _ = base
-    linears = decoder_linears(model)
+    linears = {n: p.module for n, p in decoder_projections(model).items()}
     assert len(linears) == 4 * 7 and {n.rsplit(".", 1)[-1] for n in linears} == set(TYPES)
     assert not any("lm_head" in n or "embed" in n for n in linears)
 
@@ -398,3 +400,161 @@ def test_smoke_reproduction_holds(workdir, tiny_base):
     claims = {c.name: c.measured for c in rep.outcomes}
     assert claims["equal_trainable_params"]["max_rel_diff"] == 0.0
     assert all(math.isfinite(v) for m in claims.values() for v in m.values())
+
+
+# --- task files, a second architecture, the full-size sweep -----------------------------------
+
+
+GPT2_KINDS = ["c_attn", "attn.c_proj", "c_fc", "mlp.c_proj"]
+
+
+def mod_records(n: int = 13) -> list[dict]:
+    """MetaMathQA-style records (query -> response): x * y mod n in words a BPE tokenizer learns."""
+    return [{"query": f"what is {a} times {b} mod {n} ?", "response": str(a * b % n)} for a in range(n) for b in range(n)]
+
+
+@pytest.fixture(scope="module")
+def gpt2_task(tmp_path_factory):
+    """A JSONL task file and a tiny GPT-2 folder (Conv1D projections) with a tokenizer trained on it."""
+    from orchestrator.basemodel import write_jsonl
+    from orchestrator.basemodel.toy import save_tiny_gpt2
+
+    root = tmp_path_factory.mktemp("plop-gpt2")
+    records = mod_records()
+    write_jsonl(root / "task.jsonl", records)
+    save_tiny_gpt2(root / "gpt2", [f"{r['query']} {r['response']}" for r in records], seed=7)
+    return root
+
+
+def gpt2_config(root, **kw) -> Config:
+    return dataclasses.replace(smoke(), **{**dict(
+        base=str(root / "gpt2"), task_path=str(root / "task.jsonl"), prompt_field="query", answer_field="response",
+        dtype="auto", nfn_samples=16, n_types=2, lr=1e-2, steps=30, eval_every=15, log_every=5,
+        checkpoint_every_frac=1.0), **kw})
+
+
+@contextlib.contextmanager
+def counting_models():
+    """Like conftest's `model_copies`, but a model counts once its constructor has finished
+    (`post_init`, the last step of every transformers model's __init__), when the model it is part
+    of already holds it: `model_copies` counts a GPT2Model (LlamaModel) apart from the
+    GPT2LMHeadModel being built around it, so one model loaded alone reads 2 there."""
+    from transformers import PreTrainedModel
+
+    from conftest import ModelCopies
+
+    copies = ModelCopies()
+    post_init = PreTrainedModel.post_init
+
+    def counted(self, *args, **kwargs):
+        out = post_init(self, *args, **kwargs)
+        copies.add(self)
+        return out
+
+    PreTrainedModel.post_init = counted
+    try:
+        yield copies
+    finally:
+        PreTrainedModel.post_init = post_init
+
+
+def test_gpt2_folder_and_jsonl_task_run_the_full_size_code(gpt2_task, workdir):
+    from orchestrator import launch
+    from workloads.plop import preflight
+
+    trials = []
+    for placement in ("plop", "attention", "mlp"):
+        cfg = gpt2_config(gpt2_task, placement=placement)
+        preflight(cfg)
+        with counting_models() if placement == "plop" else contextlib.nullcontext() as copies:
+            result = launch.run_local("plop", cfg, progress=False, track=False)
+        if copies is not None:
+            assert copies.peak == 2  # the base and the random-init control, never a third
+        m = result.metrics
+        assert [k.split("/")[-1] for k in m if k.startswith("diag/nfn_a/")] == GPT2_KINDS  # c_proj twice, told apart
+        # A random-init GPT-2 whose frozen tied head keeps logits small: the loss falls only a little
+        # (held-out 5.65 -> 5.51 at seed 0), but below the first steps' and the base's.
+        first = next(h["train/loss"] for _, h in result.history if "train/loss" in h)
+        assert m["train/loss"] < first and m["eval/heldout_loss"] < m["eval/base_heldout_loss"], (first, m)
+        ranked = {k.split("/")[-1] for k, v in m.items() if k.startswith("diag/rank/") and v > 0}
+        assert ranked == {"attention": {"c_attn", "attn.c_proj"}, "mlp": {"c_fc", "mlp.c_proj"}}.get(
+            placement, {k.split("/")[-1] for k, v in m.items() if k.startswith("diag/chosen/") and v})
+        trials.append({**dataclasses.asdict(cfg), **m})
+    results = {c.__name__: c(trials) for c in CLAIMS + CHECKS}
+    assert results["equal_trainable_params"][0] and results["scores_same_in_every_trial_of_a_seed"][0], results
+    for holds, measured in results.values():
+        assert holds in (True, False) and measured and all(math.isfinite(v) for v in measured.values())
+    assert "task.jsonl/plop" in results["plop_not_worse_than_blocks"][1]  # grouped by the task file
+
+
+def test_a_saved_dataset_task_on_tiny_local_reproduces_the_built_in_task(tmp_path, tiny_base):
+    import datasets
+
+    cfg = short(steps=8, eval_every=8, log_every=4, checkpoint_every_frac=1.0, placement="mlp")
+    world = base_world_of(cfg)
+    train_set, held_set = split(world, cfg.task, heldout_frac=cfg.heldout_frac, seed=cfg.seed, modulus=cfg.modulus)
+    datasets.DatasetDict({
+        name: datasets.Dataset.from_list([{"question": e.prompt, "label": e.answer} for e in rows])
+        for name, rows in (("train", train_set), ("test", held_set))}).save_to_disk(str(tmp_path / "mul_mod"))
+    from_file = dataclasses.replace(cfg, task_path=str(tmp_path / "mul_mod"), eval_path=str(tmp_path / "mul_mod"),
+                                    prompt_field="question", answer_field="label")
+    registry.load("plop").preflight(from_file)
+    built_in = train(cfg, LocalRun(tmp_path / "built-in"))
+    filed = train(from_file, LocalRun(tmp_path / "file"))
+    assert filed == built_in  # the same records: bit for bit the same scores, placement and training
+    assert filed["train/loss"] < filed["eval/base_heldout_loss"] and filed["diag/trainable_params"] > 0
+
+
+def base_world_of(cfg: Config):
+    from orchestrator.basemodel import base_world
+
+    return base_world(cfg.base, seed=cfg.base_seed)
+
+
+def test_preflight_refuses_missing_fields_and_kinds_the_model_lacks(gpt2_task, tmp_path):
+    from orchestrator.basemodel import write_jsonl
+
+    plop = registry.load("plop")
+    write_jsonl(tmp_path / "bad.jsonl", [{"query": "what is 1 times 2 ?", "response": "2"}, {"query": "what is 3 ?"}])
+    with pytest.raises(ConfigError, match=r"bad.jsonl' line 2 has no 'response' field"):
+        plop.preflight(gpt2_config(gpt2_task, task_path=str(tmp_path / "bad.jsonl")))
+    with pytest.raises(ConfigError, match=r"no 'answer' field"):
+        plop.preflight(gpt2_config(gpt2_task, answer_field="answer"))
+    with pytest.raises(ConfigError, match=r"mlp_kinds=\['down_proj'\] names \['down_proj'\], not projection kinds of base "
+                                          r".*its kinds are \['c_attn', 'attn.c_proj', 'c_fc', 'mlp.c_proj'\]"):
+        plop.preflight(gpt2_config(gpt2_task, mlp_kinds=("down_proj",)))
+    with pytest.raises(ConfigError, match=r"n_types=5 exceeds the 4 projection kinds"):
+        plop.preflight(gpt2_config(gpt2_task, n_types=5))
+    with pytest.raises(ConfigError, match=r"attention_kinds=\['c_attn'\] names \['c_attn'\].*'q_proj'"):
+        plop.preflight(dataclasses.replace(Config(), attention_kinds=("c_attn",)))
+    plop.preflight(gpt2_config(gpt2_task, mlp_kinds=("c_fc",), attention_kinds=("c_attn",)))  # kinds it has
+    # OPT's fc1/fc2 sit in the layer itself, in no module named like an MLP: the arm must name them.
+    from transformers import OPTConfig
+
+    OPTConfig(vocab_size=50, hidden_size=16, ffn_dim=32, num_hidden_layers=1, num_attention_heads=2,
+              word_embed_proj_dim=16).save_pretrained(tmp_path / "opt")
+    with pytest.raises(ConfigError, match=r"base '.*opt': no linear projection .* placement 'mlp' needs one: .*mlp_kinds"):
+        plop.preflight(dataclasses.replace(Config(), base=str(tmp_path / "opt")))
+    plop.preflight(dataclasses.replace(Config(), base=str(tmp_path / "opt"), mlp_kinds=("fc1", "fc2")))
+    with pytest.raises(ValueError, match="eval_path=.* set task_path too"):
+        validate(dataclasses.replace(Config(), eval_path="x.jsonl"))
+    with pytest.raises(ValueError, match="dtype='bf16' is not a dtype"):
+        validate(dataclasses.replace(Config(), dtype="bf16"))
+
+
+def test_the_real_sweep_is_valid_anywhere_and_names_what_it_needs(workdir, monkeypatch):
+    from conftest import REPO
+    from orchestrator.sweep import load_sweep_file
+    from orchestrator.tune_run import launch_problems
+
+    monkeypatch.setenv("LADDER_DATA", str(workdir / "data"))
+    monkeypatch.delenv("LADDER_LLMS", raising=False)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(workdir / "empty-cache"))
+    sweep = load_sweep_file(REPO / "sweeps" / "repro" / "plop_real.py")
+    sweep.check()
+    assert sweep.trial_count() == 3 * 4 * 3  # (task, paper model) pairs x arms x seeds
+    assert sweep.base_config().dtype == "bfloat16" and sweep.gpus_per_worker == 1
+    (problem,) = [p for p in launch_problems(sweep) if "base=" in p]
+    assert "base='Qwen/Qwen3-1.7B' is neither a folder" in problem and "hf download Qwen/Qwen3-1.7B" in problem
+    assert f"task_path='{workdir / 'data' / 'metamathqa'}' does not exist" in problem
+    assert "fields query (string), response (string)" in problem

@@ -40,11 +40,17 @@ def _types(trial: dict[str, Any], which: str) -> dict[str, float]:
     return {k[len(prefix):]: float(v) for k, v in trial.items() if k.startswith(prefix)}
 
 
+def task_of(trial: dict[str, Any]) -> str:
+    """The task a trial fine-tuned on: its task file's name (`task_path`), else the built-in `task`."""
+    path = str(trial.get("task_path") or "")
+    return path.rstrip("/").rsplit("/", 1)[-1] if path else trial["task"]
+
+
 def _by_run(trials: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
     """(base, task, seed) -> its trials (one per placement)."""
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for t in trials:
-        groups[(t["base"], t["task"], int(t["seed"]))].append(t)
+        groups[(t["base"], task_of(t), int(t["seed"]))].append(t)
     if not groups:
         raise ValueError("no trials")
     return groups
@@ -122,7 +128,7 @@ def mean_acc(trials: list[dict[str, Any]]) -> dict[tuple, dict[str, float]]:
     """(base, task) -> placement -> held-out accuracy averaged over seeds."""
     acc: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for t in trials:
-        acc[(t["base"], t["task"])][t["placement"]].append(float(t["eval/heldout_acc"]))
+        acc[(t["base"], task_of(t))][t["placement"]].append(float(t["eval/heldout_acc"]))
     return {k: {p: sum(v) / len(v) for p, v in by_p.items()} for k, by_p in acc.items()}
 
 
@@ -142,7 +148,7 @@ def plop_not_worse_than_blocks(trials: list[dict[str, Any]]) -> tuple[bool, dict
         margin = accs["plop"] - max(accs["attention"], accs["mlp"])
         margins.append(margin)
         measured.update({f"{task}/{p}": v for p, v in sorted(accs.items())})
-        base = [float(t["eval/base_heldout_acc"]) for t in trials if t["task"] == task and "eval/base_heldout_acc" in t]
+        base = [float(t["eval/base_heldout_acc"]) for t in trials if task_of(t) == task and "eval/base_heldout_acc" in t]
         if base:  # what the base model does on the held-out set before fine-tuning
             measured[f"{task}/base"] = sum(base) / len(base)
         measured[f"{task}/margin"] = margin

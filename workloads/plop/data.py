@@ -13,6 +13,12 @@ already do it (its held-out accuracy is reported as `eval/base_acc`):
 - `sub_mod`, `mul_mod`: `a - b mod p =` / `a * b mod p =` -> `c` (pre-training only showed `+`),
   held out by (a, b) pair.
 
+A task can also come from a file (`task_path`): supervised fine-tuning data as `prompt` / `answer`
+records (field names configurable: MetaMathQA's `query` / `response`, GSM8K's `question` /
+`answer`) in a JSONL file or a datasets `save_to_disk` folder, read by `file_split`. The held-out
+set is a separate file (`eval_path`, e.g. GSM8K's test split after MetaMathQA) or a seeded
+fraction of the records.
+
 Encoding works with any tokenizer: the input is `prompt answer` (with the tokenizer's own
 `<bos>` when it adds one), the targets are the tokens after the prompt's tokens. A task's answer
 may take several tokens under a subword tokenizer; accuracy is the exact match of all of them.
@@ -27,6 +33,7 @@ import torch
 
 from orchestrator.basemodel.answers import encode_answers
 from orchestrator.basemodel.corpus import Example, World, arithmetic_example
+from orchestrator.basemodel.taskfile import read_records
 
 TASKS = ("attr_query", "fact_query", "sub_mod", "mul_mod")
 """The downstream tasks (see the module docstring)."""
@@ -60,6 +67,54 @@ def split(world: World, task: str, *, heldout_frac: float, seed: int, modulus: i
     return [e for g in train for e in g], [e for g in held for e in g]
 
 
+def file_examples(path: str, prompt_field: str, answer_field: str, *, split: str, what: str) -> list[Example]:
+    """The records of a task file as examples (`part` is the file's name)."""
+    rows = read_records(path, {prompt_field: str, answer_field: str}, split=split, what=what)
+    label = path.rstrip("/").rsplit("/", 1)[-1]
+    return [Example(r[prompt_field].strip(), r[answer_field].strip(), label) for r in rows]
+
+
+def sample(examples: list[Example], limit: int, seed: str) -> list[Example]:
+    """`limit` of `examples` drawn without replacement by `seed` (all of them, in order, when limit is 0
+    or not smaller)."""
+    if not limit or limit >= len(examples):
+        return examples
+    order = list(range(len(examples)))
+    random.Random(seed).shuffle(order)
+    return [examples[i] for i in sorted(order[:limit])]
+
+
+def file_split(task_path: str, *, task_split: str, eval_path: str, eval_split: str, prompt_field: str,
+               answer_field: str, eval_prompt_field: str, eval_answer_field: str, heldout_frac: float,
+               seed: int, task_limit: int = 0, eval_limit: int = 0) -> tuple[list[Example], list[Example]]:
+    """(train, heldout) of a file task: the held-out set is `eval_path` when given, else a fraction
+    `heldout_frac` of `task_path`'s records held out by `seed`; `task_limit` / `eval_limit` draw that
+    many of each (seeded; 0 keeps all)."""
+    records = file_examples(task_path, prompt_field, answer_field, split=task_split, what="task_path")
+    if eval_path:
+        train = records
+        held = file_examples(eval_path, eval_prompt_field or prompt_field, eval_answer_field or answer_field,
+                             split=eval_split, what="eval_path")
+    else:
+        order = list(range(len(records)))
+        random.Random(f"plop-split-file-{seed}").shuffle(order)
+        n_held = max(1, round(heldout_frac * len(records)))
+        if n_held >= len(records):
+            raise ValueError(f"task_path={task_path!r} has {len(records)} records: heldout_frac={heldout_frac} leaves "
+                             f"none to train on")
+        held = [records[i] for i in sorted(order[:n_held])]
+        train = [records[i] for i in sorted(order[n_held:])]
+    return (sample(train, task_limit, f"plop-train-{seed}"), sample(held, eval_limit, f"plop-eval-{seed}"))
+
+
+def fits(examples: list[Example], tokenizer: Any, max_tokens: int) -> list[Example]:
+    """The examples whose `prompt answer` takes at most `max_tokens` tokens (all when 0)."""
+    if not max_tokens:
+        return examples
+    lengths = tokenizer([f"{e.prompt} {e.answer}" for e in examples], add_special_tokens=True).input_ids
+    return [e for e, ids in zip(examples, lengths) if len(ids) <= max_tokens]
+
+
 def encode(examples: list[Example], tokenizer: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded ids [N, T] of `prompt answer`, their attention mask [N, T], and the target
     mask [N, T]: True where the token is part of the answer (predicted from the position before)."""
@@ -85,7 +140,8 @@ def evaluate(model: torch.nn.Module, data: tuple[torch.Tensor, torch.Tensor, tor
     dev = next(model.parameters()).device
     nll_sum, tokens, correct = 0.0, 0, 0
     for s in range(0, len(ids), batch):
-        i, m, t = ids[s: s + batch].to(dev), mask[s: s + batch].to(dev), target[s: s + batch].to(dev)
+        width = int(mask[s: s + batch].sum(1).max())  # the chunk's longest row: padding beyond it is never read
+        i, m, t = (x[s: s + batch, :width].to(dev) for x in (ids, mask, target))
         loss, exact = answer_loss(model(input_ids=i, attention_mask=m).logits, i, t)
         n = int(t[:, 1:].sum())
         nll_sum += float(loss) * n

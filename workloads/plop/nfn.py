@@ -1,4 +1,4 @@
-"""The Normalized Feature Norm (NFN) of every linear module of a decoder, from one forward pass.
+"""The Normalized Feature Norm (NFN) of every linear projection of a decoder, from one forward pass.
 
 For a module y = W z with W in R^{d_out x d_in}, and the inputs z_t it receives at the non-padding
 positions t of the task data:
@@ -7,10 +7,12 @@ positions t of the task data:
     random = the same mean with z_hat_t replaced by u_t / ||u_t||, u_t ~ N(0, I_{d_in}) i.i.d.
     NFN = actual / random
 
-computed per batch and averaged over batches; a module type's score (q_proj, ..., down_proj) is
-the mean NFN of the modules of that type over the layers. NFN > 1: W amplifies the directions the
-task's features take more than a random direction of the same norm (the module is aligned with
-the task); NFN ~ 1: no alignment.
+computed per batch and averaged over batches; a module kind's score (Llama's q_proj, ...,
+down_proj; GPT-2's c_attn, attn.c_proj, c_fc, mlp.c_proj) is the mean NFN of the modules of that
+kind over the layers. The modules are the model's linear projections as `projections` finds them
+(nn.Linear or GPT-2's Conv1D, whose weight is read as [out, in]). NFN > 1: W amplifies the
+directions the task's features take more than a random direction of the same norm (the module is
+aligned with the task); NFN ~ 1: no alignment.
 
 Why NFN ~ 1 at random initialisation: the input z_t that a module sees is computed by the layers
 *before* it, never by its own W, so z_t is independent of W. A freshly initialised W has i.i.d.
@@ -32,6 +34,8 @@ from typing import Iterable
 
 import torch
 
+from orchestrator.basemodel import Projection, projections, weight_oi
+
 
 def rms(weight: torch.Tensor) -> torch.Tensor:
     return weight.float().square().mean().sqrt()
@@ -50,13 +54,20 @@ def nfn(weight: torch.Tensor, z: torch.Tensor, reference: torch.Tensor) -> tuple
     return float(mean_gain(w_hat, z.float())), float(mean_gain(w_hat, reference.float()))
 
 
-def decoder_linears(model: torch.nn.Module) -> dict[str, torch.nn.Linear]:
-    """Every `nn.Linear` inside the decoder layers, by full name: embeddings, norms and the output
-    head are not scored (PLoP places LoRA on the layers' projections only)."""
-    return {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".layers." in n}
+def decoder_projections(model: torch.nn.Module) -> dict[str, Projection]:
+    """Every linear projection of the transformer blocks (`projections`), by full name, in module
+    order: embeddings, norms and the output head are not scored (PLoP places LoRA on the blocks'
+    projections only)."""
+    return projections(model)
+
+
+def module_kinds(model: torch.nn.Module) -> dict[str, str]:
+    """Full module name -> its projection kind (`q_proj`, `attn.c_proj`, ...)."""
+    return {n: p.kind for n, p in projections(model).items()}
 
 
 def module_type(name: str) -> str:
+    """The last segment of a module name: the kind when a block's projections have distinct names (Llama)."""
     return name.rsplit(".", 1)[-1]
 
 
@@ -75,20 +86,26 @@ class NFNRecorder:
     handles: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        # The reference directions come from their own generator: scores do not depend on what
-        # else consumed the global RNG, and two recorders with one seed agree exactly.
-        self.gen = torch.Generator().manual_seed(self.seed)
-        for name, module in decoder_linears(self.model).items():
-            self.handles.append(module.register_forward_hook(self._hook(name)))
+        # The reference directions come from their own generator (on the device the inputs are
+        # on): scores do not depend on what else consumed the global RNG, and two recorders with
+        # one seed agree exactly.
+        self.gens: dict[torch.device, torch.Generator] = {}
+        for name, p in decoder_projections(self.model).items():
+            self.handles.append(p.module.register_forward_hook(self._hook(name)))
+
+    def generator(self, device: torch.device) -> torch.Generator:
+        if device not in self.gens:
+            self.gens[device] = torch.Generator(device=device).manual_seed(self.seed)
+        return self.gens[device]
 
     def _hook(self, name: str):
-        def hook(module: torch.nn.Linear, args: tuple, _output: torch.Tensor) -> None:
+        def hook(module: torch.nn.Module, args: tuple, _output: torch.Tensor) -> None:
             z = args[0].detach()  # [B, T, d_in]
             if self.mask is not None:
                 z = z[self.mask.to(z.device).bool()]  # [N, d_in], padding dropped
             z = z.reshape(-1, z.shape[-1]).float()
-            reference = torch.randn(z.shape, generator=self.gen).to(z.device)
-            actual, random = nfn(module.weight, z, reference)
+            reference = torch.randn(z.shape, generator=self.generator(z.device), device=z.device)
+            actual, random = nfn(weight_oi(module), z, reference)
             self.ratios[name].append(actual / random)
             self.tokens[name] += z.shape[0]
         return hook
@@ -106,7 +123,7 @@ class NFNRecorder:
 @torch.no_grad()
 def score_modules(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], *,
                   seed: int = 0) -> dict[str, float]:
-    """NFN of every decoder linear module over `batches` of (input_ids [B, T], attention_mask [B, T]),
+    """NFN of every projection of the transformer blocks over `batches` of (input_ids [B, T], attention_mask [B, T]),
     one no-grad forward pass each."""
     was_training = model.training
     model.eval()
@@ -120,15 +137,17 @@ def score_modules(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, 
         rec.remove()
         model.train(was_training)
     if not rec.ratios:
-        raise ValueError("no decoder linear module saw any input: is this a decoder with `.layers.` modules?")
+        raise ValueError("no projection of the transformer blocks saw any input: were the batches empty?")
     return rec.scores()
 
 
-def by_type(scores: dict[str, float]) -> dict[str, float]:
-    """Module type -> mean NFN of its modules over the layers, in first-seen order."""
+def by_type(scores: dict[str, float], kinds: dict[str, str] | None = None) -> dict[str, float]:
+    """Module kind -> mean NFN of its modules over the layers, in first-seen order. `kinds` maps a
+    module name to its kind (`module_kinds(model)`: GPT-2's two `c_proj` are `attn.c_proj` and
+    `mlp.c_proj`); without it, a name's last segment is its kind."""
     groups: dict[str, list[float]] = defaultdict(list)
     for name, value in scores.items():
-        groups[module_type(name)].append(value)
+        groups[kinds[name] if kinds is not None else module_type(name)].append(value)
     return {t: sum(v) / len(v) for t, v in groups.items()}
 
 

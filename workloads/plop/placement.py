@@ -1,4 +1,4 @@
-"""Which module types get LoRA, and at which ranks, so that every compared placement trains the
+"""Which module kinds get LoRA, and at which ranks, so that every compared placement trains the
 same number of parameters.
 
 A LoRA adapter of rank r on a linear d_in -> d_out trains r (d_in + d_out) parameters. A
@@ -19,44 +19,54 @@ from dataclasses import dataclass
 
 import torch
 
-from workloads.plop.nfn import decoder_linears, module_type, select
+from orchestrator.basemodel import projections
+from workloads.plop.nfn import select
 
 PLACEMENTS = ("plop", "plop_inverse", "attention", "mlp")
-"""'plop': the `n_types` types of lowest NFN (the paper's rule); 'plop_inverse': the highest
-(PLoP^-1, the paper's sanity control); 'attention': every type inside the attention block;
-'mlp': every type inside the MLP block."""
+"""'plop': the `n_types` kinds of lowest NFN (the paper's rule); 'plop_inverse': the highest
+(PLoP^-1, the paper's sanity control); 'attention': every kind inside the attention block;
+'mlp': every kind inside the MLP block (or the kinds a config names for either)."""
+
+BLOCK_WORDS = {"attention": ("attn", "attention"), "mlp": ("mlp", "ffn", "feed_forward")}
+"""A projection is in the attention (MLP) block when the module holding it is named with one of
+these words: Llama/Qwen `self_attn`/`mlp`, GPT-2 `attn`/`mlp`, GPT-NeoX `attention`. A model whose
+projections sit elsewhere (OPT's fc1/fc2 in the layer itself) names its kinds in the config."""
 
 
 def type_costs(model: torch.nn.Module) -> dict[str, int]:
-    """Module type -> LoRA parameters per unit of rank, summed over the layers."""
+    """Module kind -> LoRA parameters per unit of rank, summed over the layers."""
     costs: dict[str, int] = {}
-    for name, m in decoder_linears(model).items():
-        t = module_type(name)
-        costs[t] = costs.get(t, 0) + m.in_features + m.out_features
+    for p in projections(model).values():
+        costs[p.kind] = costs.get(p.kind, 0) + p.in_features + p.out_features
     return costs
 
 
 def block_types(model: torch.nn.Module, block: str) -> list[str]:
-    """The module types inside the attention ('attention': paths with 'attn') or MLP ('mlp':
-    paths with 'mlp') blocks, in first-seen order."""
-    key = "attn" if block == "attention" else "mlp"
+    """The projection kinds inside the attention ('attention') or MLP ('mlp') blocks, in
+    first-seen order: those whose parent module's name has a word of BLOCK_WORDS[block]."""
+    words = BLOCK_WORDS[block]
     out: dict[str, None] = {}
-    for name in decoder_linears(model):
-        if key in name.rsplit(".", 1)[0].rsplit(".", 1)[-1]:
-            out.setdefault(module_type(name), None)
+    for name, p in projections(model).items():
+        parent = name.rsplit(".", 1)[0].rsplit(".", 1)[-1]
+        if any(w in parent for w in words):
+            out.setdefault(p.kind, None)
     if not out:
-        raise ValueError(f"no linear module of this model sits in a block named like {key!r}; "
-                         f"placement {block!r} needs one")
+        raise ValueError(f"no linear projection of this model sits in a module named like {' or '.join(map(repr, words))}; "
+                         f"placement {block!r} needs one: name its kinds in the config ({block}_kinds)")
     return list(out)
 
 
-def placement_types(placement: str, model: torch.nn.Module, type_scores: dict[str, float], n_types: int) -> list[str]:
+def placement_types(placement: str, model: torch.nn.Module, type_scores: dict[str, float], n_types: int,
+                    fixed: dict[str, tuple[str, ...]] | None = None) -> list[str]:
+    """The kinds `placement` puts LoRA on; `fixed` (placement -> kinds) replaces the attention /
+    MLP blocks' kinds found by name."""
     if placement == "plop":
         return select(type_scores, n_types, rule="lowest")
     if placement == "plop_inverse":
         return select(type_scores, n_types, rule="highest")
     if placement in ("attention", "mlp"):
-        return block_types(model, placement)
+        named = (fixed or {}).get(placement)
+        return list(named) if named else block_types(model, placement)
     raise ValueError(f"unknown placement {placement!r}; choose among {', '.join(PLACEMENTS)}")
 
 

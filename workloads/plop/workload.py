@@ -5,13 +5,16 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterator, Literal
 
 import torch
 
-from orchestrator.basemodel import base_world, check_base, load_base, lora
-from workloads.plop.data import TASKS, answer_loss, encode, evaluate, split
-from workloads.plop.nfn import by_type, kendall_tau, score_modules, select
+from orchestrator.basemodel import (
+    LLAMA_LINEAR_TYPES, base_kinds, base_world, check_base, check_dtype, check_records, load_base, lora, parse_tiny,
+)
+from workloads.plop.data import TASKS, answer_loss, encode, evaluate, file_split, fits, split
+from workloads.plop.nfn import by_type, kendall_tau, module_kinds, score_modules, select
 from workloads.plop.placement import PLACEMENTS, match_ranks, placement_types, type_costs
 
 
@@ -25,16 +28,50 @@ class Config:
     """Base model: 'tiny-local[:k=v,...]', a local save_pretrained folder or a Hugging Face id."""
     base_seed: int = 0
     """Seed of the tiny-local build and of its world (the task's facts); never a trial seed."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Weights' dtype when loading the base (scores are computed in float32 either way)."""
+    dtype: str = "float32"
+    """Weights' dtype when loading the base: 'auto' (the checkpoint's own), 'float32', 'bfloat16'
+    (the full-size sweep, on GPU) or 'float16'. Scores are computed in float32 either way."""
     task: Literal["attr_query", "fact_query", "sub_mod", "mul_mod"] = "mul_mod"
-    """Downstream task (workloads.plop.data): none of them is in the base's pre-training."""
+    """Built-in downstream task on tiny-local's world (workloads.plop.data): none of them is in the
+    base's pre-training. Not read when `task_path` is set."""
+    task_path: str = ""
+    """Supervised fine-tuning data: a JSONL file (one object per line) or a datasets save_to_disk
+    folder with a prompt and an answer field per record ("" = the built-in `task`, the CI default)."""
+    task_split: str = "train"
+    """The split of a save_to_disk DatasetDict at `task_path` (a JSONL file has none)."""
+    prompt_field: str = "prompt"
+    """The field of a record holding the prompt (MetaMathQA: 'query'; GSM8K: 'question')."""
+    answer_field: str = "answer"
+    """The field of a record holding the answer the model learns (MetaMathQA: 'response')."""
+    eval_path: str = ""
+    """Held-out data in the same formats (e.g. GSM8K's test split after MetaMathQA); "" holds out
+    `heldout_frac` of `task_path`'s records, drawn by the seed."""
+    eval_split: str = "test"
+    """The split of a save_to_disk DatasetDict at `eval_path`."""
+    eval_prompt_field: str = ""
+    """The prompt field of `eval_path`'s records ("" = `prompt_field`)."""
+    eval_answer_field: str = ""
+    """The answer field of `eval_path`'s records ("" = `answer_field`)."""
+    task_limit: int = 0
+    """Training records drawn (by the seed) from a task file; 0 keeps them all."""
+    eval_limit: int = 0
+    """Held-out records drawn (by the seed) from a task file's held-out set; 0 keeps them all."""
+    max_tokens: int = 0
+    """File tasks: records whose `prompt answer` is longer than this many tokens are left out of
+    training and evaluation (0 keeps every record)."""
     modulus: int = 11
     """p of the arithmetic tasks (sub_mod, mul_mod)."""
     heldout_frac: float = 0.25
-    """Fraction of the task's groups (entities, keys, pairs) held out of fine-tuning."""
+    """Fraction of the task's groups (entities, keys, pairs; a task file's records) held out of
+    fine-tuning."""
     placement: Literal["plop", "plop_inverse", "attention", "mlp"] = "plop"
-    """Where LoRA goes: PLoP's lowest-NFN types, the highest (PLoP^-1), attention-only or MLP-only."""
+    """Where LoRA goes: PLoP's lowest-NFN kinds, the highest (PLoP^-1), attention-only or MLP-only."""
+    attention_kinds: tuple[str, ...] = ()
+    """The projection kinds of the attention-only arm; () = every projection in a module named
+    like attn/attention (Llama: q/k/v/o_proj; GPT-2: c_attn, attn.c_proj)."""
+    mlp_kinds: tuple[str, ...] = ()
+    """The projection kinds of the MLP-only arm; () = every projection in a module named like
+    mlp/ffn (Llama: gate/up/down_proj; GPT-2: c_fc, mlp.c_proj)."""
     matched: tuple[str, ...] = ("plop", "attention", "mlp")
     """Placements whose trainable-parameter counts are made equal (a sweep comparing them keeps
     this fixed; `placement` must be one of them)."""
@@ -49,6 +86,8 @@ class Config:
     prompts only. The notes leave this open (the reference scores its dataset's inputs)."""
     nfn_batch: int = 64
     """Examples per forward pass of the scoring (NFN is averaged over batches, as in the paper)."""
+    eval_batch: int = 256
+    """Examples per forward pass of the held-out evaluation."""
     nfn_control: bool = True
     """Also score a freshly initialised model of the same architecture (the control: NFN ~ 1)."""
     rank: int = 4
@@ -100,8 +139,20 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     for name in ("n_types", "nfn_samples", "nfn_batch", "rank", "batch", "steps", "eval_every", "log_every"):
         if getattr(cfg, name) <= 0:
             raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
-    if cfg.n_types > 7:
+    if parse_tiny(cfg.base) is not None and cfg.n_types > len(LLAMA_LINEAR_TYPES):
         raise ValueError(f"n_types={cfg.n_types} exceeds the 7 linear module types of a Llama layer")
+    if cfg.eval_batch <= 0 or min(cfg.task_limit, cfg.eval_limit, cfg.max_tokens) < 0:
+        raise ValueError(f"eval_batch must be positive and task_limit, eval_limit, max_tokens >= 0, got "
+                         f"{cfg.eval_batch}, {cfg.task_limit}, {cfg.eval_limit}, {cfg.max_tokens}")
+    for name in ("prompt_field", "answer_field", "task_split"):
+        if cfg.task_path and not getattr(cfg, name):
+            raise ValueError(f"{name} must name a field (or split) of task_path's records, got ''")
+    if cfg.eval_path and not cfg.task_path:
+        raise ValueError(f"eval_path={cfg.eval_path!r} is the held-out set of a task file: set task_path too")
+    for name in ("attention_kinds", "mlp_kinds"):
+        kinds = getattr(cfg, name)
+        if not isinstance(kinds, (tuple, list)) or not all(isinstance(k, str) and k for k in kinds):
+            raise ValueError(f"{name} must be a list of projection kinds (e.g. ['q_proj', 'v_proj']), got {kinds!r}")
     if cfg.rank_window < 0 or cfg.threads < 0:
         raise ValueError(f"rank_window and threads must be >= 0, got {cfg.rank_window} and {cfg.threads}")
     if not 0 < cfg.heldout_frac < 1:
@@ -113,13 +164,99 @@ def validate(cfg: Config, world_size: int = 1) -> None:
                          f"lr={cfg.lr}, alpha_over_rank={cfg.alpha_over_rank}, weight_decay={cfg.weight_decay}")
     if not 0 < cfg.checkpoint_every_frac <= 1:
         raise ValueError(f"checkpoint_every_frac must lie in (0, 1], got {cfg.checkpoint_every_frac}")
-    if cfg.dtype not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', got {cfg.dtype!r}")
+    check_dtype(cfg.dtype)
+    if cfg.task_path:
+        return  # the file's size is known where it is read (preflight, train)
     train_n = len(split(base_world(cfg.base, seed=cfg.base_seed), cfg.task, heldout_frac=cfg.heldout_frac,
                         seed=cfg.seed, modulus=cfg.modulus)[0])
     if 2 * cfg.nfn_samples > train_n:
         raise ValueError(f"nfn_samples={cfg.nfn_samples} needs two disjoint samples of {cfg.nfn_samples} "
                          f"training examples, and task {cfg.task!r} has {train_n}: use nfn_samples <= {train_n // 2}")
+
+
+def placement_problems(cfg: Config, kinds: list[str], where: str) -> list[str]:
+    """Why the placement does not fit a model with projection kinds `kinds` (empty when it does):
+    a named kind the model lacks, or more kinds to choose than it has."""
+    problems = []
+    for name in ("attention_kinds", "mlp_kinds"):
+        unknown = [k for k in getattr(cfg, name) if k not in kinds]
+        if unknown:
+            problems.append(f"{name}={list(getattr(cfg, name))} names {unknown}, not projection kinds of {where}; "
+                            f"its kinds are {kinds}")
+    if cfg.n_types > len(kinds):
+        problems.append(f"n_types={cfg.n_types} exceeds the {len(kinds)} projection kinds of {where}: {kinds}")
+    return problems
+
+
+def block_problems(cfg: Config, folder: str) -> list[str]:
+    """Why the attention-only or MLP-only arm finds no kinds by module name in the model at
+    `folder` (built from its config on the meta device: no weights), when the config names none."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from workloads.plop.placement import block_types
+
+    wanted = [p for p in ("attention", "mlp") if p in cfg.matched and not getattr(cfg, f"{p}_kinds")]
+    if not wanted:
+        return []
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder))
+    problems = []
+    for placement in wanted:
+        try:
+            block_types(model, placement)
+        except ValueError as exc:
+            problems.append(f"base {cfg.base!r}: {exc}")
+    return problems
+
+
+def preflight(cfg: Config) -> None:
+    """Checks of the machine that runs it, before any Ray work: the base model is here (a folder
+    or a cached hub id; nothing is downloaded), the placement's kinds are the model's, and the
+    task files read with their fields. Every problem in one error."""
+    from orchestrator.pretrained import model_config
+
+    problems = []
+    if parse_tiny(cfg.base) is not None:
+        found = cfg.base
+    else:
+        config = model_config(cfg.base)
+        found = str(Path(config).parent) if config else ""
+        if not found:
+            problems.append(f"base={cfg.base!r} is neither a folder with config.json nor in the local Hugging Face "
+                            f"cache (nothing is downloaded at run time): fetch it with `hf download {cfg.base}`")
+    if found:
+        problems += placement_problems(cfg, base_kinds(found), f"base {cfg.base!r}")
+    if found and parse_tiny(cfg.base) is None:
+        problems += block_problems(cfg, found)
+    for path, split_, prompt, answer, what in (
+            (cfg.task_path, cfg.task_split, cfg.prompt_field, cfg.answer_field, "task_path"),
+            (cfg.eval_path, cfg.eval_split, cfg.eval_prompt_field or cfg.prompt_field,
+             cfg.eval_answer_field or cfg.answer_field, "eval_path")):
+        if path:
+            try:
+                check_records(path, {prompt: str, answer: str}, split=split_, what=what)
+            except ValueError as exc:
+                problems.append(str(exc))
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+def task_sets(cfg: Config, tokenizer: Any) -> tuple[list, list]:
+    """(train, heldout) examples: the built-in task on the base's world, or the task file's."""
+    if not cfg.task_path:
+        world = base_world(cfg.base, seed=cfg.base_seed)
+        return split(world, cfg.task, heldout_frac=cfg.heldout_frac, seed=cfg.seed, modulus=cfg.modulus)
+    train_set, held_set = file_split(
+        cfg.task_path, task_split=cfg.task_split, eval_path=cfg.eval_path, eval_split=cfg.eval_split,
+        prompt_field=cfg.prompt_field, answer_field=cfg.answer_field, eval_prompt_field=cfg.eval_prompt_field,
+        eval_answer_field=cfg.eval_answer_field, heldout_frac=cfg.heldout_frac, seed=cfg.seed,
+        task_limit=cfg.task_limit, eval_limit=cfg.eval_limit)
+    train_set, held_set = fits(train_set, tokenizer, cfg.max_tokens), fits(held_set, tokenizer, cfg.max_tokens)
+    if 2 * cfg.nfn_samples > len(train_set) or not held_set:
+        raise ValueError(f"task_path={cfg.task_path!r} leaves {len(train_set)} training and {len(held_set)} held-out "
+                         f"records (max_tokens={cfg.max_tokens}): nfn_samples={cfg.nfn_samples} needs two disjoint "
+                         f"samples of {cfg.nfn_samples} training records, and the held-out set at least one")
+    return train_set, held_set
 
 
 def nfn_batches(examples: list, tokenizer: Any, cfg: Config) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -131,40 +268,47 @@ def nfn_batches(examples: list, tokenizer: Any, cfg: Config) -> Iterator[tuple[t
 
 
 def score_task(cfg: Config, model: torch.nn.Module, tokenizer: Any, train_set: list) -> dict[str, dict[str, float]]:
-    """NFN by module type on two disjoint samples of the training split ('a' decides the
-    placement, 'b' checks it), and on a freshly initialised copy of the architecture ('control')."""
+    """NFN by projection kind on two disjoint samples of the training split ('a' decides the
+    placement, 'b' checks it), and on a freshly initialised copy of the architecture ('control',
+    built on the base's device and dropped after scoring: two models at most are alive)."""
     order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
     sample_a = [train_set[i] for i in order[: cfg.nfn_samples]]
     sample_b = [train_set[i] for i in order[cfg.nfn_samples: 2 * cfg.nfn_samples]]
-    out = {"a": by_type(score_modules(model, nfn_batches(sample_a, tokenizer, cfg), seed=cfg.seed)),
-           "b": by_type(score_modules(model, nfn_batches(sample_b, tokenizer, cfg), seed=cfg.seed + 1))}
+    kinds = module_kinds(model)
+    out = {"a": by_type(score_modules(model, nfn_batches(sample_a, tokenizer, cfg), seed=cfg.seed), kinds),
+           "b": by_type(score_modules(model, nfn_batches(sample_b, tokenizer, cfg), seed=cfg.seed + 1), kinds)}
     if cfg.nfn_control:
         from transformers import AutoModelForCausalLM
 
         torch.manual_seed(cfg.seed)
         weight = next(model.parameters())
-        control = AutoModelForCausalLM.from_config(model.config, dtype=weight.dtype).to(weight.device)
-        out["control"] = by_type(score_modules(control, nfn_batches(sample_a, tokenizer, cfg), seed=cfg.seed))
+        with torch.device(weight.device):
+            control = AutoModelForCausalLM.from_config(model.config, dtype=weight.dtype)
+        scores = score_modules(control, nfn_batches(sample_a, tokenizer, cfg), seed=cfg.seed)
         del control
+        out["control"] = by_type(scores, kinds)
     return out
 
 
 def train(cfg: Config, run) -> dict[str, float]:
     validate(cfg, run.world_size)
     model, tok = load_base(cfg.base, seed=cfg.base_seed, dtype=cfg.dtype, device=run.device)
-    world = base_world(cfg.base, seed=cfg.base_seed)
-    train_set, held_set = split(world, cfg.task, heldout_frac=cfg.heldout_frac, seed=cfg.seed, modulus=cfg.modulus)
+    problems = placement_problems(cfg, list(dict.fromkeys(module_kinds(model).values())), f"base {cfg.base!r}")
+    if problems:
+        raise ValueError("; ".join(problems))
+    train_set, held_set = task_sets(cfg, tok)
     train_data, held_data = encode(train_set, tok), encode(held_set, tok)
 
     scores = score_task(cfg, model, tok, train_set)  # deterministic: a resumed run recomputes it
     chosen_a = select(scores["a"], cfg.n_types)
     chosen_b = select(scores["b"], cfg.n_types)
-    placements = {p: placement_types(p, model, scores["a"], cfg.n_types) for p in cfg.matched}
+    fixed = {"attention": tuple(cfg.attention_kinds), "mlp": tuple(cfg.mlp_kinds)}
+    placements = {p: placement_types(p, model, scores["a"], cfg.n_types, fixed) for p in cfg.matched}
     costs = type_costs(model)
     target = cfg.rank * sum(costs[t] for t in chosen_a)
     match = match_ranks(costs, placements, target, cfg.rank_window)
     ranks = match.ranks[cfg.placement]
-    base_held = evaluate(model, held_data)
+    base_held = evaluate(model, held_data, cfg.eval_batch)
 
     torch.manual_seed(cfg.seed)  # the adapters' init
     model = lora(model, list(ranks), r=max(ranks.values()), alpha=cfg.alpha_over_rank * max(ranks.values()),
@@ -194,7 +338,8 @@ def train(cfg: Config, run) -> dict[str, float]:
     loss_sum, loss_n, window_start, window_steps = 0.0, 0, time.perf_counter(), 0
     for step in range(start + 1, cfg.steps + 1):
         idx = torch.randint(len(train_data[0]), (cfg.batch,), generator=gen)
-        ids, mask, target_mask = (x[idx].to(run.device) for x in train_data)
+        width = int(train_data[1][idx].sum(1).max())  # the batch's longest row: padding beyond it is never read
+        ids, mask, target_mask = (x[idx, :width].to(run.device) for x in train_data)
         loss, _ = answer_loss(model(input_ids=ids, attention_mask=mask).logits, ids, target_mask)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -202,7 +347,7 @@ def train(cfg: Config, run) -> dict[str, float]:
         loss_sum, loss_n, window_steps = loss_sum + loss.item(), loss_n + 1, window_steps + 1
         metrics: dict[str, float] = {}
         if step % cfg.eval_every == 0 or step == cfg.steps:
-            held = evaluate(model, held_data)
+            held = evaluate(model, held_data, cfg.eval_batch)
             metrics.update({"eval/heldout_loss": held["loss"], "eval/heldout_acc": held["acc"]})
         if step % cfg.log_every == 0 or step == cfg.steps:
             now = time.perf_counter()
@@ -215,8 +360,8 @@ def train(cfg: Config, run) -> dict[str, float]:
             adapter = {n: p.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}
             run.save({"step": step, "adapter": adapter, "optimizer": opt.state_dict(), "generator": gen.get_state()})
 
-    final_train = evaluate(model, train_data)
-    final_held = evaluate(model, held_data)
+    final_train = evaluate(model, train_data, cfg.eval_batch)
+    final_held = evaluate(model, held_data, cfg.eval_batch)
     out = {
         "train/loss": final_train["loss"],
         "eval/train_acc": final_train["acc"],
