@@ -386,21 +386,25 @@ class Sweep:
 
     def preflight(self) -> Any:
         """Checks of the machine that will run the trials (data present, ...): the workload's
-        optional `preflight(cfg)` hook on the base config and every distinct trial config.
+        optional `preflight(cfg)` hook on the base config and every distinct trial config, every
+        distinct problem named in one error.
         Separate from `check()`, which judges the file alone: a cluster sweep is valid on a
         laptop that cannot run it. Raises SweepError."""
         w = self.load_workload()
         base = self.base_config()
-        seen = set()
-        try:
-            for params in ([] if self.points else [{}]) + self.param_examples():  # a point may complete the base
+        seen: set[str] = set()
+        problems: dict[str, None] = {}  # every distinct one, in trial order: a sweep over two datasets names both
+        for params in ([] if self.points else [{}]) + self.param_examples():  # a point may complete the base
+            try:
                 cfg = apply_overrides(base, params)
                 key = repr(cfg)
                 if key not in seen:
                     seen.add(key)
                     w.preflight(cfg)
-        except ConfigError as exc:
-            raise SweepError(f"sweep {self.name!r}: {exc}") from None
+            except ConfigError as exc:
+                problems.setdefault(str(exc), None)
+        if problems:
+            raise SweepError(f"sweep {self.name!r}: " + "; ".join(problems))
         return base
 
     def trial_count(self) -> int:

@@ -313,20 +313,21 @@ class ModelCopies:
 @pytest.fixture
 def model_copies(monkeypatch) -> ModelCopies:
     """Counts the base-model copies a test's code holds at once (`model_copies.peak`): a model
-    built by a constructor or copied by deepcopy (which goes through `__setstate__`)."""
+    built by a constructor (counted when it ends, in `post_init`: a GPT2LMHeadModel is whole by
+    then, its GPT2Model inside it) or copied by deepcopy (which goes through `__setstate__`)."""
     from transformers import PreTrainedModel
 
     copies = ModelCopies()
-    init, setstate = PreTrainedModel.__init__, torch.nn.Module.__setstate__
+    post_init, setstate = PreTrainedModel.post_init, torch.nn.Module.__setstate__
 
-    def counted_init(self, *args, **kwargs):
-        init(self, *args, **kwargs)
+    def counted_post_init(self, *args, **kwargs):  # the end of every transformers model's constructor
+        post_init(self, *args, **kwargs)
         copies.add(self)
 
     def counted_setstate(self, state):
         setstate(self, state)
         copies.add(self)
 
-    monkeypatch.setattr(PreTrainedModel, "__init__", counted_init)
+    monkeypatch.setattr(PreTrainedModel, "post_init", counted_post_init)
     monkeypatch.setattr(PreTrainedModel, "__setstate__", counted_setstate, raising=False)
     return copies

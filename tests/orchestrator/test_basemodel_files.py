@@ -189,3 +189,19 @@ def test_a_bad_path_or_saved_dataset_is_refused_naming_the_fix(tmp_path):
     with pytest.raises(TaskFileError, match=r"splits \['train'\], not task_split='test'"):
         check_records(str(tmp_path / "dd"), {"prompt": str}, split="test")
     assert json.loads((tmp_path / "dd" / "dataset_dict.json").read_text())["splits"] == ["train"]
+
+
+def test_the_model_copies_fixture_counts_whole_models(model_copies):
+    """The fixture the LLM workloads' tests bound their memory with: a GPT2LMHeadModel is one
+    model (not two with its GPT2Model), a deep copy is another, a dropped one no longer counts."""
+    import copy
+
+    first = _gpt2()
+    assert model_copies.peak == 1
+    second = copy.deepcopy(first)
+    assert model_copies.peak == 2 and model_copies.count() == 2
+    del second
+    third = _llama()
+    assert model_copies.peak == 2 and model_copies.count() == 2
+    del first, third
+    assert model_copies.count() == 0
