@@ -297,14 +297,14 @@ class ModelCopies:
         self.peak = 0
 
     def add(self, model) -> None:
-        import gc
-
-        gc.collect()  # a model dropped earlier but held in a reference cycle is not a copy in use
         self.alive.add(model)
         self.peak = max(self.peak, self.count())
 
     def count(self) -> int:
         """Models alive now that are not part of another (GPT2LMHeadModel holds a GPT2Model)."""
+        import gc
+
+        gc.collect()  # a model dropped earlier but held in a reference cycle is not a copy in use
         models = list(self.alive)
         inner = {id(m) for outer in models for m in outer.modules() if m is not outer}
         return sum(1 for m in models if id(m) not in inner)
