@@ -5,7 +5,6 @@ tiny-local through the code the full-size sweep runs, with the preflight refusal
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 
@@ -433,32 +432,7 @@ def gpt2_config(root, **kw) -> Config:
         checkpoint_every_frac=1.0), **kw})
 
 
-@contextlib.contextmanager
-def counting_models():
-    """Like conftest's `model_copies`, but a model counts once its constructor has finished
-    (`post_init`, the last step of every transformers model's __init__), when the model it is part
-    of already holds it: `model_copies` counts a GPT2Model (LlamaModel) apart from the
-    GPT2LMHeadModel being built around it, so one model loaded alone reads 2 there."""
-    from transformers import PreTrainedModel
-
-    from conftest import ModelCopies
-
-    copies = ModelCopies()
-    post_init = PreTrainedModel.post_init
-
-    def counted(self, *args, **kwargs):
-        out = post_init(self, *args, **kwargs)
-        copies.add(self)
-        return out
-
-    PreTrainedModel.post_init = counted
-    try:
-        yield copies
-    finally:
-        PreTrainedModel.post_init = post_init
-
-
-def test_gpt2_folder_and_jsonl_task_run_the_full_size_code(gpt2_task, workdir):
+def test_gpt2_folder_and_jsonl_task_run_the_full_size_code(gpt2_task, workdir, model_copies):
     from orchestrator import launch
     from workloads.plop import preflight
 
@@ -466,10 +440,8 @@ def test_gpt2_folder_and_jsonl_task_run_the_full_size_code(gpt2_task, workdir):
     for placement in ("plop", "attention", "mlp"):
         cfg = gpt2_config(gpt2_task, placement=placement)
         preflight(cfg)
-        with counting_models() if placement == "plop" else contextlib.nullcontext() as copies:
-            result = launch.run_local("plop", cfg, progress=False, track=False)
-        if copies is not None:
-            assert copies.peak == 2  # the base and the random-init control, never a third
+        result = launch.run_local("plop", cfg, progress=False, track=False)
+        assert model_copies.peak == 2  # the base and the random-init control, never a third
         m = result.metrics
         assert [k.split("/")[-1] for k in m if k.startswith("diag/nfn_a/")] == GPT2_KINDS  # c_proj twice, told apart
         # A random-init GPT-2 whose frozen tied head keeps logits small: the loss falls only a little
