@@ -24,7 +24,7 @@ def build(*, smoke: bool = False, seed: int = 0) -> Sweep:
                      space={"adapter": adapters}, objective=("eval/acc/none", "max"))
     return Sweep(
         name="car_lora_repro", workload="car_lora", base="default",
-        overrides={"base": FULL_BASE, "base_dtype": "bfloat16", "task": "arith", "arith_modulus": 97, "lora_r": 8,
+        overrides={"base": FULL_BASE, "dtype": "bfloat16", "task": "arith", "arith_modulus": 97, "lora_r": 8,
                    "lora_alpha": 16.0, "steps": 2000, "batch": 16, "lr": 2e-4, "skip_layer": 24,
                    "cache_compressed": False, "mx_impl": "auto", "drift_steps": 1000, "drift_lr": 1e-4,
                    "drift_rank": 64, "drift_alpha": 128.0, "drift_batch": 8, "drift_seq_len": 256, "threads": 0},

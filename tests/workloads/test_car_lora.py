@@ -351,3 +351,151 @@ def test_smoke_reproduction_holds_and_builds_the_drifted_base_once(workdir, tiny
     # by the in-set schemes, CAR's adapter is ahead of plain LoRA's on average.
     # car_not_below_plain_drift itself is judged and reported by `ladder reproduce` (see above).
     assert drift["car_compressed_mean"] > drift["plain_compressed_mean"], drift
+
+
+# --- task files, a second architecture, real compression, the full-size sweep ---------------------
+
+
+def gsm8k_records(n: int, seed: int = 0) -> list[dict]:
+    """GSM8K-shaped records (`question`, `answer` ending `#### <number>`) of small sums."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        a, b = rng.randrange(10), rng.randrange(10)
+        out.append({"question": f"what is {a} plus {b} ?", "answer": f"{a} + {b} = {a + b} . #### {a + b}"})
+    return out
+
+
+@pytest.fixture(scope="module")
+def gpt2_task(tmp_path_factory):
+    """A tiny GPT-2 folder (Conv1D projections, BPE tokenizer), a GSM8K-style JSONL and a drift text."""
+    from orchestrator.basemodel import write_jsonl
+    from orchestrator.basemodel.toy import save_tiny_gpt2
+
+    root = tmp_path_factory.mktemp("car-gpt2")
+    records = gsm8k_records(40)
+    drift = [f"the number {i} comes after {i - 1} and before {i + 1} ." for i in range(1, 30)]
+    texts = [f"Question: {r['question']}\nAnswer: {r['answer']}" for r in records] + drift
+    folder = save_tiny_gpt2(root / "gpt2", texts, vocab_size=300, positions=96)
+    (root / "drift.txt").write_text("\n".join(drift) + "\n")
+    return folder, write_jsonl(root / "gsm8k.jsonl", records), root / "drift.txt"
+
+
+def gpt2_config(gpt2_task, **change) -> Config:
+    folder, task, drift = gpt2_task
+    cfg = Config(base=str(folder), task_path=str(task), task_format="gsm8k", schemes=("int8", "skip"),
+                 heldout_scheme="colprune", steps=24, car_steps_factor=2.0, batch=16, lr=1e-2, weight_decay=0.0,
+                 gen_tokens=4, drift_path=str(drift), drift_steps=4, drift_batch=4, drift_seq_len=16,
+                 drift_schemes=False, log_every=6)
+    return dataclasses.replace(cfg, **change)
+
+
+def test_gpt2_folder_and_a_gsm8k_file_run_the_real_sweeps_code_and_the_claims(gpt2_task, workdir, monkeypatch,
+                                                                              model_copies):
+    from orchestrator import launch
+    from workloads.car_lora.compress import CompressedLinear
+
+    monkeypatch.setenv("LADDER_CACHE", str(workdir / "cache"))  # the GPT-2's drifted base, not tiny-local's
+    registry.load("car_lora").preflight(gpt2_config(gpt2_task))
+    trials = []
+    for adapter in ("plain", "car", "int8", "skip"):
+        cfg = gpt2_config(gpt2_task, adapter=adapter)
+        res = launch.run_local("car_lora", cfg, progress=False, track=False)
+        losses = [m["train/loss"] for _, m in res.history if "train/loss" in m]
+        assert len(losses) >= 3 and losses[-1] < losses[0], (adapter, losses)
+        trials.append({**dataclasses.asdict(cfg), **res.metrics})
+    assert model_copies.peak <= 2, model_copies.peak
+    m = trials[0]
+    for key in ("eval/acc/none", "eval/loss/int8", "eval/acc/colprune", "eval/drift_acc/none", "eval/base_loss"):
+        assert math.isfinite(m[key]), key
+    for t in trials:  # every adapter learnt the answers' tokens (a random GPT-2 knows none: 5.73 nats)
+        assert t["eval/loss/none"] < t["eval/base_loss"] - 0.1, (t["adapter"], t["eval/loss/none"])
+    assert m["eval/drift_base_loss"] != m["eval/base_loss"]  # the drifted base is another model
+    for claim in CLAIMS:
+        holds, measured = claim(trials)
+        assert isinstance(holds, bool) and measured and all(math.isfinite(v) for v in measured.values()), claim
+    # The compressor wraps GPT-2's Conv1D projections (4 per block) through a transposed view.
+    from workloads.car_lora.workload import adapted as make
+
+    model, _, comp = make(gpt2_config(gpt2_task, lora_r=2), gpt2_task[0].as_posix(), torch.device("cpu"))
+    assert len(comp.linears) == 2 * 4 and all(isinstance(v, CompressedLinear) for v in comp.linears.values())
+    attn = model.base_model.model.transformer.h[0].attn.c_attn
+    assert attn.base_layer.weight.shape == (96, 32)  # [out, in]: Conv1D's [32, 96] seen transposed
+
+
+def test_gsm8k_final_number_and_the_file_formats(tmp_path):
+    from orchestrator.basemodel import write_jsonl
+    from workloads.car_lora.data import file_examples, final_number
+
+    assert final_number("so 3,200 + 4 = 3204 #### 3,204") == "3204" and final_number("#### -7") == "-7"
+    assert final_number("no mark 12") is None
+    alpaca = write_jsonl(tmp_path / "alpaca.jsonl", [{"instruction": "Add them.", "input": "2 and 3", "output": "5"},
+                                                     {"instruction": "Say hi.", "output": "hi"}])
+    with_input, plain = file_examples(str(alpaca), fmt="instruction")
+    assert "### Input:\n2 and 3\n\n### Response:" in with_input.prompt and with_input.answer == "5"
+    assert "### Input" not in plain.prompt and plain.prompt.endswith("### Response:")
+    (q,) = file_examples(str(write_jsonl(tmp_path / "g.jsonl", gsm8k_records(1))), fmt="gsm8k")
+    assert q.prompt.startswith("Question: what is") and q.prompt.endswith("\nAnswer:")
+
+
+def test_tiny_local_learns_a_saved_dataset_task_through_the_same_code(tiny_base, workdir):
+    import datasets
+
+    from orchestrator import launch
+    from orchestrator.basemodel import base_world
+
+    train_ex, held_ex = task_examples(base_world("tiny-local"), "ask", heldout_frac=0.3, seed=0)
+    to_rows = lambda exs: [{"prompt": e.prompt, "answer": e.answer} for e in exs]  # noqa: E731
+    folder = workdir / "ask"
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(to_rows(train_ex)),
+                          "test": datasets.Dataset.from_list(to_rows(held_ex[:40]))}).save_to_disk(str(folder))
+    cfg = Config(adapter="plain", task_path=str(folder), eval_path=str(folder), steps=30, drift=False, log_every=10)
+    registry.load("car_lora").preflight(cfg)
+    res = launch.run_local("car_lora", cfg, progress=False, track=False)
+    losses = [m["train/loss"] for _, m in res.history if "train/loss" in m]
+    assert losses[-1] < losses[0], losses
+    m = res.metrics
+    assert m["eval/acc/none"] > m["eval/base_acc"] + 0.2, m  # held-out pairs, answered from the base's knowledge
+    assert m["eval/loss/none"] < m["eval/base_loss"]
+
+
+def test_bad_task_files_models_and_bitsandbytes_are_refused_before_any_work(gpt2_task, tmp_path, monkeypatch):
+    from orchestrator.basemodel import write_jsonl
+
+    pre = registry.load("car_lora").preflight
+    no_answer = write_jsonl(tmp_path / "a.jsonl", [{"question": "what is 1 plus 1 ?", "solution": "2"}])
+    with pytest.raises(ConfigError, match="no 'answer' field"):
+        pre(gpt2_config(gpt2_task, task_path=str(no_answer)))
+    no_mark = write_jsonl(tmp_path / "b.jsonl", [{"question": "what is 1 plus 1 ?", "answer": "1 + 1 = 2"}])
+    with pytest.raises(ConfigError, match="record 0: field 'answer' has no final '#### <number>'"):
+        pre(gpt2_config(gpt2_task, task_path=str(no_mark)))
+    with pytest.raises(ConfigError, match=r"lora_targets \['q_proj'\] are not projection kinds.*'c_attn'"):
+        pre(gpt2_config(gpt2_task, lora_targets="q_proj,c_fc"))
+    with pytest.raises(ConfigError, match="no 'text' field"):
+        pre(gpt2_config(gpt2_task, drift_path=str(no_mark)))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"bnb_schemes=\('nf4',\).*pip install bitsandbytes.*no CUDA GPU"):
+        pre(gpt2_config(gpt2_task, bnb_schemes=("nf4",)))
+    with pytest.raises(ValueError, match="needs drift_path"):
+        validate(gpt2_config(gpt2_task, drift_path=""))
+    with pytest.raises(ValueError, match="bnb_schemes must list"):
+        validate(gpt2_config(gpt2_task, bnb_schemes=("int4",)))
+
+
+def test_the_real_sweep_is_valid_anywhere_and_names_what_it_needs(workdir, monkeypatch):
+    from conftest import REPO
+    from orchestrator.sweep import load_sweep_file
+    from orchestrator.tune_run import launch_problems
+
+    monkeypatch.setenv("LADDER_DATA", str(workdir / "data"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(workdir / "empty-cache"))
+    sweep = load_sweep_file(REPO / "sweeps" / "repro" / "car_lora_real.py")
+    sweep.check()
+    base = sweep.base_config()
+    assert base.dtype == "bfloat16" and base.task_format == "gsm8k" and sweep.gpus_per_worker == 1
+    (problem,) = [p for p in launch_problems(sweep) if "base=" in p]
+    assert "base='meta-llama/Llama-3.1-8B' is neither a folder" in problem
+    assert f"task_path='{workdir / 'data' / 'gsm8k'}' does not exist" in problem
+    assert f"drift_path='{workdir / 'data' / 'wikitext-2-raw'}' does not exist" in problem

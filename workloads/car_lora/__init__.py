@@ -13,7 +13,10 @@ per-scheme ("QLoRA-style") adapter on one compressed base, then evaluates it on 
 of a downstream task the base cannot do, under every scheme, under a scheme CAR never trained on,
 and on a drifted base (the base continued on a shifted corpus, built once and cached), the
 adapter carried over unchanged. The task comes from the base world's vocabulary: by default
-`<entity> <relation word> ?` answered with the attribute the base learnt from sentences.
+`<entity> <relation word> ?` answered with the attribute the base learnt from sentences; or from a
+task file (`task_path`): GSM8K as published, Alpaca-style instructions, or prompt/answer pairs, on
+any causal LM (its projections found by asking the model: GPT-2's Conv1D too), with the base
+compressed for real through bitsandbytes as well (`bnb_schemes`, on a GPU).
 
 The claims: CAR-LoRA is within 5 points of each per-scheme adapter on its scheme; at least 10
 points above plain LoRA on the scheme that hurts plain LoRA most (measured, not declared); not
@@ -21,6 +24,6 @@ below plain LoRA under the held-out scheme and on the drifted base.
 """
 
 from workloads.car_lora.claims import CLAIMS, plot
-from workloads.car_lora.workload import MAX_WORKERS, Config, smoke, train, validate
+from workloads.car_lora.workload import MAX_WORKERS, Config, preflight, smoke, train, validate
 
-__all__ = ["CLAIMS", "MAX_WORKERS", "Config", "plot", "smoke", "train", "validate"]
+__all__ = ["CLAIMS", "MAX_WORKERS", "Config", "plot", "preflight", "smoke", "train", "validate"]

@@ -14,8 +14,9 @@ the compressed model would compute with (dequantised, or with the pruned entries
   h = (M_row W0 M_col) x + (M_row B A M_col) x asks;
 - layer skipping: a decoder layer returns its input (its adapter is skipped with it).
 
-`CompressedLinear` replaces each decoder `nn.Linear` in place (same Parameters, same state-dict
-keys) and computes x @ C(W0)^T. Its backward is either the straight-through "full precision"
+`CompressedLinear` replaces each projection of the transformer blocks (`projections`: nn.Linear,
+or GPT-2's Conv1D through `as_linear`, a transposed view of the same storage) in place (same
+Parameters) and computes x @ C(W0)^T. Its backward is either the straight-through "full precision"
 one, grad_x = grad_y @ W0 (the estimator dC/dW0 ~ I), or autograd through the compressed weight
 as QLoRA does, grad_x = grad_y @ C(W0) (`Compressor(backward=...)`).
 """
@@ -26,6 +27,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+
+from orchestrator.basemodel import Projection, as_linear, projections
+from orchestrator.basemodel.adapters import blocks
 
 NF4_CODEBOOK = (
     -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
@@ -185,44 +189,53 @@ class CompressedLinear(torch.nn.Linear):
 # --- the switch ---------------------------------------------------------------------------------
 
 
-def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The decoder layers of a Llama-like causal LM, peft-wrapped or not (the `.layers` ModuleList)."""
-    for name, module in model.named_modules():
-        if name.endswith(".layers") and isinstance(module, torch.nn.ModuleList):
-            return list(module)
-    raise ValueError("no decoder `.layers` ModuleList found: compression supports Llama-like causal LMs")
+def _inner(model: torch.nn.Module) -> torch.nn.Module:
+    """The model a peft wrapper holds (the names `blocks` and `projections` use), or the model."""
+    get = getattr(model, "get_base_model", None)
+    return get() if callable(get) else model
 
 
 class Compressor:
-    """Swaps every decoder linear for a `CompressedLinear` and applies one scheme at a time:
+    """Swaps every projection of the transformer blocks (`projections`: nn.Linear, or GPT-2's
+    Conv1D seen through `as_linear`) for a `CompressedLinear` and applies one scheme at a time:
     `use("nf4")`, `use("none")`. Compressed weights are computed once per scheme from the frozen
-    W0 and kept (`cache=False` recomputes them on every switch: less memory on a large base)."""
+    W0 and kept (`cache=False` recomputes them on every switch: less memory on a large base).
+    `projs`: the base's projections taken before peft wrapped it (peft's own lora_A / lora_B are
+    linears too); by default those of `model` itself."""
 
     def __init__(self, model: torch.nn.Module, schemes: dict[str, Scheme], *, skip_layer: int = -1,
-                 backward: str = "full", cache: bool = True) -> None:
+                 backward: str = "full", cache: bool = True, projs: dict[str, Projection] | None = None) -> None:
         if backward not in BACKWARDS:
             raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
         self.schemes, self.cache = schemes, cache
-        self.layers = _decoder_layers(model)
+        projs = projections(model) if projs is None else projs
+        named_layers = blocks(model)
+        self.layers = [layer for _, layer in named_layers]
         self.skip_index = skip_layer % len(self.layers)
+        where = {id(m): n for n, m in _inner(model).named_modules()}
         self.linears: dict[str, CompressedLinear] = {}
         self.row_masks: dict[str, torch.Tensor | None] = {}
         self.col_masks: dict[str, torch.Tensor | None] = {}
+        for p in projs.values():
+            layer_name, layer = named_layers[p.layer]
+            full = where.get(id(p.module))
+            if full is None or not full.startswith(layer_name + "."):
+                raise ValueError(f"projection {p.name} is not in block {layer_name} of this model: pass the "
+                                 f"projections of the model the Compressor wraps")
+            name = full[len(layer_name) + 1:]
+            parent_name, _, leaf = name.rpartition(".")
+            parent = layer.get_submodule(parent_name) if parent_name else layer
+            new = CompressedLinear(as_linear(p.module), backward)
+            setattr(parent, leaf, new)
+            key = f"{p.layer}.{name}"
+            self.linears[key] = new
+            # The output of the whole (adapted) module gets the row mask: M_row (W0 + BA) x.
+            owner = _adapted_owner(layer, parent_name, leaf)
+            owner.register_forward_hook(self._row_hook(key))
+            owner.register_forward_pre_hook(self._col_hook(key))
+            self.row_masks[key] = None
+            self.col_masks[key] = None
         for layer_index, layer in enumerate(self.layers):
-            for name, module in list(layer.named_modules()):
-                if isinstance(module, torch.nn.Linear) and not isinstance(module, CompressedLinear) and not _is_adapter(name):
-                    parent_name, _, leaf = name.rpartition(".")
-                    parent = layer.get_submodule(parent_name) if parent_name else layer
-                    new = CompressedLinear(module, backward)
-                    setattr(parent, leaf, new)
-                    key = f"{layer_index}.{name}"
-                    self.linears[key] = new
-                    # The output of the whole (adapted) module gets the row mask: M_row (W0 + BA) x.
-                    owner = _adapted_owner(layer, parent_name, leaf)
-                    owner.register_forward_hook(self._row_hook(key))
-                    owner.register_forward_pre_hook(self._col_hook(key))
-                    self.row_masks[key] = None
-                    self.col_masks[key] = None
             layer.register_forward_hook(self._skip_hook(layer_index), with_kwargs=True)
         self._store: dict[str, dict[str, torch.Tensor]] = {}
         self.active = "none"
@@ -270,10 +283,6 @@ class Compressor:
     def clear(self) -> None:
         """Forget cached compressed weights (after the base weights changed)."""
         self._store.clear()
-
-
-def _is_adapter(name: str) -> bool:
-    return any(part in ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B") for part in name.split("."))
 
 
 def _adapted_owner(layer: torch.nn.Module, parent_name: str, leaf: str) -> torch.nn.Module:

@@ -11,16 +11,24 @@ Tasks (`Config.task`), each split by the trial seed into adapter-training and he
   the base never saw the marker tokens, so it cannot answer, while the facts themselves live in
   its weights. Held-out queries are (entity, relation) pairs and keys the adapter never trains on.
 - `arith`: a new operation, `a - b mod p =` (the base learnt only `+`); held-out (a, b) pairs.
+
+A task file (`Config.task_path`) replaces them with the field's data (`file_examples`): `qa`
+records (`prompt`, `answer`), GSM8K as published (`question`, `answer` ending `#### <number>`), or
+Alpaca-style instructions (`instruction`, optional `input`, `output`). The drifted base of a model
+other than tiny-local is continued on a text corpus of its own (`drift_texts`).
 """
 
 from __future__ import annotations
 
 import random
+import re
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from orchestrator.basemodel import Example, World
+from orchestrator.basemodel import Example, TaskFileError, World, read_records
+from orchestrator.basemodel.answers import encode_answers
 from orchestrator.basemodel.corpus import RELATIONS, arithmetic_example
 
 TASKS = ("recall", "ask", "arith")
@@ -107,3 +115,123 @@ def drift_examples(world: World, *, modulus: int) -> dict[str, list[Example]]:
         "add": world.arithmetic("all", ops=world.ops),
         "mul": world.arithmetic("all", ops=("*",), modulus=modulus),
     }
+
+
+# --- task files (`Config.task_path`) ---------------------------------------------------------------
+
+FORMATS = ("qa", "gsm8k", "instruction")
+"""`Config.task_format`: the field layout of a task file (see `file_fields`)."""
+DEFAULT_FIELDS = {"qa": ("prompt", "answer"), "gsm8k": ("question", "answer"), "instruction": ("instruction", "output")}
+"""(prompt field, answer field) of each format, unless `prompt_field` / `answer_field` name others."""
+ALPACA_PROMPT = ("Below is an instruction that describes a task{ctx}. Write a response that appropriately completes "
+                 "the request.\n\n### Instruction:\n{instruction}\n\n{input}### Response:")
+"""The Alpaca template (Taori et al. 2023): the instruction, the optional input, then the response."""
+GSM8K_PROMPT = "Question: {question}\nAnswer:"
+FINAL = re.compile(r"####\s*([-+]?[\d,]*\.?\d+)")
+"""GSM8K's final answer: the number after `####` that ends every published solution."""
+
+
+def final_number(text: str) -> str | None:
+    """The number after the first `####` (commas dropped, a trailing `.0` too), or None."""
+    m = FINAL.search(text)
+    if m is None:
+        return None
+    number = m.group(1).replace(",", "")
+    return number[:-2] if number.endswith(".0") else number
+
+
+def file_fields(fmt: str, prompt_field: str = "", answer_field: str = "") -> tuple[str, str]:
+    """The (prompt, answer) field names a task file of format `fmt` is read by."""
+    p, a = DEFAULT_FIELDS[fmt]
+    return prompt_field or p, answer_field or a
+
+
+def file_examples(path: str, *, fmt: str, split: str = "train", prompt_field: str = "", answer_field: str = "",
+                  what: str = "task_path") -> list[Example]:
+    """The records of a task file (JSONL or a save_to_disk folder) as (prompt, answer) examples:
+    `qa` as they stand; `gsm8k` as `Question: <question>\\nAnswer:` -> the whole solution, which
+    must end with `#### <number>`; `instruction` through the Alpaca template (an optional `input`
+    field adds its context). Raises TaskFileError naming the file, the record and the field."""
+    p_field, a_field = file_fields(fmt, prompt_field, answer_field)
+    rows = read_records(path, {p_field: str, a_field: str}, split=split, what=what)
+    out = []
+    for i, r in enumerate(rows):
+        prompt, answer = r[p_field].strip(), r[a_field].strip()
+        if not answer:
+            raise TaskFileError(f"{what}={path!r} record {i}: field {a_field!r} is empty")
+        if fmt == "gsm8k":
+            if final_number(answer) is None:
+                raise TaskFileError(f"{what}={path!r} record {i}: field {a_field!r} has no final '#### <number>' "
+                                    f"(GSM8K's solutions end with it): {answer[-60:]!r}")
+            prompt = GSM8K_PROMPT.format(question=prompt)
+        elif fmt == "instruction":
+            extra = r.get("input")
+            extra = extra.strip() if isinstance(extra, str) else ""
+            prompt = ALPACA_PROMPT.format(
+                ctx=", paired with an input that provides further context" if extra else "", instruction=prompt,
+                input=f"### Input:\n{extra}\n\n" if extra else "")
+        out.append(Example(prompt, answer, fmt))
+    return out
+
+
+def encode_file(examples: list[Example], tokenizer: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`encode`'s batch for file examples: `prompt answer` (no final `.`), labels on every answer
+    token (sub-word tokenizers split an answer into several)."""
+    b = encode_answers([(e.prompt, e.answer) for e in examples], tokenizer)
+    return b.ids, b.mask, b.labels
+
+
+@torch.no_grad()
+def answer_scores(model: Any, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor], chunk: int = 256) -> tuple[float, float]:
+    """(accuracy as `accuracy` computes it, mean answer-token cross-entropy), in one pass."""
+    ids, mask, labels = batch
+    dev = next(model.parameters()).device
+    correct, total, tokens = 0, 0.0, 0
+    for s in range(0, len(ids), chunk):
+        i, m, l = (t[s: s + chunk].to(dev) for t in (ids, mask, labels))
+        logits = model(input_ids=i, attention_mask=m).logits[:, :-1]
+        target = l[:, 1:]
+        ok = (logits.argmax(-1) == target) | (target == -100)
+        correct += int(ok.all(dim=1).sum())
+        keep = target != -100
+        total += float(torch.nn.functional.cross_entropy(logits[keep].float(), target[keep], reduction="sum"))
+        tokens += int(keep.sum())
+    return correct / max(len(ids), 1), total / max(tokens, 1)
+
+
+@torch.no_grad()
+def generated_final_match(model: Any, tokenizer: Any, examples: list[Example], *, max_new: int, chunk: int = 16) -> float:
+    """GSM8K accuracy: share of examples whose greedy continuation (`max_new` tokens at most) holds
+    `#### <number>` with the reference's final number."""
+    dev = next(model.parameters()).device
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    hits = 0
+    for s in range(0, len(examples), chunk):
+        part = examples[s: s + chunk]
+        rows = [tokenizer(e.prompt).input_ids for e in part]
+        width = max(map(len, rows))
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for k, r in enumerate(rows):  # left-padded: every row continues from the same position
+            ids[k, width - len(r):] = torch.tensor(r)
+            mask[k, width - len(r):] = 1
+        out = model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), max_new_tokens=max_new,
+                             do_sample=False, pad_token_id=pad)
+        for e, seq in zip(part, out[:, width:].tolist()):
+            got = final_number(tokenizer.decode(seq, skip_special_tokens=True))
+            hits += int(got is not None and got == final_number(e.answer))
+    return hits / max(len(examples), 1)
+
+
+def drift_texts(path: str, *, field: str = "text", split: str = "train") -> list[str]:
+    """The non-empty texts of a drift corpus: a plain UTF-8 `.txt` file (one text per non-empty
+    line), or a JSONL / save_to_disk folder with a string field `field`."""
+    p = Path(path).expanduser()
+    if p.is_file() and p.suffix == ".txt":
+        texts = [line.strip() for line in p.read_text(encoding="utf-8").splitlines()]
+    else:
+        texts = [r[field].strip() for r in read_records(path, {field: str}, split=split, what="drift_path")]
+    texts = [t for t in texts if t]
+    if not texts:
+        raise TaskFileError(f"drift_path={path!r} holds no non-empty text")
+    return texts

@@ -1,8 +1,11 @@
 """The drifted base: the base continued on a shifted corpus, cached like the base itself.
 
 As in the paper's drift simulation, the continuation is a LoRA (rank `drift_rank`, alpha
-`drift_alpha`) on every decoder linear, trained with the language-model loss on the shifted
-corpus of `data.drift_examples` and merged into the weights. The result is an ordinary
+`drift_alpha`) on every projection of the transformer blocks, trained with the language-model
+loss and merged into the weights. Its text is the shifted tiny-world corpus of
+`data.drift_examples` for tiny-local, or `drift_path` (`data.drift_texts`: a .txt file, or a
+JSONL / save_to_disk text field) for any base; a base other than tiny-local needs the latter
+(`validate` refuses it without one: the tiny world's text says nothing new to a real model). The result is an ordinary
 `save_pretrained` folder under `$LADDER_CACHE/car_lora/drift-<hash>/`, the hash covering the base,
 its seed and every drift setting, built once (under a file lock) and loaded back through
 `load_base` by every trial that asks for the same drift. Its draws come from `drift_seed`, never
@@ -23,21 +26,30 @@ from typing import Any
 import torch
 
 from orchestrator.basemodel import base_world, cache_root, load_base, lora, resolve
-from workloads.car_lora.data import drift_examples
+from workloads.car_lora.data import drift_examples, drift_texts
 
 DRIFT_VERSION = 1
 """Bump when a change here or in `data.drift_examples` changes what a drift build produces."""
-DRIFT_FIELDS = ("base", "base_seed", "base_dtype", "drift_steps", "drift_lr", "drift_rank", "drift_alpha",
+DRIFT_FIELDS = ("base", "base_seed", "dtype", "drift_steps", "drift_lr", "drift_rank", "drift_alpha",
                 "drift_batch", "drift_seq_len", "drift_modulus", "drift_seed")
 META_FILE = "car_lora_drift.json"
 
 
+TEXT_FIELDS = ("drift_path", "drift_field", "drift_split")
+"""The text source, part of the settings only when `drift_path` is set (a tiny-world drift keeps its key)."""
+
+
 def drift_settings(cfg: Any) -> dict[str, Any]:
-    return {name: getattr(cfg, name) for name in DRIFT_FIELDS}
+    out = {name: getattr(cfg, name) for name in DRIFT_FIELDS}
+    if cfg.drift_path:
+        out.update({name: getattr(cfg, name) for name in TEXT_FIELDS})
+    return out
 
 
 def drift_dir(cfg: Any) -> Path:
-    settings = {**drift_settings(cfg), "source": resolve(cfg.base, seed=cfg.base_seed, build=False), "version": DRIFT_VERSION}
+    settings = drift_settings(cfg)
+    settings["base_dtype"] = settings.pop("dtype")  # the field's former name: builds made before the rename stay valid
+    settings.update(source=resolve(cfg.base, seed=cfg.base_seed, build=False), version=DRIFT_VERSION)
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
     return cache_root() / "car_lora" / f"drift-{key}"
 
@@ -79,13 +91,18 @@ def pack(texts: list[list[int]], weights: torch.Tensor, n_rows: int, seq_len: in
 def build_drifted(cfg: Any, out_dir: Path, device: torch.device | str = "cpu") -> dict[str, Any]:
     """Continue the base on the shifted corpus and save the merged model into `out_dir`."""
     cpu0, wall0 = time.process_time(), time.perf_counter()
-    dtype = None if cfg.base_dtype == "auto" else cfg.base_dtype
+    dtype = None if cfg.dtype == "auto" else cfg.dtype
     model, tok = load_base(cfg.base, seed=cfg.base_seed, dtype=dtype, device=device)
-    parts = drift_examples(base_world(cfg.base, seed=cfg.base_seed), modulus=cfg.drift_modulus)
-    examples = [e for part in parts.values() for e in part]
-    # Each part weighs the same in the stream, however many sentences it has.
-    weights = torch.cat([torch.full((len(p),), 1.0 / len(p), dtype=torch.float64) for p in parts.values()])
-    texts = [tok(e.text).input_ids for e in examples]
+    if cfg.drift_path:  # a corpus of the user's: every text weighs the same, cut to a row's length
+        texts = [tok(t).input_ids[: cfg.drift_seq_len] for t in
+                 drift_texts(cfg.drift_path, field=cfg.drift_field, split=cfg.drift_split)]
+        weights = torch.full((len(texts),), 1.0 / len(texts), dtype=torch.float64)
+    else:
+        parts = drift_examples(base_world(cfg.base, seed=cfg.base_seed), modulus=cfg.drift_modulus)
+        examples = [e for part in parts.values() for e in part]
+        # Each part weighs the same in the stream, however many sentences it has.
+        weights = torch.cat([torch.full((len(p),), 1.0 / len(p), dtype=torch.float64) for p in parts.values()])
+        texts = [tok(e.text).input_ids for e in examples]
     torch.manual_seed(cfg.drift_seed)
     gen = torch.Generator().manual_seed(cfg.drift_seed)
     # drift_rank 0: every weight continues training (cheaper than a LoRA on a small CPU model).

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import random
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
-from orchestrator.basemodel import base_world, check_base, load_base, lora
-from workloads.car_lora import data
+from orchestrator import pretrained as on_disk
+from orchestrator.basemodel import (
+    Example, base_kinds, base_world, check_base, check_dtype, load_base, lora, parse_tiny, projections,
+)
+from workloads.car_lora import bnb, data
 from workloads.car_lora.compress import BACKWARDS, SCHEME_NAMES, Compressor, make_schemes
 from workloads.car_lora.drift import ensure_drifted
 
@@ -28,8 +33,9 @@ class Config:
     """Frozen base model: tiny-local[:k=v,...], a local save_pretrained folder or a hub id."""
     base_seed: int = 0
     """Seed of the tiny-local build and of its world (keep it fixed across a sweep's trials)."""
-    base_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """dtype the base is loaded in ('auto': the checkpoint's own); the adapter follows it."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """dtype the base is loaded in ('auto': the checkpoint's own; bfloat16 on a GPU for the paper's
+    models); peft keeps the adapter in float32."""
     adapter: str = "car"
     """'plain' (LoRA on the uncompressed base), 'car' (one scheme of `schemes` sampled per step), or a
     scheme name: the per-scheme adapter trained on that compressed base alone."""
@@ -48,6 +54,29 @@ class Config:
     task: Literal["ask", "recall", "arith"] = "ask"
     """Downstream task (see data.py): 'ask' = `<entity> <relation word> ?` -> the attribute, 'recall'
     = the same with reserved marker tokens for relations, 'arith' = `a - b mod p =` (any base)."""
+    task_path: str = ""
+    """A task file (JSONL, or a datasets save_to_disk folder) in `task_format`; '' = the tiny-local
+    world's `task` (the CI default)."""
+    task_split: str = "train"
+    """Split of a saved DatasetDict read from `task_path`."""
+    task_format: Literal["qa", "gsm8k", "instruction"] = "qa"
+    """Field layout of the task file: 'qa' (prompt, answer), 'gsm8k' (question, answer ending
+    `#### <number>`, as published) or 'instruction' (Alpaca: instruction, optional input, output)."""
+    prompt_field: str = ""
+    """The task file's prompt field ('' = the format's own: prompt, question or instruction)."""
+    answer_field: str = ""
+    """The task file's answer field ('' = the format's own: answer, answer or output)."""
+    eval_path: str = ""
+    """A held-out file in the same format (GSM8K's test split); '' = hold out `heldout_frac` of the task."""
+    eval_split: str = "test"
+    """Split of a saved DatasetDict read from `eval_path`."""
+    eval_limit: int = 0
+    """Evaluate on the first this many held-out examples (0: all of them)."""
+    eval_batch: int = 256
+    """Examples per evaluation forward pass (lower it for a large base)."""
+    gen_tokens: int = 256
+    """GSM8K: greedy tokens generated per question; its accuracy is the final `#### <number>` matching
+    the reference's. 0 scores the solution's tokens (teacher-forced exact match) instead."""
     heldout_frac: float = 0.3
     """Share of the task's queries held out of adapter training and used for every evaluation."""
     arith_modulus: int = 11
@@ -85,10 +114,20 @@ class Config:
     """Decoder layer dropped by 'skip' (negative counts from the end); its adapter goes with it. The
     paper does not say which; on tiny-local dropping layer 1 costs the base half its sentence
     accuracy (0.98 -> 0.55) and leaves no adapter, per-scheme or CAR, near the others."""
+    bnb_schemes: tuple[str, ...] = ()
+    """Real compressed bases to evaluate the adapter on as well, loaded through transformers'
+    BitsAndBytesConfig: 'nf4', 'int8' (needs bitsandbytes and a CUDA GPU; reported as bnb_<name>)."""
     cache_compressed: bool = True
     """Keep each scheme's compressed weights after first use (off for a large base: recomputed per switch)."""
     drift: bool = True
     """Also evaluate on the drifted base (built once and cached, see drift.py)."""
+    drift_path: str = ""
+    """Text the drifted base is continued on: a .txt file (a text per line), or a JSONL / save_to_disk
+    folder with a `drift_field` string; '' = the shifted tiny-world corpus (tiny-local bases only)."""
+    drift_field: str = "text"
+    """The text field of a JSONL / saved-dataset `drift_path`."""
+    drift_split: str = "train"
+    """Split of a saved DatasetDict read from `drift_path`."""
     drift_steps: int = 200
     """Continued-pretraining steps of the drifted base."""
     drift_lr: float = 2e-3
@@ -160,8 +199,19 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError(f"task must be one of {data.TASKS}, got {cfg.task!r}")
     if cfg.backward not in BACKWARDS:
         raise ValueError(f"backward must be one of {BACKWARDS}, got {cfg.backward!r}")
-    if cfg.base_dtype not in ("auto", "float32", "bfloat16", "float16"):
-        raise ValueError(f"base_dtype must be auto, float32, bfloat16 or float16, got {cfg.base_dtype!r}")
+    check_dtype(cfg.dtype)
+    if cfg.task_format not in data.FORMATS:
+        raise ValueError(f"task_format must be one of {data.FORMATS}, got {cfg.task_format!r}")
+    if cfg.eval_path and not cfg.task_path:
+        raise ValueError("eval_path is set without task_path: the tiny-world task holds out its own queries")
+    bad_bnb = [s for s in cfg.bnb_schemes if s not in bnb.BNB_SCHEMES]
+    if bad_bnb or len(set(cfg.bnb_schemes)) != len(cfg.bnb_schemes):
+        raise ValueError(f"bnb_schemes must list distinct names among {bnb.BNB_SCHEMES}, got {cfg.bnb_schemes}")
+    if cfg.drift and not cfg.drift_path and parse_tiny(cfg.base) is None:
+        raise ValueError(f"drift=True on base {cfg.base!r} needs drift_path, a text corpus to continue it on (the "
+                         f"shifted tiny-world corpus is tiny-local's own): set drift_path, or drift=False")
+    if cfg.eval_limit < 0 or cfg.gen_tokens < 0 or cfg.eval_batch <= 0:
+        raise ValueError("eval_limit and gen_tokens must be >= 0 and eval_batch positive")
     if cfg.mx_impl not in ("auto", "reference", "triton"):
         raise ValueError(f"mx_impl must be auto, reference or triton, got {cfg.mx_impl!r}")
     if cfg.drift_rank < 0:
@@ -192,15 +242,77 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError(f"threads must be >= 0 (0: torch's own setting), got {cfg.threads}")
 
 
+def lora_targets(cfg: Config) -> str | list[str]:
+    return cfg.lora_targets if cfg.lora_targets == "all-linear" else [t.strip() for t in cfg.lora_targets.split(",")]
+
+
+def preflight(cfg: Config) -> None:
+    """Checks of the machine that runs it, every problem in one error: the base is a folder or a
+    cached hub id whose projection kinds include `lora_targets`; the task, eval and drift files
+    read with their fields; bitsandbytes and a GPU are there when `bnb_schemes` asks for them."""
+    problems = []
+    if parse_tiny(cfg.base) is None and not on_disk.model_config(cfg.base):
+        problems.append(f"base={cfg.base!r} is neither a folder with config.json nor in the local Hugging Face cache "
+                        f"(nothing is downloaded at run time): `hf download {cfg.base}` where the network is reachable")
+    elif cfg.lora_targets != "all-linear":
+        have = base_kinds(cfg.base)
+        missing = [t for t in lora_targets(cfg) if t not in have]
+        if missing:
+            problems.append(f"lora_targets {missing} are not projection kinds of {cfg.base!r}; its kinds: {have}")
+    for path, split, what in ((cfg.task_path, cfg.task_split, "task_path"), (cfg.eval_path, cfg.eval_split, "eval_path")):
+        if path:
+            try:
+                data.file_examples(path, fmt=cfg.task_format, split=split, prompt_field=cfg.prompt_field,
+                                   answer_field=cfg.answer_field, what=what)
+            except ValueError as exc:
+                problems.append(str(exc))
+    if cfg.drift and cfg.drift_path:
+        try:
+            data.drift_texts(cfg.drift_path, field=cfg.drift_field, split=cfg.drift_split)
+        except ValueError as exc:
+            problems.append(str(exc))
+    if cfg.bnb_schemes and bnb.problem(cfg.bnb_schemes):
+        problems.append(bnb.problem(cfg.bnb_schemes))
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
 def adapted(cfg: Config, path: str, device: torch.device) -> tuple[Any, Any, Compressor]:
     """(peft model, tokenizer, compressor) of the base at `path` (a name or a folder) with a fresh adapter."""
-    dtype = None if cfg.base_dtype == "auto" else cfg.base_dtype
+    dtype = None if cfg.dtype == "auto" else cfg.dtype
     model, tok = load_base(path, seed=cfg.base_seed, dtype=dtype, device=device)
-    targets = cfg.lora_targets if cfg.lora_targets == "all-linear" else [t.strip() for t in cfg.lora_targets.split(",")]
-    peft_model = lora(model, targets, r=cfg.lora_r, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout)
+    projs = projections(model)  # before peft adds its own linears (lora_A, lora_B)
+    peft_model = lora(model, lora_targets(cfg), r=cfg.lora_r, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout)
     schemes = make_schemes(nf4_block=cfg.nf4_block, mx_block=cfg.mx_block, prune_frac=cfg.prune_frac, mx_impl=cfg.mx_impl)
-    comp = Compressor(peft_model, schemes, skip_layer=cfg.skip_layer, backward=cfg.backward, cache=cfg.cache_compressed)
+    comp = Compressor(peft_model, schemes, skip_layer=cfg.skip_layer, backward=cfg.backward, cache=cfg.cache_compressed,
+                      projs=projs)
     return peft_model, tok, comp
+
+
+def task_split(cfg: Config) -> tuple[list[Example], list[Example]]:
+    """(adapter-training, held-out) examples: the tiny world's `task`, or the task file's records
+    (held out: `eval_path`, else a `heldout_frac` share drawn from `seed`), the first `eval_limit` held out."""
+    if not cfg.task_path:
+        train_ex, held_ex = data.task_examples(base_world(cfg.base, seed=cfg.base_seed), cfg.task,
+                                               heldout_frac=cfg.heldout_frac, seed=cfg.seed, modulus=cfg.arith_modulus)
+    else:
+        read = dict(fmt=cfg.task_format, prompt_field=cfg.prompt_field, answer_field=cfg.answer_field)
+        pool = data.file_examples(cfg.task_path, split=cfg.task_split, **read)
+        if cfg.eval_path:
+            train_ex, held_ex = pool, data.file_examples(cfg.eval_path, split=cfg.eval_split, what="eval_path", **read)
+        else:
+            order = list(range(len(pool)))
+            random.Random(f"car-lora-split-file-{cfg.seed}").shuffle(order)
+            n_held = max(1, round(cfg.heldout_frac * len(pool)))
+            if n_held >= len(pool):
+                raise ValueError(f"task_path={cfg.task_path!r} holds {len(pool)} records: too few to hold out {n_held}")
+            train_ex, held_ex = [pool[i] for i in order[n_held:]], [pool[i] for i in order[:n_held]]
+    return train_ex, held_ex[: cfg.eval_limit] if cfg.eval_limit else held_ex
+
+
+def generates(cfg: Config) -> bool:
+    """GSM8K scored by generating the solution (its final number), not by teacher forcing."""
+    return bool(cfg.task_path) and cfg.task_format == "gsm8k" and cfg.gen_tokens > 0
 
 
 def adapter_state(model: Any) -> dict[str, torch.Tensor]:
@@ -209,12 +321,32 @@ def adapter_state(model: Any) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
 
 
-def evaluate(model: Any, comp: Compressor, batch: Any, names: tuple[str, ...]) -> dict[str, float]:
+class Scorer:
+    """The held-out scores of one model as it stands: answer-token accuracy (or, for GSM8K with
+    `gen_tokens`, the generated final number's) and answer-token loss."""
+
+    def __init__(self, cfg: Config, tok: Any, examples: list[Example], batch: Any) -> None:
+        self.cfg, self.tok, self.examples, self.batch = cfg, tok, examples, batch
+
+    def __call__(self, model: Any) -> tuple[float, float]:
+        acc, loss = data.answer_scores(model, self.batch, chunk=self.cfg.eval_batch)
+        if generates(self.cfg):
+            acc = data.generated_final_match(model, self.tok, self.examples, max_new=self.cfg.gen_tokens,
+                                             chunk=min(self.cfg.eval_batch, 64))
+        return acc, loss
+
+
+def evaluate(model: Any, comp: Compressor | None, score: Any, names: tuple[str, ...], prefix: str) -> dict[str, float]:
+    """`{prefix}/<scheme>` accuracy and `{prefix.replace('acc', 'loss')}/<scheme>` loss under each scheme."""
     out = {}
     for name in names:
-        comp.use(name)
-        out[name] = data.accuracy(model, batch)
-    comp.use("none")
+        if comp is not None:
+            comp.use(name)
+        acc, loss = score(model)
+        out[f"{prefix}/{name}"] = acc
+        out[f"{prefix.replace('acc', 'loss')}/{name}"] = loss
+    if comp is not None:
+        comp.use("none")
     return out
 
 
@@ -222,14 +354,19 @@ def train(cfg: Config, run) -> dict[str, float]:
     validate(cfg, run.world_size)
     from peft import set_peft_model_state_dict
 
+    if cfg.bnb_schemes and bnb.problem(cfg.bnb_schemes):
+        raise ValueError(bnb.problem(cfg.bnb_schemes))
     dev = run.device
-    world = base_world(cfg.base, seed=cfg.base_seed)
-    train_ex, held_ex = data.task_examples(world, cfg.task, heldout_frac=cfg.heldout_frac, seed=cfg.seed,
-                                           modulus=cfg.arith_modulus)
+    train_ex, held_ex = task_split(cfg)
     drifted = ensure_drifted(cfg, dev) if cfg.drift else None  # cached: built by the first trial only
     torch.manual_seed(cfg.seed)  # the adapter's initialisation
     model, tok, comp = adapted(cfg, cfg.base, dev)
-    train_b, held_b = data.encode(train_ex, tok), data.encode(held_ex, tok)
+    encode = data.encode_file if cfg.task_path else data.encode
+    train_b, held_b = encode(train_ex, tok), encode(held_ex, tok)
+    if cfg.task_path:  # the fit check reads as many training examples as are held out
+        fit_b = tuple(t[: len(held_ex)] for t in train_b)
+    else:
+        fit_b = train_b
     pool = train_schemes(cfg)
     total = total_steps(cfg)
     save_at = {min(total, max(1, round(j * cfg.checkpoint_every_frac * total)))
@@ -277,19 +414,30 @@ def train(cfg: Config, run) -> dict[str, float]:
     comp.use("none")
 
     names = eval_schemes(cfg)
-    out = {f"eval/acc/{k}": v for k, v in evaluate(model, comp, held_b, names).items()}
-    # Training queries, under what this adapter trained on: did it fit them?
-    out.update({f"eval/train_acc/{k}": v for k, v in evaluate(model, comp, train_b, ("none", *pool)).items()})
+    score = Scorer(cfg, tok, held_ex, held_b)
+    out = evaluate(model, comp, score, names, "eval/acc")
+    # Training queries, under what this adapter trained on: did it fit them? (teacher-forced)
+    fit = Scorer(dataclasses.replace(cfg, gen_tokens=0), tok, [], fit_b)
+    out.update(evaluate(model, comp, fit, ("none", *pool), "eval/train_acc"))
     with model.disable_adapter():  # the base alone cannot do the task
-        out["eval/base_acc"] = data.accuracy(model, held_b)
+        out["eval/base_acc"], out["eval/base_loss"] = score(model)
+    trained = adapter_state(model)
+    del model, comp, opt, params  # one base in memory at a time from here on
     if drifted is not None:
         d_model, _, d_comp = adapted(cfg, str(drifted), dev)
-        set_peft_model_state_dict(d_model, adapter_state(model))  # the same adapter, ported to the new base
+        set_peft_model_state_dict(d_model, trained)  # the same adapter, ported to the new base
         d_model.eval()
-        out.update({f"eval/drift_acc/{k}": v for k, v in
-                    evaluate(d_model, d_comp, held_b, names if cfg.drift_schemes else ("none",)).items()})
+        out.update(evaluate(d_model, d_comp, score, names if cfg.drift_schemes else ("none",), "eval/drift_acc"))
         with d_model.disable_adapter():
-            out["eval/drift_base_acc"] = data.accuracy(d_model, held_b)
+            out["eval/drift_base_acc"], out["eval/drift_base_loss"] = score(d_model)
+        del d_model, d_comp
+    for name in cfg.bnb_schemes:  # the base compressed for real (bitsandbytes), the adapter unchanged
+        q_model, _ = bnb.load(cfg.base, name, seed=cfg.base_seed, dtype=cfg.dtype)
+        q_model = lora(q_model, lora_targets(cfg), r=cfg.lora_r, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout)
+        set_peft_model_state_dict(q_model, trained)
+        q_model.eval()
+        out.update(evaluate(q_model, None, score, (f"bnb_{name}",), "eval/acc"))
+        del q_model
     out.update({f"diag/drawn/{k}": float(v) for k, v in drawn.items()})
     out.update({"train/loss": loss_value, "perf/steps_per_s": steps_per_s, "diag/steps": float(total)})
     run.report({**out, "progress": 1.0}, step=total)
