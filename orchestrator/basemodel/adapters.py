@@ -139,13 +139,24 @@ def _kinds_of(suffixes: list[tuple[str, ...]]) -> list[str]:
 
 def projections(model: nn.Module) -> dict[str, Projection]:
     """Every linear projection inside the transformer blocks, by full module name, in module
-    order; the output head and the embeddings are never among them (see the module docstring)."""
+    order; the output head and the embeddings are never among them (see the module docstring).
+    On a peft model: the base layers of its adapted modules, under the adapted module's name
+    (its LoRA factors are not projections of the model)."""
     model = _unwrap(model)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     out: dict[str, Projection] = {}
     for layer, (block_name, block) in enumerate(blocks(model)):
-        inner = [(n, m) for n, m in block.named_modules()
-                 if n and is_projection_module(m) and m is not head and not n.endswith("base_layer")]
+        inner: list[tuple[str, nn.Module]] = []
+        wrapped: list[str] = []  # peft layers: the projection is their base_layer, under their own name
+        for n, m in block.named_modules():
+            if not n or m is head or any(n.startswith(w + ".") for w in wrapped):
+                continue
+            base = getattr(m, "base_layer", None)
+            if isinstance(base, nn.Module) and is_projection_module(base):
+                inner.append((n, base))
+                wrapped.append(n)
+            elif is_projection_module(m):
+                inner.append((n, m))
         kinds = _kinds_of([tuple(n.split(".")) for n, _ in inner])
         for (n, m), kind in zip(inner, kinds):
             full = f"{block_name}.{n}"

@@ -12,7 +12,7 @@ from orchestrator.basemodel import (
     LLAMA_LINEAR_TYPES, TaskFileError, as_linear, base_kinds, check_records, kinds, load_base, lora, projections,
     read_records, select, weight_oi, write_jsonl,
 )
-from orchestrator.basemodel.adapters import blocks, features
+from orchestrator.basemodel.adapters import blocks, features, is_projection_module
 from orchestrator.basemodel.toy import save_tiny_gpt2
 
 
@@ -51,8 +51,6 @@ def test_projections_are_asked_of_the_model_on_three_architectures():
         head = model.get_output_embeddings()
         assert all(p.module is not head for p in found.values())
         # Every nn.Linear / Conv1D of the model but the head is a projection: nothing is missed.
-        from orchestrator.basemodel.adapters import is_projection_module
-
         every = {n for n, m in model.named_modules() if is_projection_module(m) and m is not head}
         assert set(found) == every
     c_proj = projections(gpt2)["transformer.h.1.attn.c_proj"]
@@ -111,6 +109,12 @@ def test_lora_on_gpt2_targets_kinds_and_merges_into_the_conv1d_weights():
     assert torch.allclose(merged(input_ids=ids).logits, adapted, atol=1e-5)
     changed = {n for n, p in projections(merged).items() if not torch.equal(weight_oi(p.module), before[n])}
     assert changed == {n for n in before if n.endswith(("attn.c_proj", "c_fc"))}
+    # On the peft model: the same projections, the adapted ones through their base layers, no LoRA factor.
+    fresh = lora(_gpt2(), ["attn.c_proj"], r=2)
+    on_peft = projections(fresh)
+    assert [(n.removeprefix("base_model.model."), p.kind) for n, p in on_peft.items()] == [
+        (n, p.kind) for n, p in projections(_gpt2()).items()]
+    assert all(is_projection_module(p.module) for p in on_peft.values()) and kinds(fresh) == kinds(_gpt2())
     with pytest.raises(ValueError, match=r"\['q_proj'\] are not linear projection kinds of GPT2LMHeadModel; choose among"):
         lora(_gpt2(), ["q_proj"])
     assert len(select(_llama(), ["q_proj", "down_proj"])) == 6
