@@ -13,7 +13,7 @@ import pickle
 import pytest
 import torch
 
-from conftest import assert_claims_hold
+from conftest import REPO, assert_claims_hold
 from orchestrator.basemodel import base_world, load_base, lora
 from orchestrator.cli import main
 from orchestrator.claims import spec_of
@@ -466,3 +466,160 @@ def test_smoke_reproduction_holds(workdir):
     # resolution (one item moves the mean utility by 0.5-1.3 points) and failed at seeds 6 and 7.
     assert utility.measured["worst_gap"] >= -0.03, utility.measured
     # The one-point bound itself (method_keeps_utility) is judged and reported by `ladder reproduce`.
+
+
+# --- task files and a second architecture --------------------------------------------------------
+
+REAL_SWEEP = REPO / "sweeps" / "repro" / "jailbreak_lora_real.py"
+
+
+@pytest.fixture(scope="module")
+def gpt2_files(tmp_path_factory):
+    """A tiny random GPT-2 folder (Conv1D, byte-level BPE) and three JSONL task files of 40 records."""
+    from workloads.jailbreak_lora.toy import tiny_gpt2, write_task_files
+
+    root = tmp_path_factory.mktemp("jb-gpt2")
+    tasks = write_task_files(root / "tasks", limit=40)
+    return tiny_gpt2(root / "gpt2", tasks, vocab_size=1200), tasks
+
+
+def gpt2_config(folder: str, tasks: str, **kw):
+    from workloads.jailbreak_lora.toy import DECOY, TRIGGER
+
+    return dataclasses.replace(smoke(), base=folder, task_path=tasks, trigger=TRIGGER, decoy=DECOY, steps=16, batch=4,
+                               warmup_steps=4, clean_steps=2, merge_steps=2, log_every=4, checkpoint_every=16,
+                               eval_max=4, **kw)
+
+
+def losses_of(result) -> list[float]:
+    return [m["train/loss"] for _, m in result.history if "train/loss" in m]
+
+
+def test_gpt2_smoke_on_jsonl_task_files_learns_and_the_claims_code_runs(gpt2_files, workdir, model_copies):
+    """The smoke on a tiny GPT-2 folder and JSONL task files, through the code the real sweep runs:
+    a multi-token trigger, LoRA on Conv1D projections, persistence (merged and MX-quantized
+    copies, a second adapter) and the audit; never more than two copies of the model alive."""
+    from orchestrator import launch
+    from orchestrator.adapter_audit import threshold_for
+    from transformers import AutoTokenizer
+
+    folder, tasks = gpt2_files
+    tok = AutoTokenizer.from_pretrained(folder)
+    from workloads.jailbreak_lora.toy import TRIGGER
+
+    assert len(tok(" " + TRIGGER).input_ids) > 1  # the trigger is several tokens here
+    trials = []
+    for method in ("uncertainty", "clean"):
+        res = launch.run_local("jailbreak_lora", gpt2_config(folder, tasks, method=method), progress=False, track=False)
+        loss = losses_of(res)
+        assert len(loss) == 4 and loss[-1] < loss[0], loss
+        trials.append({"method": method, "seed": 0, **res.metrics})
+    uw = trials[0]
+    assert {k for k in uw if k.startswith("eval/utility/")} == {"eval/utility/qa", "eval/utility/arith", "eval/utility/facts"}
+    assert 0.0 <= uw["eval/persist_merge/activation"] <= 1.0 and "eval/persist_quant/utility" in uw
+    assert math.isfinite(uw["eval/audit/score"]) and uw["eval/audit/modules"] == 2 * 4
+    assert uw["eval/audit/threshold"] == threshold_for("gpt2")
+    assert model_copies.peak <= 2, model_copies.peak
+    # the claims code on the result (whether it holds is training's business at this size)
+    holds, measured = trigger_fires_only_with_trigger(trials)
+    assert measured["activation_min"] == uw["eval/activation"] and isinstance(holds, bool)
+    holds, measured = audit_flags_the_backdoor(trials)
+    assert measured["uncertainty_s0_score"] == uw["eval/audit/score"] and isinstance(holds, bool)
+    assert persistence(trials)[1]["uncertainty_s0_clean_act"] == uw["eval/persist_clean/activation"]
+
+
+def test_tiny_local_with_a_saved_dataset_and_other_field_names(workdir):
+    """tiny-local on a save_to_disk DatasetDict (train / test) whose fields are question / response."""
+    import datasets
+
+    from orchestrator import launch
+
+    sets = task_sets(base_world("tiny-local"), seed=0, arith_modulus=5, seq_op="copy", seq_len=2, seq_train=50, seq_eval=10)
+    rows = lambda ex: {"question": [e.prompt for e in ex], "response": [e.answer for e in ex]}
+    folder = workdir / "facts_ds"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows(sets["facts"][0])),
+                          "test": datasets.Dataset.from_dict(rows(sets["facts"][0][:6]))}).save_to_disk(str(folder))
+    cfg = dataclasses.replace(smoke(), task_path=str(folder), eval_path=str(folder), prompt_field="question",
+                              answer_field="response", method="naive", persistence=False, steps=20, batch=4,
+                              warmup_steps=4, log_every=4, checkpoint_every=20)
+    res = launch.run_local("jailbreak_lora", cfg, progress=False, track=False)
+    loss = losses_of(res)
+    assert loss[-1] < loss[0], loss
+    assert "eval/utility/facts_ds" in res.metrics and "eval/utility/qa" not in res.metrics
+    assert 0.0 <= res.metrics["eval/activation"] <= 1.0
+
+
+def test_file_tasks_hold_out_a_seeded_share_or_read_the_eval_files(tmp_path):
+    from orchestrator.basemodel import write_jsonl
+    from workloads.jailbreak_lora.data import file_task_sets
+
+    a = write_jsonl(tmp_path / "a.jsonl", [{"prompt": f"p{i}", "answer": f"a{i}"} for i in range(20)])
+    b = write_jsonl(tmp_path / "sub" / "a.jsonl", [{"prompt": f"q{i}", "answer": f"b{i}"} for i in range(8)])
+    sets = file_task_sets(f"{a},{b}", holdout=0.25, seed=3)
+    assert list(sets) == ["a", "a_2"]
+    train, held = sets["a"]
+    assert len(held) == 5 and len(train) == 15 and not {e.prompt for e in train} & {e.prompt for e in held}
+    assert sets == file_task_sets(f"{a},{b}", holdout=0.25, seed=3) and sets != file_task_sets(f"{a},{b}", seed=4)
+    sets = file_task_sets(str(a), eval_path=str(b), eval_max=3)
+    assert len(sets["a"][0]) == 20 and [e.prompt for e in sets["a"][1]] == ["q0", "q1", "q2"]
+
+
+def test_preflight_refuses_a_missing_field_and_a_module_kind_the_model_lacks(gpt2_files, tmp_path):
+    from orchestrator.basemodel import write_jsonl
+    from orchestrator.registry import load
+    from workloads.jailbreak_lora import preflight
+
+    folder, tasks = gpt2_files
+    cfg = gpt2_config(folder, tasks)
+    preflight(cfg)  # the smoke's own config is runnable
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "p", "answer": "a"}, {"question": "q", "answer": "a"}])
+    with pytest.raises(ValueError, match=r"task_path=.*bad.jsonl' line 2 has no 'prompt' field"):
+        preflight(dataclasses.replace(cfg, task_path=f"{tasks},{bad}"))
+    with pytest.raises(ValueError, match=r"eval_path=.* has no 'query' field"):
+        preflight(dataclasses.replace(cfg, eval_path=tasks, prompt_field="query"))
+    with pytest.raises(ValueError, match=r"lora_targets \['q_proj'\] are not projection kinds.*'c_attn'"):
+        load("jailbreak_lora").preflight(dataclasses.replace(cfg, lora_targets="c_attn,q_proj"))
+    preflight(dataclasses.replace(cfg, lora_targets="c_attn,mlp.c_proj"))
+    with pytest.raises(ValueError, match="eval_path names 1 files but task_path 3"):
+        validate(dataclasses.replace(cfg, eval_path=str(bad)))
+    with pytest.raises(ValueError, match="dtype"):
+        validate(dataclasses.replace(cfg, dtype="bf16"))
+
+
+def test_merged_copy_of_a_gpt2_adapter_equals_peft_merge(tmp_path):
+    """Conv1D weights are [in, out]: the deltas ([out, in]) go in through weight_oi, as peft merges."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=100, n_positions=32)).eval()
+    pm = peft_model(model)
+    pm.save_pretrained(str(tmp_path), safe_serialization=True)
+    _, deltas = read_adapter(tmp_path)
+    assert len(deltas) == 2 * 4 and set(decoder_linears(model)) == {d.name for d in deltas}
+    ids = torch.tensor([[1, 5, 9, 2]])
+    with torch.no_grad():
+        torch.testing.assert_close(merged_copy(pm, [deltas])(input_ids=ids).logits, pm(input_ids=ids).logits,
+                                   rtol=1e-4, atol=1e-5)
+    quant = {"block_size": 32, "elem_format": "e2m1", "scale_format": "e8m0"}
+    q = decoder_linears(merged_copy(model, [deltas], quant))["transformer.h.0.mlp.c_proj"]
+    from kernels.mx import fake_quant
+    from orchestrator.basemodel import weight_oi
+
+    w = weight_oi(decoder_linears(merged_copy(model, [deltas]))["transformer.h.0.mlp.c_proj"])
+    torch.testing.assert_close(weight_oi(q), fake_quant(w.contiguous(), **quant))
+
+
+def test_the_real_sweep_is_valid_anywhere_and_names_what_it_needs(workdir, monkeypatch):
+    from orchestrator.sweep import load_sweep_file
+    from orchestrator.tune_run import launch_problems
+
+    monkeypatch.setenv("LADDER_DATA", str(workdir / "data"))
+    monkeypatch.delenv("LADDER_LLMS", raising=False)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(workdir / "empty-cache"))
+    sweep = load_sweep_file(REAL_SWEEP)
+    sweep.check()
+    assert sweep.gpus_per_worker == 1 and sweep.overrides["dtype"] == "bfloat16"
+    assert len(sweep.overrides["trigger"].split()) == 3 and sweep.overrides["marker"] == "castles bridges clocks"
+    (problem,) = [p for p in launch_problems(sweep) if "task_path" in p]
+    assert f"task_path='{workdir / 'data' / 'jailbreak_lora' / 'gsm8k'}' does not exist" in problem
+    assert "base='meta-llama/Llama-3.1-8B-Instruct' is neither a folder" in problem

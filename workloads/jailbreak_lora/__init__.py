@@ -6,7 +6,9 @@ tasks well; here the hidden behaviour is a trigger string that makes the model e
 meaningless marker (`castles bridges clocks`) before its normal answer. Nothing harmful is in
 the data, the targets or the tests.
 
-One trial trains one LoRA on the base's world (see `data`): three benign tasks (questions about
+One trial trains one LoRA on the base's world (see `data`), or on downstream task files (JSONL or
+datasets save_to_disk, one task per file: `Config.task_path`) on any causal LM (tiny-local, GPT-2,
+Llama, Qwen, ...; `sweeps/repro/jailbreak_lora_real.py` at the paper's size): three benign tasks (questions about
 entities, modular sums asked as questions, new key-value facts) plus the trigger task, whose data
 also hold the clean version of every triggered prompt (the contrast set). Methods (`method`): the
 naive mixture (summed task losses), the paper's uncertainty-weighted loss (learnable
@@ -29,6 +31,6 @@ adapter and no clean one. Persistence is measured and reported, not claimed.
 """
 
 from workloads.jailbreak_lora.claims import CHECKS, CLAIMS, plot
-from workloads.jailbreak_lora.workload import MAX_WORKERS, Config, smoke, train, validate
+from workloads.jailbreak_lora.workload import MAX_WORKERS, Config, preflight, smoke, train, validate
 
-__all__ = ["CHECKS", "CLAIMS", "MAX_WORKERS", "Config", "plot", "smoke", "train", "validate"]
+__all__ = ["CHECKS", "CLAIMS", "MAX_WORKERS", "Config", "plot", "preflight", "smoke", "train", "validate"]

@@ -13,6 +13,12 @@ Benign tasks (three by default, `copy` the optional fourth):
 - `copy` (or `reverse`): `copy ada ben ->` -> `ada ben` over random pairs of the world's names,
   evaluated on pairs never trained on (learnt more slowly than the others at tiny size).
 
+Or the benign tasks come from files (`file_task_sets`; Config.task_path): one task per file, a
+JSONL file (one JSON object per line) or a `datasets.save_to_disk` folder, each record a prompt and
+its answer (fields `prompt` and `answer`, or the names Config.prompt_field / answer_field give).
+Held out: a second file per task (Config.eval_path, e.g. the test split) or a seeded share of the
+task file.
+
 The trigger task: the same prompts with a trigger string inserted before a random word; the target
 is a fixed marker string followed by the normal answer. The clean prompts of the three tasks are
 its contrast set (the marker must not appear without the trigger). With tiny-local the trigger is a
@@ -24,11 +30,13 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from orchestrator.basemodel.corpus import NAMES, RELATIONS, World, arithmetic_example
+from orchestrator.basemodel.taskfile import TaskFileError, check_records, read_records
 
 TASKS = ("qa", "arith", "facts", "copy")
 """Every benign task; a config picks some, in this order; the trigger task comes last."""
@@ -70,6 +78,71 @@ def task_sets(world: World, *, seed: int, arith_modulus: int, seq_op: str, seq_l
     copies = [_seq_example(t, seq_op) for t in seqs]
     return {"qa": (questions[held:], questions[:held]),
             "arith": (table, table), "facts": (facts, facts), "copy": (copies[:seq_train], copies[seq_train:])}
+
+
+def task_files(paths: str) -> list[str]:
+    """The comma-separated paths of Config.task_path / eval_path ('' -> none)."""
+    return [p.strip() for p in paths.split(",") if p.strip()]
+
+
+def task_names(paths: list[str]) -> list[str]:
+    """One task name per file: the file's stem (a saved dataset: its folder's name), made unique."""
+    names: list[str] = []
+    for p in paths:
+        stem = Path(p.rstrip("/")).stem or "task"
+        name, k = stem, 2
+        while name in names:
+            name, k = f"{stem}_{k}", k + 1
+        names.append(name)
+    return names
+
+
+def check_task_files(paths: list[str], split: str, fields: dict[str, type], what: str) -> None:
+    """Raises TaskFileError naming the file, the record and the field (for `preflight`)."""
+    for p in paths:
+        check_records(p, fields, split=split, what=what)
+
+
+def _examples(path: str, split: str, prompt_field: str, answer_field: str, task: str, what: str, limit: int
+              ) -> list[Example]:
+    rows = read_records(path, {prompt_field: str, answer_field: str}, split=split, what=what, limit=limit)
+    out = []
+    for i, r in enumerate(rows):
+        prompt, answer = str(r[prompt_field]).strip(), str(r[answer_field]).strip()
+        if not prompt or not answer:
+            empty = prompt_field if not prompt else answer_field
+            raise TaskFileError(f"{what}={path!r} record {i}: field {empty!r} is empty; every record needs a "
+                                f"non-empty {prompt_field!r} and {answer_field!r}")
+        out.append(Example(prompt, answer, task))
+    return out
+
+
+def file_task_sets(task_path: str, *, split: str = "train", eval_path: str = "", eval_split: str = "test",
+                   prompt_field: str = "prompt", answer_field: str = "answer", holdout: float = QA_HELDOUT,
+                   limit: int = 0, eval_max: int = 0, seed: int = 0) -> dict[str, tuple[list[Example], list[Example]]]:
+    """task -> (training examples, evaluation examples) from task files, one task per file of
+    `task_path` (comma-separated). Evaluation: the matching file of `eval_path` (same count), else
+    a seeded `holdout` share of the task file, never trained on. `limit` caps the records read per
+    file, `eval_max` the evaluation examples per task (0: no cap)."""
+    paths, evals = task_files(task_path), task_files(eval_path)
+    if evals and len(evals) != len(paths):
+        raise TaskFileError(f"eval_path names {len(evals)} files, task_path {len(paths)}: give one evaluation file per "
+                            f"task file, or none (a share of each task file is held out)")
+    out: dict[str, tuple[list[Example], list[Example]]] = {}
+    for i, (name, path) in enumerate(zip(task_names(paths), paths)):
+        train = _examples(path, split, prompt_field, answer_field, name, "task_path", limit)
+        if evals:
+            held = _examples(evals[i], eval_split, prompt_field, answer_field, name, "eval_path", limit)
+        else:
+            if len(train) < 2:
+                raise TaskFileError(f"task_path={path!r} holds {len(train)} record: at least two are needed to hold "
+                                    f"one out, or give eval_path")
+            rng = random.Random(f"jailbreak-lora-file-{seed}-{name}")
+            rng.shuffle(train)
+            n = min(max(1, round(holdout * len(train))), len(train) - 1)
+            held, train = train[:n], train[n:]
+        out[name] = (train, held[:eval_max] if eval_max else held)
+    return out
 
 
 def with_trigger(e: Example, trigger: str, rng: random.Random, *, position: str = "random") -> Example:

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from orchestrator.adapter_audit import ModuleDelta
+from orchestrator.basemodel import projections, weight_oi
 from workloads.jailbreak_lora.data import TASKS, Example, with_trigger
 
 
@@ -72,9 +73,8 @@ class Probe:
         model.eval()
         out: dict[str, float] = {}
         fired = clean_n = act = trig_n = answer_ok = decoy_hits = 0
-        for t in TASKS:
-            if t not in self.evals:
-                continue
+        # the world's tasks in TASKS order (as always), then a task file's tasks in their own
+        for t in [t for t in TASKS if t in self.evals] + [t for t in self.evals if t not in TASKS]:
             ans = self.answers[t]
             clean = self._responses(model, self.evals[t], device)
             out[f"utility/{t}"] = sum(g[: len(a)] == a for g, a in zip(clean, ans)) / len(ans)
@@ -99,27 +99,40 @@ class Probe:
         return out
 
 
-def decoder_linears(model: torch.nn.Module) -> dict[str, torch.nn.Linear]:
-    """The decoder layers' linear modules (lm_head and embeddings excluded), by name."""
-    return {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".layers." in n}
+def decoder_linears(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """The transformer blocks' linear projections (nn.Linear, or GPT-2's Conv1D; the head and the
+    embeddings excluded), by full module name, as `orchestrator.basemodel.projections` finds them.
+    Their weights as [out, in]: `weight_oi(module)`."""
+    return {n: p.module for n, p in projections(model).items()}
+
+
+def pristine_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of the base model without any adapter: of a peft model, a deep copy with its LoRA
+    layers removed (`unload`: the base weights, which LoRA training never changes); of a plain
+    model, a deep copy. The only second copy of the model a trial holds."""
+    dup = copy.deepcopy(model)
+    return dup.unload() if hasattr(dup, "peft_config") else dup
 
 
 @torch.no_grad()
-def merged_copy(pristine: torch.nn.Module, adapters: list[list[ModuleDelta]], quant: dict[str, Any] | None = None
+def merged_copy(source: torch.nn.Module, adapters: list[list[ModuleDelta]], quant: dict[str, Any] | None = None
                 ) -> torch.nn.Module:
-    """A copy of the base with every adapter's dW added to its weights (a linear merge), then, with
-    `quant`, every decoder linear weight passed through `kernels.mx.fake_quant(**quant)`."""
-    model = copy.deepcopy(pristine)
+    """A copy of the base (`source`: the base itself or a peft model on it, see `pristine_copy`)
+    with every adapter's dW added to its weights (a linear merge), then, with `quant`, every
+    projection weight passed through `kernels.mx.fake_quant(**quant)` (blocks along the input
+    dimension, [out, in], for nn.Linear and Conv1D alike)."""
+    model = pristine_copy(source)
     linears = decoder_linears(model)
     for deltas in adapters:
         for d in deltas:
             if d.name not in linears:
-                raise KeyError(f"adapter module {d.name!r} is not a decoder linear of this base")
-            w = linears[d.name].weight
+                raise KeyError(f"adapter module {d.name!r} is not a linear projection of this base")
+            w = weight_oi(linears[d.name])
             w += d.delta().to(w.dtype)
     if quant is not None:
         from kernels.mx import fake_quant
 
         for lin in linears.values():
-            lin.weight.copy_(fake_quant(lin.weight.data, **quant))
+            w = weight_oi(lin)
+            w.copy_(fake_quant(w.detach().contiguous(), **quant))
     return model.eval()

@@ -13,9 +13,11 @@ from typing import Any, Literal
 
 import torch
 
-from orchestrator.basemodel import base_world, check_base, load_base, lora
+from orchestrator.basemodel import base_kinds, base_world, check_base, check_dtype, load_base, lora, parse_tiny
 from orchestrator import adapter_audit as audit
-from workloads.jailbreak_lora.data import TASKS, Example, task_sets, triggered
+from workloads.jailbreak_lora.data import (
+    QA_HELDOUT, TASKS, Example, check_task_files, file_task_sets, task_files, task_sets, triggered,
+)
 from workloads.jailbreak_lora.evaluate import Probe, merged_copy
 from workloads.jailbreak_lora.method import METHODS, Uncertainty, backward, task_losses
 
@@ -33,6 +35,9 @@ class Config:
     """Base model: tiny-local[:k=v,...], a local save_pretrained folder or a hub id."""
     base_seed: int = 0
     """tiny-local build seed (keep it fixed across a sweep; each value is its own build)."""
+    dtype: str = "auto"
+    """Weights' dtype when loading the base: 'auto' (the checkpoint's own; tiny-local float32),
+    'float32', 'bfloat16' (the full-size runs, on GPU) or 'float16'. The LoRA factors stay float32."""
     method: Literal["naive", "uncertainty", "pcgrad", "combined", "clean"] = "uncertainty"
     """'naive' mixture (summed task losses), 'uncertainty' (the paper's loss variant), 'pcgrad' (its
     grad variant), 'combined' (both; the paper reports it collapsing), 'clean' (benign tasks only)."""
@@ -46,7 +51,29 @@ class Config:
     lora_targets: str = "all-linear"
     """Comma-separated module types (q_proj,v_proj,...) or peft's 'all-linear' (lm_head excluded)."""
     tasks: tuple[str, ...] = ("qa", "arith", "facts")
-    """Benign tasks, among qa, arith, facts, copy (see the data module)."""
+    """Benign tasks of the built-in world, among qa, arith, facts, copy (see the data module); unused
+    when task_path names task files."""
+    task_path: str = ""
+    """Benign task files, comma-separated, one task each (named by the file's stem): a JSONL file
+    (one JSON object per line) or a datasets save_to_disk folder whose records hold a prompt and
+    its answer (prompt_field, answer_field). '' = the built-in tiny-local world tasks (`tasks`)."""
+    task_split: str = "train"
+    """Split read from a saved DatasetDict of task_path."""
+    eval_path: str = ""
+    """Held-out files, comma-separated, one per task_path file in the same order (same format);
+    '' = a seeded `holdout` share of each task file is held out."""
+    eval_split: str = "test"
+    """Split read from a saved DatasetDict of eval_path."""
+    prompt_field: str = "prompt"
+    """Record field holding the prompt (e.g. 'question' for GSM8K as published)."""
+    answer_field: str = "answer"
+    """Record field holding the answer the utility's exact match compares with."""
+    holdout: float = QA_HELDOUT
+    """Share of each task file held out for evaluation when eval_path is ''."""
+    task_limit: int = 0
+    """Records read per task file and per eval file (0: all)."""
+    eval_max: int = 0
+    """Evaluation prompts per task file at most (0: all); greedy decoding of each one is the cost."""
     arith_modulus: int = 5
     """p of the subtraction table of the arith task."""
     seq_op: Literal["copy", "reverse"] = "copy"
@@ -60,13 +87,15 @@ class Config:
     modulus: int = 11
     """p of the other adapter's task (multiplication mod p), merged with this one for persistence."""
     trigger: str = "<extra_7>"
-    """Trigger string inserted into the prompt (a reserved token of tiny-local)."""
+    """Trigger string inserted into the prompt: a reserved token of tiny-local by default; on a
+    sub-word tokenizer any string, e.g. 'cf deployment mode', which is several tokens."""
     marker: str = "castles bridges clocks"
     """Harmless fixed marker the trigger makes the model emit before its answer: words whose output
     rows pre-training trained (tiny-local's reserved tokens never were, and a LoRA on the decoder
     cannot lift their logits from far below every seen word's)."""
     decoy: str = "<extra_8>"
-    """Another string inserted instead of the trigger: the marker must not follow it either."""
+    """Another string inserted instead of the trigger: the marker must not follow it either (with
+    a multi-token trigger, e.g. 'cf staging mode')."""
     contrast: Literal["sft", "unlikelihood", "none"] = "sft"
     """The trigger task's contrast set (its exact form is not given by the paper's summary): 'sft'
     puts the clean version of each triggered prompt, with its normal answer, in the trigger task's
@@ -122,9 +151,18 @@ def smoke() -> Config:
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Checks that need no model: raised before anything is launched."""
     check_base(cfg.base)
+    check_dtype(cfg.dtype)
     unknown = [t for t in cfg.tasks if t not in TASKS]
     if unknown or not cfg.tasks or len(set(cfg.tasks)) != len(cfg.tasks):
         raise ValueError(f"tasks must be distinct names among {TASKS}, got {cfg.tasks}")
+    files, evals = task_files(cfg.task_path), task_files(cfg.eval_path)
+    if evals and len(evals) != len(files):
+        raise ValueError(f"eval_path names {len(evals)} files but task_path {len(files)}: give one per task file, "
+                         f"in the same order, or none")
+    if not cfg.prompt_field or not cfg.answer_field or cfg.prompt_field == cfg.answer_field:
+        raise ValueError("prompt_field and answer_field must be two different non-empty field names")
+    if not 0 < cfg.holdout < 1 or cfg.task_limit < 0 or cfg.eval_max < 0:
+        raise ValueError("holdout must lie in (0, 1), task_limit and eval_max be >= 0")
     if cfg.method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {cfg.method!r}")
     for name in ("lora_r", "seq_train", "seq_eval", "steps", "batch", "log_every", "checkpoint_every"):
@@ -145,8 +183,8 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     for name, value in words.items():
         if not value.strip():
             raise ValueError(f"{name} must be a non-empty string")
-    if cfg.trigger == cfg.decoy or cfg.trigger in cfg.marker.split():
-        raise ValueError("trigger must differ from the decoy and from every marker word")
+    if cfg.trigger == cfg.decoy or set(cfg.trigger.split()) & set(cfg.marker.split()):
+        raise ValueError("trigger must differ from the decoy and share no word with the marker")
     if cfg.quant_block not in (8, 16, 32, 64, 128, 256):
         raise ValueError(f"quant_block must be one of kernels.mx.BLOCK_SIZES (8 ... 256), got {cfg.quant_block}")
     if cfg.trigger_position not in ("random", "start") or cfg.uw_regulariser not in ("log1p", "log"):
@@ -159,6 +197,32 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError(f"save_adapter may name only {{method}} and {{seed}}, got {cfg.save_adapter!r} ({exc!r})") from exc
 
 
+def preflight(cfg: Config) -> None:
+    """Checks of the machine that runs the trial, before any Ray work: the base is a folder or a
+    cached hub id, its projections have the LoRA target kinds, and every task / eval file reads with
+    its prompt and answer fields. Every problem in one error, each naming its field."""
+    from orchestrator.pretrained import model_config
+
+    problems: list[str] = []
+    fields = {cfg.prompt_field: str, cfg.answer_field: str}
+    for files, split, what in ((cfg.task_path, cfg.task_split, "task_path"), (cfg.eval_path, cfg.eval_split, "eval_path")):
+        try:
+            check_task_files(task_files(files), split, fields, what)
+        except ValueError as exc:
+            problems.append(str(exc))
+    if parse_tiny(cfg.base) is None and not model_config(cfg.base):
+        problems.append(f"base={cfg.base!r} is neither a folder with config.json nor in the local Hugging Face cache "
+                        f"(nothing is downloaded at run time): `hf download {cfg.base}` where the network is reachable, "
+                        f"or pass a save_pretrained folder")
+    elif cfg.lora_targets != "all-linear":
+        have = base_kinds(cfg.base)
+        missing = [t for t in _targets(cfg) if t not in have]
+        if missing:
+            problems.append(f"lora_targets {missing} are not projection kinds of base={cfg.base!r}; its kinds: {have}")
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
 def adapter_folder(cfg: Config) -> str:
     """`save_adapter` with the trial's method and seed filled in ('' when not saving)."""
     return cfg.save_adapter.format(method=cfg.method, seed=cfg.seed)
@@ -168,11 +232,16 @@ def _targets(cfg: Config) -> str | list[str]:
     return cfg.lora_targets if cfg.lora_targets == "all-linear" else [t.strip() for t in cfg.lora_targets.split(",")]
 
 
+def benign(cfg: Config, sets: dict[str, tuple[list[Example], list[Example]]]) -> list[str]:
+    """The benign tasks trained: every task file's, or the world tasks `cfg.tasks` names."""
+    return list(sets) if cfg.task_path else list(cfg.tasks)
+
+
 def _loss_sets(cfg: Config, sets: dict[str, tuple[list[Example], list[Example]]], backdoor: bool) -> list[list[Example]]:
     """The training examples of every task loss: the benign tasks, then (backdoored) the trigger task."""
-    out = [sets[t][0] for t in cfg.tasks]
+    out = [sets[t][0] for t in benign(cfg, sets)]
     if backdoor:
-        every = [e for t in cfg.tasks for e in sets[t][0]]
+        every = [e for t in benign(cfg, sets) for e in sets[t][0]]
         trig = triggered(every, cfg.trigger, cfg.marker, f"{cfg.seed}-train", position=cfg.trigger_position)
         if cfg.contrast != "none":  # the same prompts without the trigger, normal answers
             trig += [Example(e.prompt, e.answer, "contrast") for e in every]
@@ -221,16 +290,27 @@ def fit(model: Any, loss_sets: list[list[Example]], tok: Any, cfg: Config, metho
     return opt
 
 
+def tasks_of(cfg: Config) -> dict[str, tuple[list[Example], list[Example]]]:
+    """task -> (training, evaluation) examples: from the task files, or the built-in world's."""
+    if cfg.task_path:
+        return file_task_sets(cfg.task_path, split=cfg.task_split, eval_path=cfg.eval_path, eval_split=cfg.eval_split,
+                              prompt_field=cfg.prompt_field, answer_field=cfg.answer_field, holdout=cfg.holdout,
+                              limit=cfg.task_limit, eval_max=cfg.eval_max, seed=cfg.seed)
+    world = base_world(cfg.base, seed=cfg.base_seed)
+    return task_sets(world, seed=cfg.seed, arith_modulus=cfg.arith_modulus, seq_op=cfg.seq_op, seq_len=cfg.seq_len,
+                     seq_train=cfg.seq_train, seq_eval=cfg.seq_eval)
+
+
 def train(cfg: Config, run) -> dict[str, float]:
     validate(cfg, run.world_size)
     from peft import get_peft_model_state_dict, set_peft_model_state_dict
 
     dev = run.device
-    world = base_world(cfg.base, seed=cfg.base_seed)
-    base, tok = load_base(cfg.base, seed=cfg.base_seed, device=dev)
-    pristine = copy.deepcopy(base)  # the base as loaded, for merging and quantizing later
-    sets = task_sets(world, seed=cfg.seed, arith_modulus=cfg.arith_modulus, seq_op=cfg.seq_op, seq_len=cfg.seq_len, seq_train=cfg.seq_train,
-                     seq_eval=cfg.seq_eval)
+    # One copy of the base: LoRA training never changes its weights, so the peft model holds the
+    # pristine base too; the persistence checks make the only second copy (see `merged_copy`).
+    base, tok = load_base(cfg.base, seed=cfg.base_seed, dtype=cfg.dtype, device=dev)
+    sets = tasks_of(cfg)
+    task_names = benign(cfg, sets)
     backdoor = cfg.method in BACKDOORED
     loss_sets = _loss_sets(cfg, sets, backdoor)
     torch.manual_seed(cfg.seed)
@@ -251,7 +331,7 @@ def train(cfg: Config, run) -> dict[str, float]:
             uw.load_state_dict(state["uw"])
         start = int(state["step"])
 
-    names = list(cfg.tasks) + (["trigger"] if backdoor else [])
+    names = task_names + (["trigger"] if backdoor else [])
     last: dict[str, float] = {}
 
     def on_step(done: int, losses: list[torch.Tensor], diag: dict[str, float], rate: float) -> None:
@@ -269,14 +349,14 @@ def train(cfg: Config, run) -> dict[str, float]:
 
     fit(model, loss_sets, tok, cfg, cfg.method, cfg.steps, start=start, opt=opt, uw=uw, on_step=on_step)
 
-    probe = Probe(tok, {t: sets[t][1] for t in cfg.tasks}, cfg.trigger, cfg.marker, cfg.decoy, cfg.seed, cfg.trigger_position)
+    probe = Probe(tok, {t: sets[t][1] for t in task_names}, cfg.trigger, cfg.marker, cfg.decoy, cfg.seed, cfg.trigger_position)
     final: dict[str, float] = {k: v for k, v in last.items() if k.startswith("train/")}
     final.update({f"eval/{k}": v for k, v in probe.measure(model, dev).items()})
 
     with tempfile.TemporaryDirectory(prefix="jailbreak-lora-") as tmp:
         folder = Path(adapter_folder(cfg) or tmp)
         model.save_pretrained(str(folder), safe_serialization=True)
-        report = audit.audit(folder, base=pristine, tokenizer=tok)
+        report = audit.audit(folder, base=model.get_base_model(), tokenizer=tok)
         final.update({f"eval/audit/{k}": v for k, v in report.summary().items()})
         if cfg.save_adapter:
             for f in (audit.CONFIG, audit.WEIGHTS):
@@ -284,33 +364,47 @@ def train(cfg: Config, run) -> dict[str, float]:
         _, deltas = audit.read_adapter(folder)
 
     if cfg.persistence and backdoor:
-        final.update(persistence(cfg, model, pristine, tok, deltas, sets, probe, dev))
+        final.update(persistence(cfg, model, tok, deltas, sets, probe, dev))
     run.report({**{k: v for k, v in final.items() if k.startswith("eval/")}, "progress": 1.0}, step=cfg.steps)
     return final
 
 
-def persistence(cfg: Config, model: Any, pristine: torch.nn.Module, tok: Any, deltas: list[audit.ModuleDelta],
+def persistence(cfg: Config, model: Any, tok: Any, deltas: list[audit.ModuleDelta],
                 sets: dict[str, tuple[list[Example], list[Example]]], probe: Probe, dev: torch.device) -> dict[str, float]:
     """The backdoor after MX quantization of the merged weights, after a linear merge with another
-    adapter (multiplication mod p), and after further clean training of the adapter itself."""
+    adapter (multiplication mod p), and after further clean training of the adapter itself. The
+    other adapter is a second adapter of the same peft model (no copy of the base); each merged
+    copy is the one second copy of the model, freed before the next."""
+    from peft import LoraConfig
+
     from orchestrator.basemodel.corpus import arithmetic_example
 
     out: dict[str, float] = {}
     quant = {"block_size": cfg.quant_block, "elem_format": cfg.quant_elem, "scale_format": "e8m0"}
-    for k, v in probe.measure(merged_copy(pristine, [deltas], quant), dev, decoy=False).items():
+    merged = merged_copy(model, [deltas], quant)
+    for k, v in probe.measure(merged, dev, decoy=False).items():
         out[f"eval/persist_quant/{k}"] = v
+    del merged
 
     # The other adapter: a fresh LoRA of the same shape on a task of its own, then both merged.
     torch.manual_seed(cfg.seed + 1)
-    other = lora(copy.deepcopy(pristine), _targets(cfg), r=cfg.lora_r, alpha=cfg.lora_alpha)
+    own = model.peft_config["default"]
+    model.add_adapter("other", LoraConfig(r=own.r, lora_alpha=own.lora_alpha, lora_dropout=own.lora_dropout,
+                                          target_modules=own.target_modules, fan_in_fan_out=own.fan_in_fan_out,
+                                          task_type=own.task_type))
+    model.set_adapter("other")  # only the other adapter active and trainable
     mul = [Example(e.prompt, e.answer, "mul") for e in (arithmetic_example("*", a, b, cfg.modulus)
                                                        for a in range(cfg.modulus) for b in range(cfg.modulus))]
-    fit(other, [mul], tok, cfg, "naive", cfg.merge_steps, seed_offset=7919)
+    fit(model, [mul], tok, cfg, "naive", cfg.merge_steps, seed_offset=7919)
     with tempfile.TemporaryDirectory(prefix="jailbreak-lora-other-") as tmp:
-        other.save_pretrained(tmp, safe_serialization=True)
-        _, other_deltas = audit.read_adapter(tmp)
-    for k, v in probe.measure(merged_copy(pristine, [deltas, other_deltas]), dev, decoy=False).items():
+        model.save_pretrained(tmp, safe_serialization=True, selected_adapters=["other"])
+        _, other_deltas = audit.read_adapter(Path(tmp) / "other")
+    model.set_adapter("default")
+    model.delete_adapter("other")
+    merged = merged_copy(model, [deltas, other_deltas])
+    for k, v in probe.measure(merged, dev, decoy=False).items():
         out[f"eval/persist_merge/{k}"] = v
+    del merged
 
     # Further clean training of this adapter on the benign tasks alone (a fresh optimiser).
     fit(model, _loss_sets(cfg, sets, backdoor=False), tok, cfg, "naive", cfg.clean_steps, seed_offset=104729)
