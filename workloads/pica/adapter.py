@@ -16,6 +16,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from orchestrator.basemodel import as_linear, projections, select, weight_oi
+
 Subspace = Literal["column", "random"]
 
 
@@ -71,18 +73,21 @@ def random_projector(in_features: int, rank: int, generator: torch.Generator, *,
     return q.T.contiguous().to(dtype=dtype, device=device)
 
 
-def decoder_linears(model: nn.Module, targets: Iterable[str]) -> list[tuple[str, nn.Module, str, nn.Linear]]:
-    """(full name, parent, leaf name, Linear) of every decoder-layer Linear whose leaf name is in `targets`,
-    in module order (layer 0 first)."""
-    wanted = set(targets)
+def decoder_linears(model: nn.Module, targets: Iterable[str]) -> list[tuple[str, nn.Module, str, nn.Module]]:
+    """(full name, parent, attribute name, projection) of every block projection whose kind
+    (`orchestrator.basemodel.kinds`: `q_proj`, GPT-2's `c_attn` / `mlp.c_proj`) is in `targets`, in
+    module order (layer 0 first). The projection is an `nn.Linear` or GPT-2's `Conv1D`; an unknown
+    kind raises ValueError naming it and the model's kinds."""
     out = []
-    for name, module in model.named_modules():
-        if ".layers." not in name:
-            continue
-        for leaf, child in module.named_children():
-            if leaf in wanted and isinstance(child, nn.Linear):
-                out.append((f"{name}.{leaf}", module, leaf, child))
+    for name, proj in select(model, list(targets), what="PiCa targets").items():
+        parent_name, _, attr = name.rpartition(".")
+        out.append((name, model.get_submodule(parent_name), attr, proj.module))
     return out
+
+
+def kind_of(model: nn.Module) -> dict[str, str]:
+    """full name -> projection kind of every block projection (see `decoder_linears`)."""
+    return {name: p.kind for name, p in projections(model).items()}
 
 
 class PiCa(nn.Module):
@@ -96,36 +101,39 @@ class PiCa(nn.Module):
                  share: bool = True, seed: int = 0) -> None:
         super().__init__()
         targets = list(targets)
-        found = decoder_linears(model, targets)
-        missing = sorted(set(targets) - {leaf for _, _, leaf, _ in found})
-        if missing:
-            raise ValueError(f"PiCa targets {missing} are not Linear modules of the decoder layers")
+        kinds = kind_of(model)
+        found = decoder_linears(model, targets)  # raises naming an unknown kind
         for p in model.parameters():
             p.requires_grad_(False)
         self.rank, self.subspace, self.share = rank, subspace, share
         self.ms = nn.ParameterDict()
         self.layers: dict[str, PiCaLinear] = {}
+        self.kinds: dict[str, str] = {}
         gen = torch.Generator().manual_seed(seed)
-        for index, (name, parent, leaf, linear) in enumerate(found):
-            w = linear.weight
+        for index, (name, parent, leaf, module) in enumerate(found):
+            linear = as_linear(module)  # GPT-2's Conv1D: an nn.Linear over the same storage, [out, in]
+            w = weight_oi(module)
+            kind = kinds[name]
             if subspace == "column":
                 proj = column_projector(w, rank)
             else:
                 proj = random_projector(linear.in_features, rank, gen, dtype=w.dtype, device=w.device)
-            key = leaf if share else f"{leaf}_{index}"
+            key = kind if share else f"{kind}_{index}"
+            key = key.replace(".", "_")  # ParameterDict keys cannot hold dots (GPT-2's `attn.c_proj`)
             if key not in self.ms:
                 self.ms[key] = nn.Parameter(torch.zeros(linear.out_features, rank, dtype=w.dtype, device=w.device))
             elif self.ms[key].shape[0] != linear.out_features:
-                raise ValueError(f"{name}: out_features {linear.out_features} differs from other {leaf} layers "
+                raise ValueError(f"{name}: out_features {linear.out_features} differs from other {kind} layers "
                                  f"({self.ms[key].shape[0]}); a shared M needs one shape per type: use share=False")
             wrapped = PiCaLinear(linear, proj, self.ms[key])
             setattr(parent, leaf, wrapped)
             self.layers[name] = wrapped
+            self.kinds[name] = kind
 
     def by_type(self) -> dict[str, list[PiCaLinear]]:
         groups: dict[str, list[PiCaLinear]] = {}
         for name, layer in self.layers.items():
-            groups.setdefault(name.rsplit(".", 1)[-1], []).append(layer)
+            groups.setdefault(self.kinds[name], []).append(layer)
         return groups
 
     def trainable(self) -> int:
@@ -197,16 +205,17 @@ def shared_gradient_error(model: nn.Module, pica: PiCa, loss_fn: Any) -> float:
 def full_gradients(model: nn.Module, targets: Iterable[str], loss_fn: Any) -> dict[str, torch.Tensor]:
     """name -> dL/dW of every target weight of the (not yet adapted) model, from one backward of
     `loss_fn(model)`; requires_grad is restored afterwards."""
-    found = decoder_linears(model, targets)
-    saved = [lin.weight.requires_grad for _, _, _, lin in found]
-    for _, _, _, lin in found:
-        lin.weight.requires_grad_(True)
-        lin.weight.grad = None
+    found = [(name, module.weight, module.weight is not weight_oi(module)) for name, _, _, module in decoder_linears(model, targets)]
+    saved = [w.requires_grad for _, w, _ in found]
+    for _, w, _ in found:
+        w.requires_grad_(True)
+        w.grad = None
     loss_fn(model).backward()
-    out = {name: lin.weight.grad.detach().clone() for name, _, _, lin in found}
-    for (_, _, _, lin), flag in zip(found, saved):
-        lin.weight.grad = None
-        lin.weight.requires_grad_(flag)
+    # [out, in], as PiCa's projector; a Conv1D's weight (and its gradient) is stored [in, out]
+    out = {name: (w.grad.T if transposed else w.grad).detach().clone() for name, w, transposed in found}
+    for (_, w, _), flag in zip(found, saved):
+        w.grad = None
+        w.requires_grad_(flag)
     return out
 
 
@@ -238,4 +247,5 @@ def count_at_depths(config: Any, depths: Iterable[int], targets: Iterable[str], 
             model = AutoModelForCausalLM.from_config(cfg)
             PiCa(model, targets, rank, subspace=subspace, share=share)
         out[depth] = trainable_count(model)
+        del model  # one meta model at a time
     return out

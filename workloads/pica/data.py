@@ -9,12 +9,13 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from orchestrator.basemodel import Example, World
+from orchestrator.basemodel import Example, World, read_records
 from orchestrator.basemodel.answers import AnswerBatch as Batch
 from orchestrator.basemodel.answers import answer_loss, encode_answers
 from orchestrator.basemodel.answers import answer_metrics as evaluate
 
-__all__ = ["TASKS", "QA_RELATIONS", "Batch", "answer_loss", "encode", "evaluate", "split", "task_examples"]
+__all__ = ["TASKS", "QA_RELATIONS", "Batch", "Example", "answer_loss", "encode", "evaluate", "file_examples", "split", "within",
+           "task_examples"]
 
 TASKS = ("qa", "sub", "mul", "facts")
 """qa: a question format pre-training never used (`question : what is the pet of ada ? answer :`)
@@ -37,6 +38,19 @@ def task_examples(world: World, task: str, modulus: int) -> list[Example]:
     if task == "facts":
         return world.fact_examples("heldout")
     raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+
+
+def file_examples(path: str, prompt_field: str, answer_field: str, *, split: str = "train", what: str = "task_path",
+                  limit: int = 0) -> list[Example]:
+    """The records of a task file (JSONL, or a `datasets.save_to_disk` folder and its `split`) as
+    examples `prompt answer`; a record without either string field raises TaskFileError naming it."""
+    records = read_records(path, {prompt_field: str, answer_field: str}, split=split, what=what, limit=limit)
+    return [Example(r[prompt_field], r[answer_field], "file") for r in records]
+
+
+def within(examples: list[Example], tokenizer: Any, max_tokens: int) -> list[Example]:
+    """The examples whose `prompt answer` takes at most `max_tokens` tokens."""
+    return [e for e in examples if len(tokenizer(f"{e.prompt} {e.answer}").input_ids) <= max_tokens]
 
 
 def split(examples: list[Example], heldout_frac: float, seed: int, by_entity: bool = False) -> tuple[list[Example], list[Example]]:

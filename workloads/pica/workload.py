@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -9,7 +10,9 @@ from typing import Any, Literal
 
 import torch
 
-from orchestrator.basemodel import base_world, check_base, load_base
+from orchestrator.basemodel import (
+    base_kinds, base_world, check_base, check_dtype, check_records, load_base, lora, resolve, select, weight_oi,
+)
 from orchestrator.run import fraction_steps
 from workloads.pica import data
 from workloads.pica.adapter import (
@@ -22,6 +25,9 @@ UNSHARED_PREFIX = "diag/unshared_at_depth/"
 """The same count without sharing (one M per layer), the contrast that grows with depth."""
 
 
+METHODS = ("pica", "lora", "pissa")
+"""The arms: PiCa, and the two equal-budget baselines (LoRA; PiSSA, LoRA initialised by SVD)."""
+
 MAX_WORKERS = 1
 """pica runs on one worker: the runner refuses more."""
 
@@ -32,8 +38,42 @@ class Config:
     """Base model: tiny-local[:k=v,...], a local save_pretrained folder or a hub id."""
     base_seed: int = 0
     """Seed of the tiny-local build (ignored for other bases); keep it fixed across a sweep."""
+    method: Literal["pica", "lora", "pissa"] = "pica"
+    """The adapter: 'pica' (shared M on the column space, the paper's method); 'lora' (peft LoRA on the
+    same targets, A random, B zero) or 'pissa' (LoRA whose A, B start at the top singular vectors of W0 and
+    W0 keeps the residual, peft `init_lora_weights="pissa"`: the SVD-based baseline), both at the LoRA
+    rank whose trainable count is nearest PiCa's at `rank` (`lora_rank`)."""
+    lora_rank: int = 0
+    """Rank of the 'lora' / 'pissa' arms; 0 = matched: the r >= 1 whose count r * sum(in + out) over the
+    wrapped projections is nearest PiCa's r * sum(d_out) (one M per kind). Both counts are reported."""
+    lora_alpha: float = 0.0
+    """LoRA's alpha (scale alpha / r); 0 = alpha = r (scale 1, PiSSA's principal part exactly W0's)."""
+    pissa_niter: int = 0
+    """PiSSA's SVD: 0 = exact (float32); k > 0 = peft's randomized `pissa_niter_k` (fast on large weights)."""
+    task_path: str = ""
+    """Task file: JSONL (one object per line) or a `datasets.save_to_disk` folder with a prompt and an
+    answer string field per record (`prompt_field`, `answer_field`); "" = the built-in tiny-local task (`task`)."""
+    task_split: str = "train"
+    """Split of a save_to_disk DatasetDict at task_path (ignored for JSONL and a single Dataset)."""
+    eval_path: str = ""
+    """Held-out file in the same format and fields; "" = hold out `heldout_frac` of task_path's records."""
+    eval_split: str = "test"
+    """Split of a save_to_disk DatasetDict at eval_path."""
+    prompt_field: str = "prompt"
+    """The records' prompt field (LLM-Adapters' commonsense files: 'instruction'; MetaMathQA: 'query')."""
+    answer_field: str = "answer"
+    """The records' answer field, the tokens the loss and exact-match accuracy are taken on
+    (commonsense: 'answer', the short label; MetaMathQA: 'response')."""
+    eval_prompt_field: str = ""
+    """eval_path's prompt field when it differs (GSM8K: 'question'); "" = prompt_field."""
+    eval_answer_field: str = ""
+    """eval_path's answer field when it differs; "" = answer_field."""
+    max_examples: int = 0
+    """Read at most this many records of task_path (and of eval_path); 0 = all."""
+    max_tokens: int = 0
+    """Leave out examples whose `prompt answer` is longer than this many tokens; 0 = keep all."""
     task: Literal["qa", "sub", "mul", "facts"] = "qa"
-    """Downstream task from the base's world: 'qa' = a question format pre-training never used about
+    """Downstream task from the base's world when task_path is "": 'qa' = a question format pre-training never used about
     attributes it learnt, held out by entity; 'sub' / 'mul' = `a - b` / `a * b mod p = c` (operations
     tiny-local never saw); 'facts' = the key-value facts whose keys pre-training held out."""
     modulus: int = 11
@@ -53,6 +93,10 @@ class Config:
     """Optimizer steps (the paper: 2 epochs of MetaMathQA-40K at batch 64)."""
     batch: int = 64
     """Examples per step, drawn with replacement."""
+    micro_batch: int = 0
+    """Examples per forward/backward pass, the step's gradient accumulated over them (weighted by answer
+    tokens, so the step equals the whole batch's); also the held-out evaluation's chunk. 0 = the whole
+    batch in one pass (evaluation: 256 rows a pass)."""
     lr: float = 1e-3
     """Peak Adam(W) learning rate of the Ms."""
     warmup_frac: float = 0.1
@@ -75,8 +119,9 @@ class Config:
     """Training examples in the batch of the shared-gradient and merged-logits checks."""
     count_depths: tuple[int, ...] = (1, 2, 4, 16)
     """Depths of the untrained meta-device models (the base's architecture) the trainable count is taken at."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Weights' dtype (the Ms and projectors share it)."""
+    dtype: str = "float32"
+    """Weights' dtype: float32, bfloat16, float16 or auto (the checkpoint's own); the Ms and projectors
+    share it (bfloat16 on GPU)."""
     threads: int = 1
     """Intra-op CPU threads of the trial, pinned by the runner around `train` (0 leaves torch's setting)."""
     seed: int = 0
@@ -92,6 +137,15 @@ def smoke() -> Config:
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Checks that need no model: raised before anything is launched."""
     check_base(cfg.base)
+    if cfg.method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {cfg.method!r}")
+    for name in ("lora_rank", "lora_alpha", "pissa_niter", "max_examples", "max_tokens", "micro_batch"):
+        if getattr(cfg, name) < 0:
+            raise ValueError(f"{name} must be >= 0, got {getattr(cfg, name)}")
+    if cfg.eval_path and not cfg.task_path:
+        raise ValueError("eval_path needs task_path (the built-in task holds out its own examples)")
+    if cfg.task_path and (not cfg.prompt_field or not cfg.answer_field or cfg.prompt_field == cfg.answer_field):
+        raise ValueError(f"prompt_field and answer_field must be two field names, got {cfg.prompt_field!r}, {cfg.answer_field!r}")
     if cfg.task not in data.TASKS:
         raise ValueError(f"task must be one of {data.TASKS}, got {cfg.task!r}")
     if cfg.subspace not in ("column", "random"):
@@ -111,24 +165,88 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError(f"warmup_frac must lie in [0, 1), got {cfg.warmup_frac}")
     if not 0 < cfg.checkpoint_every_frac <= 1:
         raise ValueError(f"checkpoint_every_frac must lie in (0, 1], got {cfg.checkpoint_every_frac}")
-    if cfg.dtype not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', got {cfg.dtype!r}")
+    check_dtype(cfg.dtype)
     if cfg.threads < 0:
         raise ValueError(f"threads must be >= 0 (0: torch's own setting), got {cfg.threads}")
 
 
 def check_model(cfg: Config, model: torch.nn.Module) -> None:
-    """Checks that need the loaded model's shapes."""
-    found = decoder_linears(model, cfg.targets)
-    types = {leaf for _, _, leaf, _ in found}
-    missing = [t for t in cfg.targets if t not in types]
-    if missing:
-        from orchestrator.basemodel import linear_types
-
-        raise ValueError(f"targets {missing} are not linear module types of {cfg.base!r}; choose among {linear_types(model)}")
-    smallest = min(min(lin.weight.shape) for _, _, _, lin in found)
+    """Checks that need the loaded model's shapes: the targets are projection kinds of the model
+    (`orchestrator.basemodel.kinds`) and r fits every target."""
+    found = select(model, cfg.targets, what="targets")  # ValueError naming an unknown kind and the model's kinds
+    smallest = min(min(weight_oi(p.module).shape) for p in found.values())
     if cfg.rank > smallest:
         raise ValueError(f"rank={cfg.rank} exceeds the smallest target's min(out, in) = {smallest}: use rank <= {smallest}")
+
+
+def task_fields(cfg: Config, what: str = "task_path") -> dict[str, type]:
+    """The fields the records of task_path (or eval_path) must carry, with their types."""
+    if what == "eval_path":
+        return {cfg.eval_prompt_field or cfg.prompt_field: str, cfg.eval_answer_field or cfg.answer_field: str}
+    return {cfg.prompt_field: str, cfg.answer_field: str}
+
+
+@functools.lru_cache(maxsize=32)
+def _kinds_or_problem(base: str) -> tuple[str, ...] | str:
+    """base_kinds(base), or why it could not be read: once per base in a sweep's many trial configs."""
+    try:
+        return tuple(base_kinds(base))
+    except ValueError as exc:
+        return str(exc)
+
+
+def preflight(cfg: Config) -> None:
+    """Checks of the machine that runs it, before any Ray work: the task file(s) are there and every
+    record has the prompt and answer fields; the base model (a folder, or a hub id in the local
+    cache; read as its config only) has the target kinds. Every problem is named in one message."""
+    problems = []
+    for path, split, what in ((cfg.task_path, cfg.task_split, "task_path"), (cfg.eval_path, cfg.eval_split, "eval_path")):
+        if path:
+            try:
+                check_records(path, task_fields(cfg, what), split=split, what=what)
+            except ValueError as exc:
+                problems.append(str(exc))
+    have = _kinds_or_problem(cfg.base)
+    if isinstance(have, str):
+        problems.append(have)
+    else:
+        missing = [t for t in cfg.targets if t not in have]
+        if missing:
+            problems.append(f"targets {missing} are not linear projection kinds of base {cfg.base!r}; choose among {list(have)}")
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+def task_sets(cfg: Config) -> tuple[list[data.Example], list[data.Example]]:
+    """(train, held-out) examples: from the task file(s), or from the base's world (`task`)."""
+    if not cfg.task_path:
+        world = base_world(cfg.base, seed=cfg.base_seed)
+        return data.split(data.task_examples(world, cfg.task, cfg.modulus), cfg.heldout_frac, cfg.base_seed,
+                          by_entity=cfg.task == "qa")
+    examples = data.file_examples(cfg.task_path, cfg.prompt_field, cfg.answer_field, split=cfg.task_split,
+                                  what="task_path", limit=cfg.max_examples)
+    if cfg.eval_path:
+        return examples, data.file_examples(cfg.eval_path, cfg.eval_prompt_field or cfg.prompt_field,
+                                            cfg.eval_answer_field or cfg.answer_field, split=cfg.eval_split,
+                                            what="eval_path", limit=cfg.max_examples)
+    return data.split(examples, cfg.heldout_frac, cfg.base_seed)
+
+
+def pica_count(model: torch.nn.Module, cfg: Config) -> int:
+    """PiCa's trainable count at cfg.rank on `model`: r * d_out per kind (per layer without sharing)."""
+    found = select(model, cfg.targets, what="targets")
+    if cfg.share:
+        return cfg.rank * sum({p.kind: p.out_features for p in found.values()}.values())
+    return cfg.rank * sum(p.out_features for p in found.values())
+
+
+def matched_lora_rank(model: torch.nn.Module, cfg: Config) -> int:
+    """The LoRA rank r >= 1 whose count r * sum(in + out) over the targets is nearest PiCa's count
+    (ties: the smaller r); cfg.lora_rank when set."""
+    if cfg.lora_rank:
+        return cfg.lora_rank
+    per_rank = sum(p.in_features + p.out_features for p in select(model, cfg.targets, what="targets").values())
+    return max(1, math.floor(pica_count(model, cfg) / per_rank + 0.5 - 1e-12))
 
 
 def lr_factor(step: int, cfg: Config) -> float:
@@ -141,30 +259,54 @@ def lr_factor(step: int, cfg: Config) -> float:
 
 def train(cfg: Config, run: Any) -> dict[str, float]:
     validate(cfg, run.world_size)
+    depth_counts: dict[str, float] = {}
+    if cfg.method == "pica":  # on meta-device models of the base's config, before the base is loaded (two models at most)
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(resolve(cfg.base, seed=cfg.base_seed))
+        for share, prefix in ((True, DEPTH_PREFIX), (False, UNSHARED_PREFIX)):
+            counts = count_at_depths(config, cfg.count_depths, cfg.targets, cfg.rank, share=share, subspace=cfg.subspace)
+            depth_counts.update({f"{prefix}{d}": float(c) for d, c in counts.items()})
     model, tokenizer = load_base(cfg.base, seed=cfg.base_seed, dtype=cfg.dtype, device=run.device)
     check_model(cfg, model)
-    world = base_world(cfg.base, seed=cfg.base_seed)
-    train_ex, held_ex = data.split(data.task_examples(world, cfg.task, cfg.modulus), cfg.heldout_frac, cfg.base_seed,
-                                   by_entity=cfg.task == "qa")
+    train_ex, held_ex = task_sets(cfg)
+    if cfg.max_tokens:
+        train_ex, held_ex = data.within(train_ex, tokenizer, cfg.max_tokens), data.within(held_ex, tokenizer, cfg.max_tokens)
+        if not train_ex or not held_ex:
+            raise ValueError(f"max_tokens={cfg.max_tokens} leaves no training or no held-out example: raise it")
     train_set = data.encode(train_ex, tokenizer).to(run.device)
     held_set = data.encode(held_ex, tokenizer).to(run.device)
+    budget = pica_count(model, cfg)  # the equal-parameter budget every arm is matched to
+    checks = cfg.exact_checks and cfg.method == "pica"
 
     snapshot = {}
-    if cfg.exact_checks:  # W0 of every target, to measure the merge and the update against
-        snapshot = {name: lin.weight.detach().clone() for name, _, _, lin in decoder_linears(model, cfg.targets)}
+    if checks:  # W0 of every target, [out, in], to measure the merge and the update against
+        snapshot = {name: weight_oi(mod).detach().clone() for name, _, _, mod in decoder_linears(model, cfg.targets)}
     check_batch = train_set.rows(torch.arange(min(cfg.check_examples, len(train_set))))
     # dL/dW0 at the base: the first step of full fine-tuning, which PiCa's theory says lies mostly in span(P).
-    full_grads = full_gradients(model, cfg.targets, lambda m: data.answer_loss(m, check_batch)) if cfg.exact_checks else {}
-    pica = PiCa(model, cfg.targets, cfg.rank, subspace=cfg.subspace, share=cfg.share, seed=cfg.seed)
+    full_grads = full_gradients(model, cfg.targets, lambda m: data.answer_loss(m, check_batch)) if checks else {}
+    pica, lora_r, lora_count = None, 0, 0
+    if cfg.method == "pica":
+        pica = PiCa(model, cfg.targets, cfg.rank, subspace=cfg.subspace, share=cfg.share, seed=cfg.seed)
+        params = list(pica.ms.values())
+    else:
+        lora_r = matched_lora_rank(model, cfg)
+        lora_count = lora_r * sum(p.in_features + p.out_features for p in select(model, cfg.targets).values())
+        init: Any = True if cfg.method == "lora" else ("pissa" if not cfg.pissa_niter else f"pissa_niter_{cfg.pissa_niter}")
+        torch.manual_seed(cfg.seed)  # LoRA's A draws from torch's global generator
+        model = lora(model, list(cfg.targets), r=lora_r, alpha=cfg.lora_alpha or lora_r, init_lora_weights=init)
+        params = [p for p in model.parameters() if p.requires_grad]
     energy = gradient_energy(pica, full_grads) if full_grads else math.nan
-    optimizer = torch.optim.AdamW(pica.ms.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     model, optimizer = run.prepare(model, optimizer)
     gen = torch.Generator().manual_seed(cfg.seed)
 
     start = 0
     state = run.restore()
     if state is not None:
-        pica.ms.load_state_dict(state["ms"])
+        with torch.no_grad():
+            for p, saved in zip(params, state["params"]):
+                p.copy_(saved)
         optimizer.load_state_dict(state["optimizer"])
         gen.set_state(state["gen"])
         start = int(state["step"])
@@ -177,17 +319,20 @@ def train(cfg: Config, run: Any) -> dict[str, float]:
         for group in optimizer.param_groups:
             group["lr"] = cfg.lr * lr_factor(step - 1, cfg)
         rows = torch.randint(len(train_set), (cfg.batch,), generator=gen)
-        loss = data.answer_loss(model, train_set.rows(rows))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        if cfg.micro_batch and cfg.micro_batch < cfg.batch:
+            loss = accumulate(model, train_set.rows(rows), cfg.micro_batch, optimizer)
+        else:
+            loss = data.answer_loss(model, train_set.rows(rows))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
         if cfg.grad_clip:
-            torch.nn.utils.clip_grad_norm_(pica.ms.parameters(), cfg.grad_clip)
+            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         optimizer.step()
         loss_sum, loss_n, window_steps = loss_sum + loss.item(), loss_n + 1, window_steps + 1
         metrics: dict[str, float] = {}
         if step % cfg.eval_every == 0 or step == cfg.steps:
             model.eval()
-            held = data.evaluate(model, held_set)
+            held = data.evaluate(model, held_set, chunk=cfg.micro_batch or 256)
             model.train()
             metrics.update({"eval/loss": held["loss"], "eval/acc": held["acc"]})
         if step % cfg.log_every == 0 or step == cfg.steps:
@@ -197,25 +342,45 @@ def train(cfg: Config, run: Any) -> dict[str, float]:
         if metrics:
             run.report({**metrics, "progress": step / cfg.steps}, step=step)
         if step in save_at:
-            run.save({"step": step, "ms": pica.ms.state_dict(), "optimizer": optimizer.state_dict(), "gen": gen.get_state()})
+            run.save({"step": step, "params": [p.detach().clone() for p in params], "optimizer": optimizer.state_dict(), "gen": gen.get_state()})
 
     model.eval()
-    fit = data.evaluate(model, train_set)
-    held = data.evaluate(model, held_set)
+    fit = data.evaluate(model, train_set, chunk=cfg.micro_batch or 256)
+    held = data.evaluate(model, held_set, chunk=cfg.micro_batch or 256)
     out = {
         "eval/loss": held["loss"], "eval/acc": held["acc"], "eval/train_loss": fit["loss"], "eval/train_acc": fit["acc"],
         "diag/grad_energy_in_span": energy,
-        "diag/grad_energy_chance": sum(cfg.rank / lay.in_features for lay in pica.layers.values()) / len(pica.layers),
         "diag/trainable": float(trainable_count(model)),
-        "diag/expected_trainable": float(sum(m.shape[0] * cfg.rank for m in pica.ms.values())),
+        "diag/pica_trainable": float(budget),
+        "diag/lora_rank": float(lora_r),
+        "diag/depth": float(model.config.num_hidden_layers),
     }
-    if cfg.exact_checks:
+    if pica is None:
+        out["diag/expected_trainable"] = float(lora_count)  # r * sum(in + out): LoRA's A and B
+        return out
+    out["diag/grad_energy_chance"] = sum(cfg.rank / lay.in_features for lay in pica.layers.values()) / len(pica.layers)
+    out["diag/expected_trainable"] = float(sum(m.shape[0] * cfg.rank for m in pica.ms.values()))
+    if checks:
         out.update(exact_checks(cfg, model, pica, snapshot, train_set))
-    for share, prefix in ((True, DEPTH_PREFIX), (False, UNSHARED_PREFIX)):
-        counts = count_at_depths(model.config, cfg.count_depths, cfg.targets, cfg.rank, share=share, subspace=cfg.subspace)
-        out.update({f"{prefix}{d}": float(c) for d, c in counts.items()})
-    out["diag/depth"] = float(model.config.num_hidden_layers)
+    out.update(depth_counts)
     return out
+
+
+def accumulate(model: torch.nn.Module, batch: data.Batch, micro: int, optimizer: Any) -> torch.Tensor:
+    """The batch's answer loss and its gradient, `micro` rows a pass: each pass's mean loss weighted
+    by its share of the batch's answer tokens, so the sum is the whole batch's mean."""
+    optimizer.zero_grad(set_to_none=True)
+    tokens = max(int((batch.labels[:, 1:] != -100).sum()), 1)
+    total = torch.zeros(())
+    for start in range(0, len(batch), micro):
+        part = batch.rows(torch.arange(start, min(start + micro, len(batch))))
+        n = int((part.labels[:, 1:] != -100).sum())
+        if n == 0:
+            continue
+        loss = data.answer_loss(model, part) * (n / tokens)
+        loss.backward()
+        total = total + loss.detach().float().cpu()
+    return total
 
 
 def exact_checks(cfg: Config, model: torch.nn.Module, pica: PiCa, snapshot: dict[str, torch.Tensor],
@@ -237,6 +402,7 @@ def exact_checks(cfg: Config, model: torch.nn.Module, pica: PiCa, snapshot: dict
         a = model(input_ids=batch.ids, attention_mask=batch.mask).logits.double()
         b = merged(input_ids=batch.ids, attention_mask=batch.mask).logits.double()
     logit_err = float((a - b).abs().max()) / max(float(a.abs().max()), 1e-30)
+    del merged, modules, a, b  # the shared-gradient check merges its own copy: two models at most
     grad_err = shared_gradient_error(model, pica, lambda m: data.answer_loss(m, batch))
     return {
         "diag/merge_weight_err": merge_err, "diag/merge_logit_err": logit_err, "diag/base_changed": base_changed,
