@@ -421,7 +421,7 @@ def test_the_real_sweep_is_valid_anywhere_and_names_what_it_needs(workdir, monke
     from orchestrator.tune_run import launch_problems
 
     monkeypatch.setenv("LADDER_DATA", str(workdir / "data"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)  # read at import: no network retries
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(workdir / "empty-cache"))
     sweep = load_sweep_file(REPO / "sweeps" / "repro" / "pica_real.py")
     sweep.check()
