@@ -22,14 +22,14 @@ from orchestrator.basemodel.adapters import (
 )
 from orchestrator.basemodel.corpus import RESERVED_TOKENS, Example, World, make_world, vocabulary
 from orchestrator.basemodel.loader import (
-    DTYPES, TINY, BaseModelError, base_info, base_kinds, base_world, check_base, check_dtype, load_base, parse_tiny, resolve,
+    DTYPES, TINY, BaseModelError, base_info, base_kinds, base_problems, base_world, check_base, check_dtype, load_base, parse_tiny, resolve,
 )
 from orchestrator.basemodel.taskfile import TaskFileError, check_records, read_records, write_jsonl
 from orchestrator.basemodel.tiny import CODE_VERSION, TinyRecipe, cache_root, score
 
 __all__ = [
     "CODE_VERSION", "DTYPES", "LLAMA_LINEAR_TYPES", "RESERVED_TOKENS", "TINY", "BaseModelError", "Example", "Projection",
-    "TaskFileError", "TinyRecipe", "World", "as_linear", "base_info", "base_kinds", "base_world", "cache_root", "check_base",
+    "TaskFileError", "TinyRecipe", "World", "as_linear", "base_info", "base_kinds", "base_problems", "base_world", "cache_root", "check_base",
     "check_dtype", "check_records", "check_targets", "kinds", "linear_types", "load_base", "lora", "make_world",
     "parse_tiny", "projections", "read_records", "resolve", "score", "select", "vocabulary", "weight_oi",
     "write_jsonl",

@@ -182,3 +182,27 @@ def base_kinds(name_or_path: str = TINY) -> list[str]:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     return kinds(model)
+
+
+def base_problems(base: str, targets: Any = None, *, field: str = "lora_targets") -> list[str]:
+    """What a workload's `preflight` says of its base model, as messages (empty: none): the model
+    is tiny-local, a save_pretrained folder or a hub id in the local Hugging Face cache, and every
+    kind in `targets` (None, "all" or "all-linear": no check) is one of its projection kinds, read
+    from its config alone (`base_kinds`). `field` names the config field the targets come from."""
+    from orchestrator.pretrained import model_config
+
+    if parse_tiny(base) is None and not model_config(base):
+        return [f"base={base!r} is neither a folder with config.json nor in the local Hugging Face cache (nothing "
+                f"is downloaded at run time): `hf download {base}` where the network is reachable, or pass a "
+                f"save_pretrained folder"]
+    if targets is None or (isinstance(targets, str) and targets in ("all", "all-linear")):
+        return []
+    wanted = [targets] if isinstance(targets, str) else list(targets)
+    try:
+        have = base_kinds(base)
+    except ValueError as exc:
+        return [str(exc)]
+    missing = [t for t in wanted if t not in have]
+    if missing:
+        return [f"{field} {missing} are not linear projection kinds of base={base!r}; choose among {have}"]
+    return []

@@ -471,7 +471,7 @@ def test_bad_task_files_models_and_bitsandbytes_are_refused_before_any_work(gpt2
     no_mark = write_jsonl(tmp_path / "b.jsonl", [{"question": "what is 1 plus 1 ?", "answer": "1 + 1 = 2"}])
     with pytest.raises(ConfigError, match="record 0: field 'answer' has no final '#### <number>'"):
         pre(gpt2_config(gpt2_task, task_path=str(no_mark)))
-    with pytest.raises(ConfigError, match=r"lora_targets \['q_proj'\] are not projection kinds.*'c_attn'"):
+    with pytest.raises(ConfigError, match=r"lora_targets \['q_proj'\] are not linear projection kinds.*'c_attn'"):
         pre(gpt2_config(gpt2_task, lora_targets="q_proj,c_fc"))
     with pytest.raises(ConfigError, match="no 'text' field"):
         pre(gpt2_config(gpt2_task, drift_path=str(no_mark)))

@@ -577,7 +577,7 @@ def test_preflight_refuses_a_missing_field_and_a_module_kind_the_model_lacks(gpt
         preflight(dataclasses.replace(cfg, task_path=f"{tasks},{bad}"))
     with pytest.raises(ValueError, match=r"eval_path=.* has no 'query' field"):
         preflight(dataclasses.replace(cfg, eval_path=tasks, prompt_field="query"))
-    with pytest.raises(ValueError, match=r"lora_targets \['q_proj'\] are not projection kinds.*'c_attn'"):
+    with pytest.raises(ValueError, match=r"lora_targets \['q_proj'\] are not linear projection kinds.*'c_attn'"):
         load("jailbreak_lora").preflight(dataclasses.replace(cfg, lora_targets="c_attn,q_proj"))
     preflight(dataclasses.replace(cfg, lora_targets="c_attn,mlp.c_proj"))
     with pytest.raises(ValueError, match="eval_path names 1 files but task_path 3"):

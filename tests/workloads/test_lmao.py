@@ -385,7 +385,7 @@ def test_bad_task_files_and_foreign_kinds_are_refused_in_preflight(tmp_path, gpt
     with pytest.raises(ConfigError, match=r"eval_path=.*record 0.*field 'label' is -1"):
         lmao.preflight(gpt2_cfg(gpt2_task, eval_path=str(unlabelled)))
     # GPT-2 has no q_proj / v_proj: the paper's targets are refused, naming the model's kinds.
-    with pytest.raises(ConfigError, match=r"lora_targets \['q_proj', 'v_proj'\] are not projection kinds.*'c_attn'"):
+    with pytest.raises(ConfigError, match=r"lora_targets \['q_proj', 'v_proj'\] are not linear projection kinds.*'c_attn'"):
         lmao.preflight(gpt2_cfg(gpt2_task, lora_targets=("q_proj", "v_proj")))
     lmao.preflight(gpt2_cfg(gpt2_task, lora_targets=("q_proj",), method="mezo"))  # no LoRA, nothing to place
     with pytest.raises(ConfigError, match="is neither a folder"):

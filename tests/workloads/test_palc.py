@@ -417,7 +417,7 @@ def test_a_missing_field_or_a_target_the_model_lacks_is_refused_before_any_work(
         w.preflight(_file_cfg(folder, bad))
     with pytest.raises(ConfigError, match=r"line 1 has no 'question' field"):
         w.preflight(_file_cfg(folder, task, prompt_field="question"))
-    with pytest.raises(ConfigError, match=r"dpo_targets \['q_proj'\] are not projection kinds .*'c_attn'"):
+    with pytest.raises(ConfigError, match=r"dpo_targets \['q_proj'\] are not linear projection kinds .*'c_attn'"):
         w.preflight(_file_cfg(folder, task, method="dpo", dpo_targets="q_proj,c_attn"))
     w.preflight(_file_cfg(folder, task, method="dpo", dpo_targets="c_attn,mlp.c_proj"))
 
@@ -433,6 +433,6 @@ def test_the_real_sweep_is_valid_anywhere_and_names_what_it_needs(workdir, monke
     sweep.check()
     assert {p["method"] for p in sweep.points} == {"palc", "dpo"} and sweep.overrides["dtype"] == "bfloat16"
     (problem,) = [p for p in launch_problems(sweep) if "task_path" in p]
-    assert "base='argsearch/llama-7b-sft-float32' is neither a save_pretrained folder" in problem
+    assert "base='argsearch/llama-7b-sft-float32' is neither a folder" in problem
     assert f"task_path='{workdir / 'data' / 'hh-rlhf'}' does not exist" in problem  # the first config refused
     assert {p["task_path"] for p in sweep.points} == {str(workdir / "data" / n) for n in ("hh-rlhf", "ultrafeedback_binarized")}

@@ -22,7 +22,7 @@ from workloads.plop.claims import (
 )
 from workloads.plop.data import TASKS, answer_loss, encode, split
 from workloads.plop.nfn import (
-    NFNRecorder, by_type, decoder_projections, kendall_tau, mean_gain, module_kinds, nfn, score_modules, select,
+    NFNRecorder, by_type, decoder_projections, kendall_tau, mean_gain, nfn, score_modules, select,
 )
 from workloads.plop.placement import block_types, match_ranks, placement_types, reachable, type_costs
 from workloads.plop.workload import nfn_batches

@@ -11,9 +11,8 @@ from typing import Any, Literal
 
 import torch
 
-from orchestrator import pretrained as on_disk
 from orchestrator.basemodel import (
-    Example, base_kinds, base_world, check_base, check_dtype, load_base, lora, parse_tiny, projections,
+    Example, base_problems, base_world, check_base, check_dtype, load_base, lora, parse_tiny, projections,
 )
 from workloads.car_lora import bnb, data
 from workloads.car_lora.compress import BACKWARDS, SCHEME_NAMES, Compressor, make_schemes
@@ -250,15 +249,7 @@ def preflight(cfg: Config) -> None:
     """Checks of the machine that runs it, every problem in one error: the base is a folder or a
     cached hub id whose projection kinds include `lora_targets`; the task, eval and drift files
     read with their fields; bitsandbytes and a GPU are there when `bnb_schemes` asks for them."""
-    problems = []
-    if parse_tiny(cfg.base) is None and not on_disk.model_config(cfg.base):
-        problems.append(f"base={cfg.base!r} is neither a folder with config.json nor in the local Hugging Face cache "
-                        f"(nothing is downloaded at run time): `hf download {cfg.base}` where the network is reachable")
-    elif cfg.lora_targets != "all-linear":
-        have = base_kinds(cfg.base)
-        missing = [t for t in lora_targets(cfg) if t not in have]
-        if missing:
-            problems.append(f"lora_targets {missing} are not projection kinds of {cfg.base!r}; its kinds: {have}")
+    problems = base_problems(cfg.base, lora_targets(cfg))
     for path, split, what in ((cfg.task_path, cfg.task_split, "task_path"), (cfg.eval_path, cfg.eval_split, "eval_path")):
         if path:
             try:

@@ -3,7 +3,6 @@ the package docstring)."""
 
 from __future__ import annotations
 
-import copy
 import math
 import tempfile
 import time
@@ -13,7 +12,7 @@ from typing import Any, Literal
 
 import torch
 
-from orchestrator.basemodel import base_kinds, base_world, check_base, check_dtype, load_base, lora, parse_tiny
+from orchestrator.basemodel import base_problems, base_world, check_base, check_dtype, load_base, lora
 from orchestrator import adapter_audit as audit
 from workloads.jailbreak_lora.data import (
     QA_HELDOUT, TASKS, Example, check_task_files, file_task_sets, task_files, task_sets, triggered,
@@ -201,8 +200,6 @@ def preflight(cfg: Config) -> None:
     """Checks of the machine that runs the trial, before any Ray work: the base is a folder or a
     cached hub id, its projections have the LoRA target kinds, and every task / eval file reads with
     its prompt and answer fields. Every problem in one error, each naming its field."""
-    from orchestrator.pretrained import model_config
-
     problems: list[str] = []
     fields = {cfg.prompt_field: str, cfg.answer_field: str}
     for files, split, what in ((cfg.task_path, cfg.task_split, "task_path"), (cfg.eval_path, cfg.eval_split, "eval_path")):
@@ -210,15 +207,7 @@ def preflight(cfg: Config) -> None:
             check_task_files(task_files(files), split, fields, what)
         except ValueError as exc:
             problems.append(str(exc))
-    if parse_tiny(cfg.base) is None and not model_config(cfg.base):
-        problems.append(f"base={cfg.base!r} is neither a folder with config.json nor in the local Hugging Face cache "
-                        f"(nothing is downloaded at run time): `hf download {cfg.base}` where the network is reachable, "
-                        f"or pass a save_pretrained folder")
-    elif cfg.lora_targets != "all-linear":
-        have = base_kinds(cfg.base)
-        missing = [t for t in _targets(cfg) if t not in have]
-        if missing:
-            problems.append(f"lora_targets {missing} are not projection kinds of base={cfg.base!r}; its kinds: {have}")
+    problems += base_problems(cfg.base, _targets(cfg))
     if problems:
         raise ValueError("; ".join(problems))
 

@@ -9,7 +9,7 @@ from typing import Any, Callable, Literal
 
 import torch
 
-from orchestrator.basemodel import base_kinds, check_base, check_dtype, check_targets, load_base, lora, parse_tiny
+from orchestrator.basemodel import base_problems, check_base, check_dtype, check_targets, load_base, lora
 from orchestrator.run import fraction_steps
 from workloads.lmao import data, zo
 
@@ -156,17 +156,7 @@ def preflight(cfg: Config) -> None:
     """Checks of the machine that runs it, before any Ray work: the base model is a folder or a cached
     hub id whose projection kinds include every LoRA target, and the task files read, field by field.
     Every problem in one error."""
-    from orchestrator.pretrained import model_config
-
-    problems = []
-    if parse_tiny(cfg.base) is None and not model_config(cfg.base):
-        problems.append(f"base={cfg.base!r} is neither a folder with config.json nor in the local Hugging Face cache "
-                        f"(nothing is downloaded at run time): `hf download {cfg.base}` where the network is reachable")
-    elif cfg.method in ("lmao", "lora"):
-        kinds = base_kinds(cfg.base)
-        missing = [t for t in cfg.lora_targets if t not in kinds]
-        if missing:
-            problems.append(f"lora_targets {missing} are not projection kinds of base={cfg.base!r}; its kinds: {kinds}")
+    problems = base_problems(cfg.base, cfg.lora_targets if cfg.method in ("lmao", "lora") else None)
     for path, split, what in ((cfg.task_path, cfg.task_split, "task_path"), (cfg.eval_path, cfg.eval_split, "eval_path")):
         if path:
             try:

@@ -11,9 +11,8 @@ from typing import Any, Literal
 import torch
 
 from orchestrator.basemodel import (
-    base_kinds, base_world, check_base, check_dtype, check_records, load_base, lora, parse_tiny, read_records, select,
+    base_problems, base_world, check_base, check_dtype, check_records, load_base, lora, read_records, select,
 )
-from orchestrator.pretrained import model_config
 from workloads.palc.data import (
     Pair, file_fields, generation_prompts, gentle_share, make_pairs, pair_batch, pairs_from_records, split_entities,
 )
@@ -179,19 +178,7 @@ def preflight(cfg: Config) -> None:
     """Checks of the machine that runs it, before any Ray work: the base is tiny-local, a folder or
     a cached hub id; DPO's targets are projection kinds of that base; the task files read with
     their fields. Every problem in one error."""
-    problems = []
-    kinds_of = None
-    if parse_tiny(cfg.base) is None and not model_config(cfg.base):
-        problems.append(f"base={cfg.base!r} is neither a save_pretrained folder with config.json nor in the local Hugging "
-                        f"Face cache (nothing is downloaded at run time): `hf download {cfg.base}` where the network is "
-                        f"reachable")
-    elif cfg.method == "dpo":
-        kinds_of = base_kinds(cfg.base)
-    targets = dpo_targets(cfg)
-    if kinds_of is not None and targets != "all-linear":
-        unknown = [t for t in targets if t not in kinds_of]
-        if unknown:
-            problems.append(f"dpo_targets {unknown} are not projection kinds of base={cfg.base!r}; its kinds: {kinds_of}")
+    problems = base_problems(cfg.base, dpo_targets(cfg) if cfg.method == "dpo" else None, field="dpo_targets")
     fields = file_fields(cfg.prompt_field, cfg.chosen_field, cfg.rejected_field)
     for path, split, what in ((cfg.task_path, cfg.task_split, "task_path"), (cfg.eval_path, cfg.eval_split, "eval_path")):
         if path:
