@@ -7,10 +7,11 @@ size runs them on tiny-local at the given seed with the default Config (80 steps
 as in the paper's 20 epochs against 5; the drifted base is built once and cached). The full size runs the same code on a real checkpoint (`FULL_BASE`, from the
 Hugging Face cache or a local folder) with the `a - b mod 97` task (a real base does not know the
 tiny world's facts), the paper's r = 8, alpha = 16, its drift recipe (LoRA r = 64, alpha = 128,
-lr 1e-4, merged), three seeds.
+lr 1e-4, merged) on WikiText-2 raw read from `$LADDER_DATA/wikitext-2-raw` (docs/datasets.md), three
+seeds.
 """
 
-from orchestrator.sweep import Sweep, grid, seeds
+from orchestrator.sweep import Sweep, data_root, grid, seeds
 from workloads.car_lora import Config
 
 FULL_BASE = "meta-llama/Llama-3.1-8B"
@@ -27,7 +28,8 @@ def build(*, smoke: bool = False, seed: int = 0) -> Sweep:
         overrides={"base": FULL_BASE, "dtype": "bfloat16", "task": "arith", "arith_modulus": 97, "lora_r": 8,
                    "lora_alpha": 16.0, "steps": 2000, "batch": 16, "lr": 2e-4, "skip_layer": 24,
                    "cache_compressed": False, "mx_impl": "auto", "drift_steps": 1000, "drift_lr": 1e-4,
-                   "drift_rank": 64, "drift_alpha": 128.0, "drift_batch": 8, "drift_seq_len": 256, "threads": 0},
+                   "drift_rank": 64, "drift_alpha": 128.0, "drift_batch": 8, "drift_seq_len": 256, "threads": 0,
+                   "drift_path": str(data_root() / "wikitext-2-raw")},
         space={"adapter": adapters, "seed": seeds(FULL_SEEDS, start=seed)}, objective=("eval/acc/none", "max"),
     )
 

@@ -356,8 +356,7 @@ def interpret(cfg, checkpoint: str | Path | dict, adapter: str | Path, *, labels
     """
     from orchestrator.basemodel import load_base
     from orchestrator.run import LocalRun
-    from workloads.dit.workload import targets_of
-    from workloads.dit.model import wrap
+    from workloads.dit.model import targets_of, wrap
 
     state = checkpoint if isinstance(checkpoint, dict) else LocalRun(checkpoint).restore()
     if state is None or "dit" not in state:

@@ -23,7 +23,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from orchestrator.basemodel import as_linear, select
+from orchestrator.basemodel import as_linear, linear_types, select
 
 
 @dataclass
@@ -117,3 +117,16 @@ def merged_weight(model: nn.Module, bank: dict[str, tuple[torch.Tensor, torch.Te
     """W + u_d v_d / r of module `name`: the weight a merged copy of diff d would carry."""
     u, v = bank[name]
     return model.get_submodule(name).base.weight + u[d] @ v[d] / rank
+
+
+def targets_of(model: torch.nn.Module, spec: str) -> tuple[str, ...]:
+    """The linear types `spec` ('all-linear' or 'q_proj,down_proj,...') names in this model;
+    ValueError naming the model's types when one is unknown."""
+    known = linear_types(model)
+    if spec.strip() == "all-linear":
+        return tuple(known)
+    wanted = tuple(t.strip() for t in spec.split(","))
+    unknown = [t for t in wanted if t not in known]
+    if unknown:
+        raise ValueError(f"diff_targets {unknown} are not linear types of this model; choose among {known}")
+    return wanted

@@ -10,14 +10,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from orchestrator.basemodel import DTYPES, base_kinds, base_world, check_base, check_dtype, linear_types, load_base
+from orchestrator.basemodel import DTYPES, base_kinds, base_world, check_base, check_dtype, load_base
 from orchestrator.basemodel.loader import parse_tiny
 from orchestrator.basemodel.corpus import N_RESERVED, TOPICS
 from orchestrator.run import fraction_steps
 from workloads.dit.data import SPLITS, Task, diff_rows, make_task
 from workloads.dit.evaluate import answer_logits, diff_metrics, dit_metrics, kl_rows
 from workloads.dit.files import check_listing, train_files
-from workloads.dit.model import DiffContext, dit_parameters, new_bank, wrap
+from workloads.dit.model import DiffContext, dit_parameters, new_bank, targets_of, wrap
 
 PLANTED = 0.9
 """A diff whose trigger rate reaches this counts as planted (`eval/frac_planted`)."""
@@ -202,19 +202,6 @@ def preflight(cfg: Config) -> None:
                 problems.append(str(exc))
     if problems:
         raise ValueError("; ".join(problems))
-
-
-def targets_of(model: torch.nn.Module, spec: str) -> tuple[str, ...]:
-    """The linear types `spec` ('all-linear' or 'q_proj,down_proj,...') names in this model;
-    ValueError naming the model's types when one is unknown."""
-    known = linear_types(model)
-    if spec.strip() == "all-linear":
-        return tuple(known)
-    wanted = tuple(t.strip() for t in spec.split(","))
-    unknown = [t for t in wanted if t not in known]
-    if unknown:
-        raise ValueError(f"diff_targets {unknown} are not linear types of this model; choose among {known}")
-    return wanted
 
 
 def chunks(n: int, per: int) -> list[list[int]]:
