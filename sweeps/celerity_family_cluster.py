@@ -18,9 +18,7 @@ celerity_family_cluster`).
   (fp32 AdamW state + activations, `gpu_memory_gb`) fits in 85% of GPU_MEMORY_GB. On 40 GB GPUs
   the 1.3B model needs ZeRO-1 (43.7 GB under DDP, 33.5 GB under ZeRO-1), the others plain DDP.
   Activations dominate at these batches, so ZeRO's sharding helps only the largest member. The
-  stage goes into the workload's `zero_stage` field (orchestrator/zero.py); a ladder whose
-  celerity_lm has no such field (HAS_ZERO False) trains every member with DDP, and the 1.3B one
-  does not fit 40 GB that way.
+  stage goes into the workload's `zero_stage` field (orchestrator/zero.py).
 * The proxy's hyperparameters are the CPU family's (sweeps/celerity_family.py, tuned at width 48
   on the standard-library corpus): muP and CompleteP carry them across width and depth, but not
   across datasets. Tune the proxy on your data first (sweeps/celerity_tuning.py with `data`
@@ -100,7 +98,6 @@ def zero_stage(width: int, depth: int, batch_size: int) -> int:
                      f"even under ZeRO-3: raise WORKERS or lower the batch")
 
 
-HAS_ZERO = "zero_stage" in Config.__dataclass_fields__
 MEMBERS = family(PROXY, SHAPES, tpp=TPP, laws=ScalingLaws(), param_count=params, batch_multiple=WORKERS)
 STAGES = {(m.width, m.depth): zero_stage(m.width, m.depth, m.batch_size) for m in MEMBERS}
 
@@ -111,7 +108,7 @@ sweep = Sweep(
                                               "data", "max_bytes", "eval_every_frac", "eval_tokens",
                                               "checkpoint_every_frac", "log_every")},
     points=tuple({"width": m.width, "depth": m.depth, "batch_size": m.batch_size, "tpp": TPP, "tau": m.tau,
-                  **({"zero_stage": STAGES[(m.width, m.depth)]} if HAS_ZERO and STAGES[(m.width, m.depth)] else {})}
+                  **({"zero_stage": STAGES[(m.width, m.depth)]} if STAGES[(m.width, m.depth)] else {})}
                  for m in MEMBERS),
     scheduler="fifo",
     objective=("eval/loss", "min"),

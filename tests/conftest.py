@@ -32,6 +32,58 @@ import torch  # noqa: E402  (after the environment above: torch reads it at impo
 from orchestrator.run import LocalRun  # noqa: E402
 
 
+# ---------------------------------------------------------------- seed-shifted runs
+# LADDER_TEST_SEED_SHIFT=K runs the suite's training at other seeds: every workload's `smoke()`
+# returns its Config with `seed` raised by K, and every reproduction (`orchestrator.reproduce.plan`,
+# which `reproduce` goes through) starts K seeds later. Tests that build a Config of their own
+# pass its seed through `shifted()`. A threshold that still holds K seeds away does not depend on
+# the processor it was tuned on: another CPU perturbs a tiny run less than another seed does
+# (tests/numerics.sh runs the `numerics` tests at two shifts). The tiny-local base keeps seed 0
+# (one cached build; its pre-training is perturbed by the kernel settings instead).
+SEED_SHIFT = int(os.environ.get("LADDER_TEST_SEED_SHIFT") or 0)
+
+
+def shifted(seed: int = 0) -> int:
+    """A test's own training seed, moved by LADDER_TEST_SEED_SHIFT."""
+    return seed + SEED_SHIFT
+
+
+def _shift_seeds(shift: int) -> None:
+    """Wrap every built-in workload's `smoke` and the reproductions' `plan` so that their seeds
+    move by `shift`. Done when conftest is imported, before any test module imports them."""
+    import dataclasses
+    import functools
+    import importlib
+
+    from orchestrator import registry, reproduce
+
+    def moved(smoke):
+        @functools.wraps(smoke)
+        def smoke_at_shifted_seed(*args, **kwargs):
+            cfg = smoke(*args, **kwargs)
+            return dataclasses.replace(cfg, seed=cfg.seed + shift) if hasattr(cfg, "seed") else cfg
+        return smoke_at_shifted_seed
+
+    for path in registry.WORKLOADS.values():
+        package = importlib.import_module(path)
+        original = package.smoke
+        wrapped = moved(original)
+        for module in {package, sys.modules[original.__module__]}:
+            if getattr(module, "smoke", None) is original:
+                module.smoke = wrapped
+    plan = reproduce.plan
+
+    @functools.wraps(plan)
+    def plan_at_shifted_seed(name, *, seed=0, **kwargs):
+        return plan(name, seed=seed + shift, **kwargs)
+
+    reproduce.plan = plan_at_shifted_seed
+
+
+if SEED_SHIFT:
+    _shift_seeds(SEED_SHIFT)
+
+
 @pytest.fixture(autouse=True)
 def _one_thread_for_direct_train_calls(request):
     """Tests under tests/workloads call `train` directly, without the runner that pins a trial's
@@ -197,7 +249,11 @@ MODULE_SECONDS = {
 
 
 def pytest_collection_modifyitems(config, items):
-    paths = {item: Path(str(item.fspath)).resolve().relative_to(REPO).as_posix() for item in items}
+    def rel(item):
+        path = Path(str(item.fspath)).resolve()
+        return (path.relative_to(REPO) if path.is_relative_to(REPO) else path).as_posix()
+
+    paths = {item: rel(item) for item in items}
     for item in items:
         if paths[item].startswith(NUMERICS):
             item.add_marker(pytest.mark.numerics)
