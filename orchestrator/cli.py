@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -137,7 +138,18 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         for note in tune_run.launch_problems(definition):
             print(f"  not runnable here, checked again where it launches: {note}")
         return 0
-    result = tune_run.run_sweep(definition, resume=args.resume, wandb=args.wandb, verbose=args.verbose)
+    try:
+        result = tune_run.run_sweep(definition, resume=args.resume, wandb=args.wandb, verbose=args.verbose)
+    except tune_run.SweepInterrupted as stop:
+        if stop.result is not None:
+            print(tune_run.format_trials(stop.result))
+            left = sum(t["state"] == "interrupted" for t in stop.result.trials)
+            what = f"{left} of {len(stop.result.trials)} trials were interrupted"
+        else:
+            what = "no trial had started"
+        print(f"ladder: {stop} ({what}); its MLflow runs are KILLED and it resumes where it stopped, finished trials "
+              f"kept: ladder sweep {args.file} --resume", file=sys.stderr)
+        return stop.exit_code
     print(tune_run.format_trials(result))
     from orchestrator.sweep_summary import experiment_page
 
@@ -170,8 +182,17 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
     if args.local and args.resume:
         raise UsageError("--resume continues a reproduction on Ray; drop --local")
-    rep = reproduce.reproduce(args.name, smoke=args.smoke, seed=args.seed, seeds=args.seeds, local=args.local,
-                              resume=args.resume, verbose=args.verbose)
+    from orchestrator.tune_run import SweepInterrupted
+
+    try:
+        rep = reproduce.reproduce(args.name, smoke=args.smoke, seed=args.seed, seeds=args.seeds, local=args.local,
+                                  resume=args.resume, verbose=args.verbose)
+    except SweepInterrupted as stop:
+        again = [args.name] + (["--smoke"] if args.smoke else []) + (["--seed", str(args.seed)] if args.seed else []) \
+            + (["--seeds", str(args.seeds)] if args.seeds else [])
+        print(f"ladder: reproduction of {args.name!r} interrupted ({stop}); its MLflow runs are KILLED and nothing was "
+              f"judged. Continue it: ladder reproduce {' '.join(again)} --resume", file=sys.stderr)
+        return stop.exit_code
     print(reproduce.format_claims(rep))
     if rep.parent_run_id:
         print(f"claim tables, numbers and plot logged to MLflow experiment {rep.sweep.name!r}, run {rep.parent_run_id} "
@@ -403,6 +424,11 @@ def main(argv: list[str] | None = None) -> int:
     except (registry.UnknownWorkload, ConfigError, ResourceError, UsageError, CheckpointError) as exc:
         print(f"ladder: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # What was recorded says so (a run ends KILLED); a traceback of where Ctrl-C landed says nothing.
+        print(f"ladder: interrupted (ladder {args.command}); what it recorded is kept, its MLflow run ended KILLED",
+              file=sys.stderr)
+        return 128 + signal.SIGINT
 
 
 if __name__ == "__main__":

@@ -392,6 +392,10 @@ def _run_local(sweep: Sweep, tags: Mapping[str, str]) -> Ran:
         except Exception as exc:  # the trial's run is ended FAILED; the others still run
             failed.append(f"{trial_id} {params}: {type(exc).__name__}: {exc}")
             traceback.print_exc()
+        except KeyboardInterrupt:  # the trial's run is ended KILLED by run_trial; so is the reproduction's
+            tracking.set_tags(parent, {"ladder.interrupted": "true"}, uri=uri)
+            tracking.end_run(parent, "KILLED", uri=uri)
+            raise
     tracking.end_run(parent, "FINISHED", uri=uri)
     return trials, ran, failed, parent, uri
 

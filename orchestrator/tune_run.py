@@ -8,12 +8,17 @@ way the trial's MLflow child run hangs under one parent run per sweep invocation
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import math
 import os
+import signal
+import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from orchestrator import outbox, tracking, zero
 from orchestrator.config import apply_overrides, flatten, to_dict
@@ -178,6 +183,56 @@ class SweepResult:
     wall_s: float
     storage: Path
     metric: str = "objective"
+    mode: str = "min"
+
+
+class SweepInterrupted(Exception):
+    """A sweep stopped by SIGINT or SIGTERM before its trials ended. Its parent run and every
+    unfinished trial's run are KILLED (tagged `ladder.interrupted`), its state is kept for
+    `ladder sweep FILE --resume`, and `result` holds what had been recorded (None when the
+    interruption came before Tune had any trial to show)."""
+
+    def __init__(self, name: str, signum: int, result: SweepResult | None = None):
+        self.name, self.signum, self.result = name, signum, result
+        super().__init__(f"sweep {name!r} interrupted by {signal.Signals(signum).name}")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum  # what a shell reports for a process the signal ended: 130, 143
+
+
+@contextlib.contextmanager
+def _sigterm_as_sigint(received: list[int]) -> Iterator[None]:
+    """Within it, SIGTERM does what SIGINT does (Tune's handler: stop the trials, save the
+    experiment for a resume), and every signal seen is appended to `received`. Outside the main
+    thread (where Python cannot set handlers) it changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum: int, frame: Any) -> None:
+        received.append(signum)
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):
+            handler(signal.SIGINT, frame)
+        else:
+            raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+class _TuneInterruptHints(logging.Filter):
+    """Drops Tune's own interruption lines (its Tuner.restore hint, 'Trials did not complete'):
+    ladder says what was interrupted and how to resume with `ladder sweep --resume`."""
+
+    DROPPED = ("Experiment has been interrupted", "Trials did not complete", "Stop signal received")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.DROPPED)
 
 
 def runs_root() -> Path:
@@ -392,11 +447,17 @@ def run_sweep(sweep: Sweep, *, resume: bool = False, progress: bool = True, wand
         "verbose": bool(verbose),
     }
     status = "FAILED"
+    received: list[int] = []
     try:
-        result = _fit(sweep, meta, record, reference, concurrency, resume, progress)
+        result = _fit(sweep, meta, record, reference, concurrency, resume, progress, received)
+        if any(t["state"] == "interrupted" for t in result.trials):
+            raise SweepInterrupted(sweep.name, received[0] if received else signal.SIGINT, result)
         status = "FINISHED"
         return result
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # a second Ctrl-C, or one before Tune had started
+        status = "KILLED"
+        raise SweepInterrupted(sweep.name, received[0] if received else signal.SIGINT) from None
+    except SweepInterrupted:
         status = "KILLED"
         raise
     finally:
@@ -469,8 +530,37 @@ def _console_callback(sweep: Sweep, scheduler: Any) -> Any:
     return Console()
 
 
+def _endings_callback() -> Any:
+    """A Tune callback that records which trials ended (finished, stopped by the scheduler, or
+    failed) in this invocation or before it. After a Ctrl-C, Tune marks the trials it was running
+    TERMINATED without ending them through its callbacks: the trials this one never saw end are
+    the interrupted ones."""
+    from ray import tune
+
+    class Endings(tune.Callback):
+        def __init__(self) -> None:
+            self.ended: set[str] = set()
+            self.started = False
+
+        def __getstate__(self) -> dict:
+            return {"ended": set(), "started": False}  # a resumed sweep gets a new one (_use_console)
+
+        def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
+            if not self.started:  # the trials a resumed sweep restores as already ended
+                self.started = True
+                self.ended |= {t.trial_id for t in trials if t.status in ("TERMINATED", "ERROR")}
+
+        def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            self.ended.add(trial.trial_id)
+
+        def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            self.ended.add(trial.trial_id)
+
+    return Endings()
+
+
 def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: Any, concurrency: int | None,
-         resume: bool, progress: bool) -> SweepResult:
+         resume: bool, progress: bool, received: list[int]) -> SweepResult:
     from ray import tune
 
     from orchestrator import schedulers
@@ -496,7 +586,8 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
     started = time.monotonic()
     tune_path = os.path.join(storage, "tune")
     verbose = bool(meta.get("verbose"))
-    callbacks = [_console_callback(sweep, scheduler)] if progress else []
+    endings = _endings_callback()
+    callbacks = [endings] + ([_console_callback(sweep, scheduler)] if progress else [])
     if progress and hasattr(scheduler, "announce"):
         scheduler.announce = False  # the view says why each trial stopped
     journal = Path(storage) / "proposals.jsonl"
@@ -527,8 +618,18 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
                                       callbacks=callbacks,
                                       failure_config=tune.FailureConfig(max_failures=sweep.max_failures)),
         )
-    with quiet_tune(not verbose):
-        results = tuner.fit()
+    hints = _TuneInterruptHints()
+    tune_log = logging.getLogger("ray.tune.tune")
+    tune_log.addFilter(hints)
+    try:
+        # After Ray's start-up, which sets a SIGTERM handler of its own that aborts the driver.
+        with quiet_tune(not verbose), _sigterm_as_sigint(received):
+            results = tuner.fit()
+    finally:
+        tune_log.removeFilter(hints)
+    # Tune returns normally after a Ctrl-C (it stops the trials and saves the experiment): a trial
+    # that did not end through Tune's callbacks was interrupted, not finished.
+    tune_trials = getattr(getattr(results, "_experiment_analysis", None), "trials", None) or [None] * len(results)
     if diagnostics is not None:
         diagnostics.flush()
     decisions = getattr(scheduler, "decisions", {})
@@ -540,19 +641,23 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
 
         decisions = read_state(scheduler_state).get("decisions", {})
     trials = []
-    for r in results:
+    for r, tune_trial in zip(results, tune_trials):
         metrics = r.metrics or {}
-        tid = str(metrics.get("trial_id", "?"))
+        tid = str(metrics.get("trial_id", getattr(tune_trial, "trial_id", "?")))
         d = decisions.get(tid, {})
         tid = str((r.config or {}).get("trial_of") or tid)  # the trial a resumed search handed out again
         short = metrics.get("progress", 0) < 1 - 1e-9
-        if sweep.scheduler in ("asha", "median"):
+        interrupted = tune_trial is not None and tune_trial.trial_id not in endings.ended and not r.error
+        if interrupted:
+            stopped = False
+        elif sweep.scheduler in ("asha", "median"):
             # Ray's schedulers keep no record of their decisions: a trial that ended cleanly
             # short of its budget is one they stopped.
             stopped = short and not r.error
         else:
             stopped = d.get("action") == "stop" and short
-        state = "failed" if r.error else "diverged" if d.get("diverged") else "stopped" if stopped else "finished"
+        state = ("failed" if r.error else "interrupted" if interrupted else "diverged" if d.get("diverged")
+                 else "stopped" if stopped else "finished")
         trials.append(
             {
                 "trial_id": tid,
@@ -577,11 +682,14 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
             tracking.warn(f"could not log the sweep's summary (trials.csv, trial_curves.png): {type(exc).__name__}: {exc}")
         tracking.log_text(meta["parent_run_id"], json.dumps(trials, indent=2, default=str), "trials.json",
                           uri=meta["tracking_uri"])
-        tracking.end_run(meta["parent_run_id"], "FINISHED", uri=meta["tracking_uri"])
-    state_file = Path(storage) / "sweep.json"
-    state_file.write_text(json.dumps({**record, "finished": True}, indent=2))
+    interrupted = any(t["state"] == "interrupted" for t in trials)
+    if not interrupted:  # an interrupted sweep's parent is ended KILLED by run_sweep, its state kept for --resume
+        if meta["parent_run_id"]:
+            tracking.end_run(meta["parent_run_id"], "FINISHED", uri=meta["tracking_uri"])
+        state_file = Path(storage) / "sweep.json"
+        state_file.write_text(json.dumps({**record, "finished": True}, indent=2))
     return SweepResult(sweep.name, record["sweep_id"], meta["parent_run_id"], meta["tracking_uri"], trials,
-                       time.monotonic() - started, Path(storage), metric)
+                       time.monotonic() - started, Path(storage), metric, mode)
 
 
 def _use_scheduler(tuner: Any, scheduler: Any) -> None:
@@ -622,6 +730,8 @@ def _end_open_runs(meta: Mapping[str, Any], status: str) -> None:
         for run in c.search_runs([exp.experiment_id], filter_string=f"tags.`ladder.sweep_id` = '{meta['sweep_id']}' "
                                  "and attributes.status = 'RUNNING'", max_results=50000):
             tracking.deliver_leftovers(meta.get("outbox_dir"), run.info.run_id, meta["tracking_uri"])
+            if status == "KILLED":
+                tracking.set_tags(run.info.run_id, {"ladder.interrupted": "true"}, uri=meta["tracking_uri"])
             tracking.end_run(run.info.run_id, status, uri=meta["tracking_uri"])
     except Exception as exc:  # the sweep's own failure is what the user must see
         tracking.warn(f"could not end the sweep's MLflow runs ({type(exc).__name__}: {exc})")
@@ -645,6 +755,16 @@ def _close_child_runs(meta: Mapping[str, Any], trials: list[dict[str, Any]]) -> 
         # loop noticed; Tune's record says how the trial really ended.
         if trial is None or run.info.status == "FINISHED":
             continue
+        if trial["state"] == "interrupted":
+            progress = trial["progress"]
+            if not (isinstance(progress, float) and math.isfinite(progress)):  # Tune had no report of it yet
+                progress = run.data.metrics.get("progress", float("nan"))
+            tracking.set_tags(run.info.run_id, {"ladder.interrupted": "true", "ladder.stopped_early": "false",
+                                                **({"ladder.interrupted_at": f"{progress:.4f}"}
+                                                   if isinstance(progress, float) and math.isfinite(progress) else {})},
+                              uri=meta["tracking_uri"])
+            tracking.end_run(run.info.run_id, "KILLED", uri=meta["tracking_uri"])
+            continue
         tags = {"ladder.stopped_early": str(bool(trial["stopped"])).lower()}
         if trial["stopped"]:
             tags["ladder.stopped_at"] = f"{trial['progress']:.4f}"
@@ -654,15 +774,30 @@ def _close_child_runs(meta: Mapping[str, Any], trials: list[dict[str, Any]]) -> 
         tracking.end_run(run.info.run_id, "FAILED" if trial["error"] else "FINISHED", uri=meta["tracking_uri"])
 
 
+def _table_order(mode: str) -> Any:
+    """Finished trials first, best objective first; then the others (stopped, interrupted, failed)
+    in the same order; trial id breaks ties."""
+    sign = 1.0 if mode == "min" else -1.0
+
+    def key(t: Mapping[str, Any]) -> tuple:
+        obj = t.get("objective")
+        finite = isinstance(obj, (int, float)) and math.isfinite(obj)
+        return (t.get("state") != "finished", not finite, sign * obj if finite else 0.0, t["trial_id"])
+
+    return key
+
+
 def format_trials(result: SweepResult) -> str:
     def num(x: Any) -> str:
         return "-" if x is None or (isinstance(x, float) and x != x) else f"{x:.4f}"
 
     metric = result.metric
     rows = [("trial", "params", "stopped at", "predicted final", f"final {metric}", f"{metric} when stopped")]
-    for t in sorted(result.trials, key=lambda t: t["trial_id"]):
+    for t in sorted(result.trials, key=_table_order(result.mode)):
         params = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in t["params"].items())
-        if t["diverged"]:
+        if t["state"] == "interrupted":
+            stopped = f"interrupted @ {t['progress']:.0%}" if math.isfinite(t["progress"]) else "interrupted"
+        elif t["diverged"]:
             stopped = f"diverged @ {t['progress']:.0%}"
         elif t["stopped"]:
             stopped = f"{t['progress']:.0%}"

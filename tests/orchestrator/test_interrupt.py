@@ -1,0 +1,122 @@
+"""Ctrl-C and SIGTERM on real `ladder` processes: an interruption is recorded as one (runs KILLED,
+trials tagged interrupted, a non-zero exit with the resume command), never as a finish, and
+`--resume` then completes the sweep."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import LADDER, run_cli, wait_for
+from orchestrator import tracking
+
+# Six synthetic `curves` trials, two at a time; each sleeps a little per step so that a signal
+# lands while some have finished and others still run (the kill point is read from MLflow, not
+# timed). Nothing here trains: the statuses and the exit are what is tested.
+SWEEP = """
+from orchestrator.sweep import Sweep, grid
+sweep = Sweep(name="{name}", workload="curves", base="smoke",
+              overrides={{"steps": 200, "report_every": 10, "checkpoint_every": 50, "step_time_s": 0.01}},
+              space={{"lr": grid(0.01, 0.02, 0.004, 0.08, 0.001, 0.1)}}, scheduler="fifo",
+              objective=("eval/loss", "min"))
+"""
+
+
+def _start(args: list[str], cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen(LADDER + args, cwd=cwd, start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _runs(c, name: str) -> tuple[list, list]:
+    """(parent runs, trial runs) of experiment `name`."""
+    exp = c.get_experiment_by_name(name)
+    runs = c.search_runs([exp.experiment_id]) if exp else []
+    return ([r for r in runs if r.data.tags.get("ladder.kind") == "sweep"],
+            [r for r in runs if "ladder.trial_id" in r.data.tags])
+
+
+def _interrupt_mid_sweep(workdir: Path, name: str, sig: int, *, group: bool) -> tuple[subprocess.CompletedProcess, object]:
+    (workdir / f"{name}.py").write_text(SWEEP.format(name=name))
+    c = tracking.client(f"sqlite:///{workdir / 'mlruns.db'}")
+    proc = _start(["sweep", f"{name}.py"], workdir)
+
+    def mid_way() -> bool:
+        try:
+            _, trials = _runs(c, name)
+        except Exception:  # the store is being created
+            return False
+        done = sum(r.info.status == "FINISHED" for r in trials)
+        return done >= 1 and any(r.info.status == "RUNNING" for r in trials)
+
+    wait_for(mid_way, proc, poll=0.05)
+    (os.killpg if group else os.kill)(proc.pid, sig)  # a terminal's Ctrl-C signals the whole group
+    out, err = proc.communicate(timeout=240)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), c
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_a_sweep_is_recorded_as_an_interruption_and_resume_finishes_it(workdir):
+    done, c = _interrupt_mid_sweep(workdir, "cut", signal.SIGINT, group=True)
+    assert done.returncode == 130, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "ladder sweep cut.py --resume" in done.stderr and "Tuner.restore" not in done.stdout + done.stderr
+    assert "finished in" not in done.stdout, done.stdout[-2000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    (parent,), trials = _runs(c, "cut")
+    assert parent.info.status == "KILLED"
+    statuses = {r.data.tags["ladder.trial_id"]: r.info.status for r in trials}
+    assert set(statuses.values()) <= {"FINISHED", "KILLED"}, statuses
+    killed = [r for r in trials if r.info.status == "KILLED"]
+    finished = {r.data.tags["ladder.trial_id"] for r in trials if r.info.status == "FINISHED"}
+    assert killed and finished, statuses
+    for r in killed:
+        assert r.data.tags.get("ladder.interrupted") == "true" and r.data.tags.get("ladder.stopped_early") != "true"
+        assert 0 <= float(r.data.tags["ladder.interrupted_at"]) < 1
+    best = parent.data.tags.get("ladder.best_trial")
+    assert best is None or best in finished, (best, statuses)  # an unfinished trial is never the best
+    table = {line.split()[0]: line for line in done.stdout.splitlines() if line.split() and line.split()[0] in statuses}
+    for r in killed:
+        assert "interrupted" in table[r.data.tags["ladder.trial_id"]].split()[2], done.stdout
+
+    again = run_cli(["sweep", "cut.py", "--resume"], workdir, timeout=400)
+    assert again.returncode == 0, again.stderr[-4000:]
+    (parent,), trials = _runs(c, "cut")
+    assert parent.info.status == "FINISHED" and len(trials) == 6
+    assert all(r.info.status == "FINISHED" for r in trials), [(r.data.tags["ladder.trial_id"], r.info.status) for r in trials]
+    assert parent.data.tags["ladder.best_trial"] in statuses
+
+
+@pytest.mark.slow
+def test_sigterm_on_a_sweep_driver_ends_it_killed_with_143(workdir):
+    done, c = _interrupt_mid_sweep(workdir, "term", signal.SIGTERM, group=False)
+    assert done.returncode == 143, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "interrupted by SIGTERM" in done.stderr and "ladder sweep term.py --resume" in done.stderr
+    (parent,), trials = _runs(c, "term")
+    assert parent.info.status == "KILLED"
+    assert any(r.info.status == "KILLED" and r.data.tags.get("ladder.interrupted") == "true" for r in trials)
+    assert not any(r.info.status == "RUNNING" for r in trials)
+
+
+def test_ctrl_c_on_a_local_run_prints_one_line_and_ends_its_run_killed(workdir):
+    proc = _start(["run", "curves", "--smoke", "--local", "--set", "steps=100000", "step_time_s=0.001"], workdir)
+    c = tracking.client(f"sqlite:///{workdir / 'mlruns.db'}")
+
+    def reporting() -> bool:
+        try:
+            exp = c.get_experiment_by_name("curves")
+            runs = c.search_runs([exp.experiment_id]) if exp else []
+            return bool(runs) and bool(c.get_metric_history(runs[0].info.run_id, "train/loss"))
+        except Exception:
+            return False
+
+    wait_for(reporting, proc, poll=0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out[-2000:] + err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert "ladder: interrupted" in err
+    (run,) = c.search_runs([c.get_experiment_by_name("curves").experiment_id])
+    assert run.info.status == "KILLED"
