@@ -18,9 +18,12 @@ import argparse
 import os
 import statistics
 import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `kernels` from a bare checkout, as bench_mx.py
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

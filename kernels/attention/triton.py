@@ -54,6 +54,9 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Triton decides interpreter or GPU when a kernel is decorated, i.e. when this module is imported;
 # read the setting at the same moment so the launch options agree with that decision.
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+# "first": autotune over the first candidate only (each candidate compiles once per launch key: a GPU
+# test run on a fresh cache spends minutes on them). Read at import, like TRITON_INTERPRET.
+AUTOTUNE = os.environ.get("LADDER_KERNELS_AUTOTUNE", "full")
 
 
 if HAS_TRITON:
@@ -345,7 +348,9 @@ if HAS_TRITON:
         tl.store(DQ + b * sdqb + h * sdqh + m64[:, None] * sdqt + offs_d[None, :], _narrow(dq, ROUND, DTYPE), mask=q_ok)
 
     def _configs(tiles):
-        """Autotuning candidates (A, B, warps, stages), A x B tiles: few, as each one compiles per launch key."""
+        """Autotuning candidates (A, B, warps, stages), A x B tiles: few, as each one compiles per launch key.
+        LADDER_KERNELS_AUTOTUNE=first keeps the first only (a test run that checks results, not speed)."""
+        tiles = tiles[:1] if AUTOTUNE == "first" else tiles
         return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st) for bm, bn, w, st in tiles]
 
     _KEY = ["TQ", "TK", "D", "CAUSAL", "ROUND", "DOT"]

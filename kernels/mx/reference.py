@@ -14,8 +14,30 @@ rules of three formats:
   FP4 kernels use (bias 15, code 0xFF is NaN, max 1.75 * 2^16 = 114688). `ue5m3(bias=..., nan=...)`
   builds the variants (``nan=False`` makes 0xFF the finite 122880).
 
-Elements are FP4 E2M1 (two codes per byte, element 2i in the low nibble) or FP8 E4M3 (one code
-per byte). Every rounding is to nearest, ties to even, and saturates at the format's max.
+Elements are the OCP MX v1.0 element formats (section 5.3), selected by ``elem_format``:
+
+==========  ========  ======  ==========  ================  ================================
+name        OCP name  bias    max normal  min subnormal     specials
+==========  ========  ======  ==========  ================  ================================
+``e2m1``    MXFP4     1       6           0.5               none
+``e3m2``    MXFP6     3       28          2^-4 = 0.0625     none
+``e2m3``    MXFP6     1       7.5         2^-3 = 0.125      none
+``e4m3``    MXFP8     7       448         2^-9              S.1111.111 is NaN (no infinity)
+``e5m2``    MXFP8     15      57344       2^-16             exponent 11111: inf (m = 0), NaN
+``int8``    MXINT8    --      1 63/64     2^-6 (the step)   none
+==========  ========  ======  ==========  ================  ================================
+
+MXINT8 elements are 8-bit two's complement integers k with an implied scale of 2^-6 (value
+k / 64). Following the spec's note (and microxcaling), quantization leaves the asymmetric code
+0x80 (-2) unused, so k is in [-127, 127] and saturates at +-127/64; `decode` still reads 0x80
+as -2. Its emax_elem is 0, so with an E8M0 scale a block's amax lands in [1, 2) before rounding.
+
+Storage: E2M1 packs two codes per byte (element 2i in the low nibble); every other format
+stores one code per byte. FP6 codes sit in the low six bits of their byte (sign at bit 5, the
+top two bits zero): the spec fixes no packing for FP6, and one code per byte keeps every
+element byte-addressable in the kernels (a packed layout, 4 codes in 3 bytes, would save 25%
+of the element bytes). Every rounding is to nearest, ties to even, and saturates at the
+format's largest normal (so E5M2's infinity is never produced).
 
 Behaviour at the edges, the same in the Triton kernels:
 
@@ -23,8 +45,8 @@ Behaviour at the edges, the same in the Triton kernels:
   block of each row is partial: its scale comes from the elements present, storage is padded
   with zero codes to whole blocks, and `dequantize` drops the padding.
 - A block holding a NaN or an infinity gets the scale format's NaN code (E8M0 0xFF, UE4M3 0x7F,
-  UE5M3 0xFF) and zero element codes, so the whole block decodes to NaN: neither element format
-  here can carry an infinity, and OCP MX signals a bad block through its scale. A scale format
+  UE5M3 0xFF) and zero element codes, so the whole block decodes to NaN: only E5M2 among the
+  element formats has an infinity, and OCP MX signals a bad block through its scale. A scale format
   without a NaN code stores such a block as zeros. The global scale ignores non-finite values.
 - An all-zero block decodes to zeros. A UE4M3/UE5M3 scale that rounds to zero flushes its block
   to zeros (``underflow="flush"``, the default, as in the paper's setting) or is raised to the
@@ -62,6 +84,10 @@ class Minifloat:
     """True: the all-ones magnitude code is NaN (E4M3FN, E8M0, UE5M3 default); False: all finite."""
     subnormals: bool = True
     """False for E8M0, whose code 0 is 2^-127 rather than zero."""
+    ieee: bool = False
+    """True: the all-ones exponent holds infinity (mantissa 0) and NaN (otherwise), as in E5M2."""
+    twos_complement: bool = False
+    """True: a signed integer format (MXINT8) stored in two's complement instead of sign-magnitude."""
 
     @property
     def emin(self) -> int:
@@ -71,6 +97,8 @@ class Minifloat:
     @property
     def max_code(self) -> int:
         """Largest finite magnitude code."""
+        if self.ieee:
+            return (((1 << self.exp_bits) - 1) << self.man_bits) - 1
         return (1 << (self.exp_bits + self.man_bits)) - 1 - int(self.nan)
 
     @property
@@ -102,6 +130,11 @@ def _decode_magnitude_scalar(code: int, fmt: Minifloat) -> float:
 
 E2M1 = Minifloat("e2m1", exp_bits=2, man_bits=1, bias=1, signed=True, nan=False)
 E4M3 = Minifloat("e4m3", exp_bits=4, man_bits=3, bias=7, signed=True, nan=True)
+E5M2 = Minifloat("e5m2", exp_bits=5, man_bits=2, bias=15, signed=True, nan=False, ieee=True)
+E3M2 = Minifloat("e3m2", exp_bits=3, man_bits=2, bias=3, signed=True, nan=False)
+E2M3 = Minifloat("e2m3", exp_bits=2, man_bits=3, bias=1, signed=True, nan=False)
+# MXINT8 as a "minifloat" with no exponent field: every code is subnormal, k * 2^(emin - 7) = k / 64
+INT8 = Minifloat("int8", exp_bits=0, man_bits=7, bias=0, signed=True, nan=False, twos_complement=True)
 E8M0 = Minifloat("e8m0", exp_bits=8, man_bits=0, bias=127, signed=False, nan=True, subnormals=False)
 UE4M3 = Minifloat("ue4m3", exp_bits=4, man_bits=3, bias=7, signed=False, nan=True)
 
@@ -112,7 +145,7 @@ def ue5m3(bias: int = 15, nan: bool = True) -> Minifloat:
 
 
 UE5M3 = ue5m3()
-ELEM_FORMATS = {"e2m1": E2M1, "e4m3": E4M3}
+ELEM_FORMATS = {"e2m1": E2M1, "e4m3": E4M3, "e5m2": E5M2, "e3m2": E3M2, "e2m3": E2M3, "int8": INT8}
 SCALE_FORMATS = {"e8m0": E8M0, "ue4m3": UE4M3, "ue5m3": UE5M3}
 
 
@@ -121,7 +154,8 @@ class MXTensor:
     """A block-quantized tensor: element codes, one scale code per block, and how to read them."""
 
     codes: torch.Tensor
-    """uint8 [*shape[:-1], padded // 2] for E2M1 (element 2i in the low nibble), [.., padded] for E4M3."""
+    """uint8 [*shape[:-1], padded // 2] for E2M1 (element 2i in the low nibble), [.., padded] (one code
+    a byte) for the other element formats; FP6 codes in the low six bits, MXINT8 in two's complement."""
     scales: torch.Tensor
     """uint8 [*shape[:-1], n_blocks]: the block scales as codes of `scale_format`."""
     global_scale: torch.Tensor | None
@@ -159,7 +193,7 @@ def resolve_formats(block_size: int, scale_format: str | Minifloat, elem_format:
     if block_size not in BLOCK_SIZES:
         raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {block_size}")
     elem = ELEM_FORMATS.get(elem_format) if isinstance(elem_format, str) else elem_format
-    if elem not in (E2M1, E4M3):
+    if elem not in ELEM_FORMATS.values():
         raise ValueError(f"elem_format must be one of {tuple(ELEM_FORMATS)}, got {elem_format!r}")
     scale = SCALE_FORMATS.get(scale_format) if isinstance(scale_format, str) else scale_format
     if not isinstance(scale, Minifloat) or scale.signed or scale.bits > 8:
@@ -195,8 +229,11 @@ def encode(v: torch.Tensor, fmt: Minifloat) -> torch.Tensor:
 
 
 def decode(codes: torch.Tensor, fmt: Minifloat) -> torch.Tensor:
-    """fp32 values of codes (a sign bit above the magnitude when fmt is signed)."""
+    """fp32 values of codes (a sign bit above the magnitude when fmt is signed; two's complement for MXINT8)."""
     c = codes.int()
+    if fmt.twos_complement:
+        k = torch.where(c >= 1 << (fmt.bits - 1), c - (1 << fmt.bits), c)
+        return k.float() * 2.0 ** (fmt.emin - fmt.man_bits)
     mag_bits = fmt.exp_bits + fmt.man_bits
     mag = c & ((1 << mag_bits) - 1)
     e, m = mag >> fmt.man_bits, mag & ((1 << fmt.man_bits) - 1)
@@ -208,6 +245,9 @@ def decode(codes: torch.Tensor, fmt: Minifloat) -> torch.Tensor:
     val = sig.float() * torch.exp2((ex - fmt.man_bits).float())
     if fmt.nan:
         val = torch.where(mag == fmt.nan_code, float("nan"), val)
+    if fmt.ieee:
+        top = (1 << fmt.exp_bits) - 1
+        val = torch.where(e == top, torch.where(m == 0, float("inf"), float("nan")), val)
     if fmt.signed:
         val = torch.where((c >> mag_bits) & 1 == 1, -val, val)
     return val
@@ -276,7 +316,10 @@ def quantize(x: torch.Tensor, *, block_size: int = 32, scale_format: str | Minif
     v = torch.where(usable[..., None], mag / total[..., None], 0.0)
     codes = encode(v, elem)
     sign = torch.signbit(xf) & usable[..., None]
-    codes = codes | (sign.int() << (elem.bits - 1))
+    if elem.twos_complement:  # -k as a byte: 256 - k (k = 0 stays 0: no negative zero)
+        codes = torch.where(sign, ((1 << elem.bits) - codes) & ((1 << elem.bits) - 1), codes)
+    else:
+        codes = codes | (sign.int() << (elem.bits - 1))
 
     codes = codes.to(torch.uint8).view(-1, nb * block_size)
     if elem == E2M1:

@@ -14,9 +14,11 @@ Exactness rests on three choices:
 - Rounding to a minifloat is done on exact quantities: v * 2^(man_bits - e) is an exact scaling,
   and ties to even are decided from the integer and fractional parts.
 
-For the matmul, an E2M1 (or E4M3) element times a UE4M3, UE5M3 or E8M0 scale has at most
-8 significant bits, so the dequantized weight is exact in bf16 and a bf16 `tl.dot` equals the
-reference up to the fp32 summation order. A global scale is applied once to the fp32
+For the matmul, a floating-point element (E2M1, E3M2, E2M3, E4M3, E5M2: at most 4 significant
+bits) times a UE4M3, UE5M3 or E8M0 scale has at most 8 significant bits, as has an MXINT8 element
+(7) times an E8M0 scale (1), so the dequantized weight is exact in bf16 and a bf16 `tl.dot`
+equals the reference up to the fp32 summation order; MXINT8 with a UE4M3/UE5M3 scale (11 bits)
+takes the fp32 dot instead (`bf16_exact`). A global scale is applied once to the fp32
 accumulator. fp32 activations use an fp32 ("ieee") dot. Under TRITON_INTERPRET=1 the bf16 dot
 multiplies raw bits and fp32 -> bf16 casts truncate, so interpreted, every dot runs in fp32 on
 operands already rounded to the activation dtype, and bf16 results are rounded by bit arithmetic.
@@ -61,6 +63,9 @@ def interpreting() -> bool:
 
 
 _INTERPRETED = interpreting()
+# "first": autotune over the first candidate only (each compiles once per launch key; a GPU test run
+# on a fresh cache would spend minutes on them). Read at import, like TRITON_INTERPRET.
+AUTOTUNE = os.environ.get("LADDER_KERNELS_AUTOTUNE", "full")
 
 
 def _check_runnable(t: torch.Tensor) -> None:
@@ -72,9 +77,11 @@ def _check_runnable(t: torch.Tensor) -> None:
 
 
 def _fmt_args(fmt) -> dict:
-    """A Minifloat's parameters as kernel constexprs."""
+    """A Minifloat's parameters as kernel constexprs (SPEC: the exponent field of E5M2's inf/NaN, or -1;
+    SIGN: the sign bit of an element code; TWOS: two's complement, MXINT8)."""
     return dict(M=fmt.man_bits, EMIN=fmt.emin, MAXV=fmt.max_value, MAXC=fmt.max_code,
-                NANC=fmt.nan_code if fmt.nan else -1)
+                NANC=fmt.nan_code if fmt.nan else -1, SPEC=(1 << fmt.exp_bits) - 1 if fmt.ieee else -1,
+                SIGN=1 << (fmt.bits - 1), TWOS=fmt.twos_complement)
 
 
 if HAS_TRITON:
@@ -106,8 +113,9 @@ if HAS_TRITON:
         return (e - EMIN) * (1 << M) + ni + up.to(tl.int32)
 
     @triton.jit
-    def _decode(c, M: tl.constexpr, EMIN: tl.constexpr, NANC: tl.constexpr):
-        """fp32 value of unsigned magnitude codes c (int32) of a minifloat with subnormals."""
+    def _decode(c, M: tl.constexpr, EMIN: tl.constexpr, NANC: tl.constexpr, SPEC: tl.constexpr):
+        """fp32 value of unsigned magnitude codes c (int32) of a minifloat with subnormals. NANC: the
+        NaN code or -1; SPEC: the exponent field that holds inf (mantissa 0) and NaN (E5M2), or -1."""
         e = c >> M
         m = c & ((1 << M) - 1)
         sig = tl.where(e == 0, m, m + (1 << M))
@@ -115,6 +123,8 @@ if HAS_TRITON:
         val = sig.to(tl.float32) * _pow2(ex)
         if NANC >= 0:
             val = tl.where(c == NANC, float("nan"), val)
+        if SPEC >= 0:
+            val = tl.where(e == SPEC, tl.where(m == 0, float("inf"), float("nan")), val)
         return val
 
     @triton.jit
@@ -124,17 +134,22 @@ if HAS_TRITON:
         return tl.where(c == 255, float("nan"), val)
 
     @triton.jit
-    def _decode_elem(c, IS_FP4: tl.constexpr, M: tl.constexpr, EMIN: tl.constexpr, NANC: tl.constexpr):
-        """Signed element codes (int32) -> fp32."""
+    def _decode_elem(c, IS_FP4: tl.constexpr, M: tl.constexpr, EMIN: tl.constexpr, NANC: tl.constexpr,
+                     SIGN: tl.constexpr, SPEC: tl.constexpr, TWOS: tl.constexpr):
+        """Signed element codes (int32, one byte each) -> fp32. SIGN: the sign bit (0x80 for FP8, 0x20
+        for FP6); TWOS: MXINT8, k / 2^(M - EMIN) with k the byte read as two's complement."""
         if IS_FP4:
             # the fp32 bits of E2M1 code c: magnitude codes 0, 1 are 0 and 0.5 (= 126 << 23); from 2 on,
             # exponent e and mantissa bit m sit right below fp32's, biased by 126: (mag << 22) + (126 << 23)
             mag = c & 7
             bits = tl.where(mag < 2, mag * (126 << 23), (mag << 22) + (126 << 23)) | ((c & 8) << 28)
             return bits.to(tl.float32, bitcast=True)
+        elif TWOS:
+            k = c - ((c & SIGN) << 1)  # a byte >= 128 stands for byte - 256
+            return k.to(tl.float32) * (1.0 / (1 << (M - EMIN)))  # an exact power of two (1/64)
         else:
-            val = _decode(c & 0x7F, M, EMIN, NANC)
-            return tl.where((c & 0x80) != 0, -val, val)
+            val = _decode(c & (SIGN - 1), M, EMIN, NANC, SPEC)
+            return tl.where((c & SIGN) != 0, -val, val)
 
     @triton.jit
     def _block_multiplier(sc, g, SCALE_E8M0: tl.constexpr, SM: tl.constexpr, SEMIN: tl.constexpr,
@@ -142,7 +157,7 @@ if HAS_TRITON:
         if SCALE_E8M0:
             s = _decode_e8m0(sc)
         else:
-            s = _decode(sc, SM, SEMIN, SNANC)
+            s = _decode(sc, SM, SEMIN, SNANC, -1)
         if HAS_G:
             s = s * g
         return s
@@ -166,7 +181,7 @@ if HAS_TRITON:
                          IS_FP4: tl.constexpr, EM: tl.constexpr, EEMIN: tl.constexpr, EMAXV: tl.constexpr,
                          EEMAX: tl.constexpr, SCALE_E8M0: tl.constexpr, SM: tl.constexpr, SEMIN: tl.constexpr,
                          SMAXV: tl.constexpr, SBADC: tl.constexpr, SNANC: tl.constexpr, HAS_G: tl.constexpr,
-                         CLAMP: tl.constexpr, ESIGN: tl.constexpr):
+                         CLAMP: tl.constexpr, ESIGN: tl.constexpr, TWOS: tl.constexpr):
         pid_r = tl.program_id(0)
         pid_b = tl.program_id(1)
         W: tl.constexpr = NBP * BS
@@ -186,7 +201,11 @@ if HAS_TRITON:
         if SCALE_E8M0:
             shared = tl.minimum(tl.maximum(((amax_bits >> 23) & 0xFF) - 127 - EEMAX, -127), 127)
             scode = tl.where(bad, 255, shared + 127)
-            v = mag * _pow2(-shared)[:, :, None]  # exact; shared <= 125 keeps 2^-shared normal
+            # x / 2^shared, exact: 2^-shared is normal down to 2^-126; shared = 127 (MXINT8, emax_elem 0,
+            # on amax >= 2^127) takes a second halving, which can only round values that encode to 0
+            neg = -shared
+            v = mag * _pow2(tl.maximum(neg, -126))[:, :, None]
+            v = tl.where((neg < -126)[:, :, None], v * 0.5, v)
             usable = ~bad
         else:
             g = 1.0
@@ -203,7 +222,11 @@ if HAS_TRITON:
             scode = tl.where(bad, SBADC, scode)
         ecode = _encode(v, EM, EEMIN, EMAXV)
         sign = tl.reshape((bits >> 31) & 1, (BLOCK_R, NBP, BS))
-        ecode = tl.where(usable[:, :, None], ecode | (sign * ESIGN), 0)
+        if TWOS:  # -k as a byte is (2 * ESIGN - k) mod 2 * ESIGN; k = 0 stays 0
+            ecode = tl.where(sign == 1, (2 * ESIGN - ecode) & (2 * ESIGN - 1), ecode)
+        else:
+            ecode = ecode | (sign * ESIGN)
+        ecode = tl.where(usable[:, :, None], ecode, 0)
         ecode = tl.reshape(ecode, (BLOCK_R, W))
 
         blocks = pid_b * NBP + tl.arange(0, NBP)
@@ -237,7 +260,8 @@ if HAS_TRITON:
     @triton.jit
     def _dequantize_kernel(CODES, SCALES, G, OUT, R, K, NB, scr, ssr, sor,
                            BS: tl.constexpr, NBP: tl.constexpr, BLOCK_R: tl.constexpr, IS_FP4: tl.constexpr,
-                           EM: tl.constexpr, EEMIN: tl.constexpr, ENANC: tl.constexpr, SCALE_E8M0: tl.constexpr,
+                           EM: tl.constexpr, EEMIN: tl.constexpr, ENANC: tl.constexpr, ESIGN: tl.constexpr,
+                           ESPEC: tl.constexpr, ETWOS: tl.constexpr, SCALE_E8M0: tl.constexpr,
                            SM: tl.constexpr, SEMIN: tl.constexpr, SNANC: tl.constexpr, HAS_G: tl.constexpr,
                            OUT_KIND: tl.constexpr):
         pid_r = tl.program_id(0)
@@ -256,7 +280,7 @@ if HAS_TRITON:
         total = _block_multiplier(sc, g, SCALE_E8M0, SM, SEMIN, SNANC, HAS_G)  # [BLOCK_R, NBP]
         mask = rmask[:, None] & (cols[None, :] < K)
         c = _load_elems(CODES, rows, rmask, pid_b * W, scr, K, IS_FP4, BLOCK_R, W)
-        val = tl.reshape(_decode_elem(c, IS_FP4, EM, EEMIN, ENANC), (BLOCK_R, NBP, BS)) * total[:, :, None]
+        val = tl.reshape(_decode_elem(c, IS_FP4, EM, EEMIN, ENANC, ESIGN, ESPEC, ETWOS), (BLOCK_R, NBP, BS)) * total[:, :, None]
         _store_rounded(OUT + r64[:, None] * sor + cols[None, :], tl.reshape(val, (BLOCK_R, W)), mask, OUT_KIND)
 
     @triton.jit
@@ -274,6 +298,7 @@ if HAS_TRITON:
                           BS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                           GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr,
                           IS_FP4: tl.constexpr, EM: tl.constexpr, EEMIN: tl.constexpr, ENANC: tl.constexpr,
+                          ESIGN: tl.constexpr, ESPEC: tl.constexpr, ETWOS: tl.constexpr,
                           SCALE_E8M0: tl.constexpr, SM: tl.constexpr, SEMIN: tl.constexpr, SNANC: tl.constexpr,
                           HAS_G: tl.constexpr, DOT: tl.constexpr, OUT_KIND: tl.constexpr):
         """C[M, N] = A[M, K] @ W[N, K]^T with W dequantized tile by tile in registers.
@@ -307,7 +332,7 @@ if HAS_TRITON:
             a = tl.load(A + rm64[:, None] * sam + rk[None, :] * sak, mask=(rm[:, None] < M) & kmask[None, :], other=0.0)
             wmask = nmask[:, None] & kmask[None, :]
             c = _load_elems(CODES, rn, nmask, k0, scn, K, IS_FP4, BLOCK_N, BLOCK_K)
-            w = _decode_elem(c, IS_FP4, EM, EEMIN, ENANC)  # [BLOCK_N, BLOCK_K]
+            w = _decode_elem(c, IS_FP4, EM, EEMIN, ENANC, ESIGN, ESPEC, ETWOS)  # [BLOCK_N, BLOCK_K]
             if BLOCK_K >= BS:
                 rb = k0 // BS + tl.arange(0, BLOCK_K // BS)
                 sc = tl.load(SCALES + rn64[:, None] * ssn + rb[None, :], mask=nmask[:, None] & (rb[None, :] < NB),
@@ -337,6 +362,11 @@ if HAS_TRITON:
             _store_rounded(C + rm64[:, None] * scm + rn[None, :], acc, cmask, OUT_KIND)
 
     def _mm_configs(small: bool):
+        if AUTOTUNE == "first":
+            return _mm_configs_all(small)[:1]
+        return _mm_configs_all(small)
+
+    def _mm_configs_all(small: bool):
         if small:  # decode shapes: few rows, many columns, split-K chosen by the caller
             tiles = [(16, 64, 128, 4, 4), (16, 128, 128, 4, 4), (16, 64, 256, 4, 3), (16, 32, 256, 4, 4),
                      (16, 128, 64, 4, 4), (32, 64, 128, 4, 4), (32, 128, 128, 4, 3), (32, 64, 256, 4, 3)]
@@ -348,7 +378,7 @@ if HAS_TRITON:
         return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=w, num_stages=st)
                 for bm, bn, bk, w, st in tiles]
 
-    _MM_KEY = ["M_BUCKET", "N", "K", "SPLIT_K", "DOT", "IS_FP4", "BS"]
+    _MM_KEY = ["M_BUCKET", "N", "K", "SPLIT_K", "DOT", "IS_FP4", "ETWOS", "BS"]
     _mm_small = triton.autotune(_mm_configs(True), key=_MM_KEY)(_mx_matmul_kernel)
     _mm_large = triton.autotune(_mm_configs(False), key=_MM_KEY)(_mx_matmul_kernel)
 
@@ -395,7 +425,7 @@ def quantize_triton(x: torch.Tensor, *, block_size: int = 32, scale_format="e8m0
                                EMAXV=e["MAXV"], EEMAX=elem.emax, SCALE_E8M0=scale.name == "e8m0", SM=s["M"],
                                SEMIN=s["EMIN"], SMAXV=s["MAXV"], SBADC=scale.nan_code if scale.nan else scale.max_code,
                                SNANC=s["NANC"], HAS_G=g is not None, CLAMP=underflow == "clamp",
-                               ESIGN=1 << (elem.bits - 1))
+                               ESIGN=e["SIGN"], TWOS=e["TWOS"])
     return MXTensor(codes=codes.reshape(*shape[:-1], -1), scales=scales.reshape(*shape[:-1], nb), global_scale=g,
                     shape=shape, block_size=block_size, elem_format=elem, scale_format=scale, dtype=dtype)
 
@@ -416,8 +446,19 @@ def global_scale_triton(x2: torch.Tensor, elem, scale) -> torch.Tensor:
 def _scale_args(mx: MXTensor) -> dict:
     e, s = _fmt_args(mx.elem_format), _fmt_args(mx.scale_format)
     return dict(BS=mx.block_size, IS_FP4=mx.elem_format == E2M1, EM=e["M"], EEMIN=e["EMIN"], ENANC=e["NANC"],
-                SCALE_E8M0=mx.scale_format.name == "e8m0", SM=s["M"], SEMIN=s["EMIN"], SNANC=s["NANC"],
-                HAS_G=mx.global_scale is not None)
+                ESIGN=e["SIGN"], ESPEC=e["SPEC"], ETWOS=e["TWOS"], SCALE_E8M0=mx.scale_format.name == "e8m0",
+                SM=s["M"], SEMIN=s["EMIN"], SNANC=s["NANC"], HAS_G=mx.global_scale is not None)
+
+
+def significant_bits(fmt) -> int:
+    """Bits of significand a value of fmt can need (MXINT8: 7 magnitude bits; E8M0: 1)."""
+    return fmt.man_bits + (0 if fmt.twos_complement else 1)
+
+
+def bf16_exact(mx: MXTensor) -> bool:
+    """Whether every element times its block scale fits bf16's 8-bit significand, so that a bf16
+    tensor-core dot sees the reference's weights exactly (MXINT8 with a UE4M3/UE5M3 scale needs 11)."""
+    return significant_bits(mx.elem_format) + significant_bits(mx.scale_format) <= 8
 
 
 def dequantize_triton(mx: MXTensor, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -478,6 +519,8 @@ def mx_matmul_triton(a: torch.Tensor, w_mx: MXTensor, *, block_m: int | None = N
         dot = 3 if a.dtype == torch.float16 else 0
     else:
         dot = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}[a.dtype]
+        if dot == 1 and not bf16_exact(w_mx):
+            dot = 0  # weights that bf16 would round: an fp32 dot on the widened activations instead
     tiles = None
     if _INTERPRETED or block_m or block_n or block_k:
         bm, bn, bk = (32, 32, 64) if _INTERPRETED else ((64, 64, 32) if dot == 0 else (128, 128, 64))

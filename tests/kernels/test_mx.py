@@ -4,7 +4,10 @@ kernels.mx reference: pinned on values worked out by hand from the format defini
 E2M1 value set and its ties, the OCP E8M0 exponent rule, the NVFP4 UE4M3 rule with subnormal
 scales and the global scale, UE5M3's range), the edge rules (NaN/inf, zero blocks, partial
 blocks, saturation), torch's float8_e4m3fn cast as an independent oracle for E4M3 rounding, the
-straight-through gradient of fake_quant, and the block-size anomaly the formats are studied for.
+straight-through gradient of fake_quant, and the block-size anomaly the formats are studied for;
+and the rest of OCP MX v1.0's elements (MXFP8 E5M2, MXFP6 E3M2 / E2M3, MXINT8), each pinned on
+hand-worked codes (saturation, subnormals, ties, zero / NaN / partial blocks), with torch's
+float8_e5m2 as an oracle for E5M2.
 """
 
 from __future__ import annotations
@@ -110,6 +113,159 @@ def test_e8m0_with_e4m3_elements():
     assert m.codes.shape == (2, 8)
     x2 = torch.tensor([1.0, 0.3]) * 2 ** 8
     assert m.codes[1, :2].tolist() == x2.to(torch.float8_e4m3fn).view(torch.uint8).tolist()
+
+
+# --- the rest of OCP MX v1.0: MXFP8 E5M2, MXFP6 E3M2 / E2M3, MXINT8 ------------------------------
+
+OCP_ELEMENTS = {  # name: (max normal, emax_elem, largest magnitude code, bits, smallest positive value)
+    "e5m2": (57344.0, 15, 0x7B, 8, 2.0 ** -16),   # 1.75 * 2^15; exponent 11111 holds inf / NaN
+    "e3m2": (28.0, 4, 0x1F, 6, 2.0 ** -4),        # 1.75 * 2^4; bias 3, no inf / NaN
+    "e2m3": (7.5, 2, 0x1F, 6, 2.0 ** -3),         # 1.875 * 2^2; bias 1, no inf / NaN
+    "int8": (127 / 64, 0, 0x7F, 8, 2.0 ** -6),    # k / 64, two's complement
+}
+
+
+@pytest.mark.parametrize("elem", list(OCP_ELEMENTS))
+def test_ocp_element_constants(elem):
+    e = ref.ELEM_FORMATS[elem]
+    assert (e.max_value, e.emax, e.max_code, e.bits, ref.decode(torch.tensor([1]), e).item()) == OCP_ELEMENTS[elem]
+
+
+def test_ocp_element_value_sets():
+    """Every code decoded, against the definitions written out: sign-magnitude, subnormals at emin."""
+    def fp_values(ebits, mbits, bias):
+        mags = [math.ldexp(m, 1 - bias - mbits) for m in range(1 << mbits)]  # subnormals
+        mags += [math.ldexp((1 << mbits) + m, e - bias - mbits) for e in range(1, 1 << ebits) for m in range(1 << mbits)]
+        return mags + [-v for v in mags]
+    assert ref.decode(torch.arange(64), ref.E3M2).tolist() == fp_values(3, 2, 3)
+    assert ref.decode(torch.arange(64), ref.E2M3).tolist() == fp_values(2, 3, 1)
+    assert ref.decode(torch.arange(64), ref.E3M2)[[0x01, 0x04, 0x0C, 0x1F]].tolist() == [0.0625, 0.25, 1.0, 28.0]
+    assert ref.decode(torch.arange(64), ref.E2M3)[[0x01, 0x07, 0x08, 0x1F]].tolist() == [0.125, 0.875, 1.0, 7.5]
+    # MXINT8: the byte as two's complement, over 64; 0x80 reads as -2 (quantize never writes it)
+    assert ref.decode(torch.arange(256), ref.INT8).tolist() == [(k if k < 128 else k - 256) / 64 for k in range(256)]
+
+
+def test_e5m2_matches_torch_float8_e5m2():
+    """torch's float8_e5m2 as an independent oracle: encode (RNE, subnormals) and all 256 decodes (inf, NaN)."""
+    g = torch.Generator().manual_seed(1)
+    v = torch.cat([torch.rand(4000, generator=g) * 57344, torch.rand(4000, generator=g) * 2 ** -13,
+                   torch.arange(0, 8, 2 ** -7)])
+    assert torch.equal(ref.encode(v, ref.E5M2), v.to(torch.float8_e5m2).view(torch.uint8).int())
+    want = torch.arange(256).to(torch.uint8).view(torch.float8_e5m2).float()
+    torch.testing.assert_close(ref.decode(torch.arange(256), ref.E5M2), want, rtol=0, atol=0, equal_nan=True)
+    assert ref.decode(torch.tensor([0x7C, 0xFC]), ref.E5M2).tolist() == [math.inf, -math.inf]
+
+
+# (x, code, decoded value), each in a block whose first element is the format's max normal, so that
+# its E8M0 scale is 2^0 and the elements are encoded as they are. Worked by hand from the definitions.
+HAND = {
+    "e5m2": [
+        (1.0, 0x3C, 1.0), (-1.0, 0xBC, -1.0),
+        (65535.0, 0x7B, 57344.0),            # above the max normal, same binade: saturates
+        (-61440.0, 0xFB, -57344.0),          # halfway to 2^16 (which would be inf): saturates
+        (1.125, 0x3C, 1.0),                  # tie 1.0 / 1.25: even mantissa 00
+        (1.375, 0x3E, 1.5),                  # tie 1.25 / 1.5: even mantissa 10
+        (-1.625, 0xBE, -1.5),                # tie 1.5 / 1.75
+        (2.0 ** -14, 0x04, 2.0 ** -14),      # smallest normal
+        (2.0 ** -16, 0x01, 2.0 ** -16),      # smallest subnormal
+        (3 * 2.0 ** -16, 0x03, 3 * 2.0 ** -16),
+        (2.0 ** -17, 0x00, 0.0),             # tie 0 / 2^-16: to 0
+        (3 * 2.0 ** -17, 0x02, 2.0 ** -15),  # tie codes 1 / 2: to 2
+        (-0.0, 0x80, -0.0),                  # the sign of zero is kept
+    ],
+    "e3m2": [
+        (1.0, 0x0C, 1.0), (-1.0, 0x2C, -1.0),  # sign at bit 5
+        (31.5, 0x1F, 28.0), (-30.0, 0x3F, -28.0),  # saturate at 28
+        (26.0, 0x1E, 24.0),                  # tie 24 / 28: even mantissa 10
+        (1.125, 0x0C, 1.0), (1.375, 0x0E, 1.5),
+        (0.25, 0x04, 0.25),                  # smallest normal
+        (0.0625, 0x01, 0.0625), (0.1875, 0x03, 0.1875),  # subnormals
+        (0.03125, 0x00, 0.0), (0.09375, 0x02, 0.125),
+        (-0.21875, 0x24, -0.25),             # tie 0.1875 / 0.25 (codes 3 / 4)
+    ],
+    "e2m3": [
+        (1.0, 0x08, 1.0), (-1.0, 0x28, -1.0),
+        (7.9, 0x1F, 7.5), (-7.75, 0x3F, -7.5),  # saturate at 7.5
+        (7.25, 0x1E, 7.0), (6.75, 0x1E, 7.0),  # ties 7 / 7.5 and 6.5 / 7: mantissa 110
+        (1.0625, 0x08, 1.0), (1.1875, 0x0A, 1.25),
+        (0.125, 0x01, 0.125), (0.875, 0x07, 0.875),  # smallest and largest subnormal
+        (0.0625, 0x00, 0.0), (0.1875, 0x02, 0.25),
+        (-0.9375, 0x28, -1.0),               # tie 0.875 / 1.0 (codes 7 / 8)
+    ],
+    "int8": [
+        (1.0, 0x40, 1.0), (-1.0, 0xC0, -1.0),  # -64 in two's complement
+        (1 / 64, 0x01, 1 / 64),
+        (1.999, 0x7F, 127 / 64), (-1.999, 0x81, -127 / 64),  # saturate at +-127: 0x80 stays unused
+        (0.5 / 64, 0x00, 0.0), (1.5 / 64, 0x02, 2 / 64), (2.5 / 64, 0x02, 2 / 64),  # ties to even k
+        (-2.5 / 64, 0xFE, -2 / 64), (63.5 / 64, 0x40, 1.0),
+        (-0.5 / 64, 0x00, 0.0), (-0.0, 0x00, 0.0),  # no negative zero
+    ],
+}
+
+
+@pytest.mark.parametrize("elem", list(HAND))
+def test_ocp_elements_hand_worked(elem):
+    e, cases = ref.ELEM_FORMATS[elem], HAND[elem]
+    n = len(cases)
+    x = [e.max_value] + [c[0] for c in cases] + [0.0] * (31 - n)
+    m = q([x], block_size=32, elem_format=elem)
+    assert m.scales.tolist() == [[127]]
+    assert m.codes.shape == (1, 32) and m.codes.dtype == torch.uint8  # one code a byte (FP6 too)
+    assert m.codes[0, 1:n + 1].tolist() == [c[1] for c in cases]
+    out = ref.dequantize(m)[0, 1:n + 1]
+    assert out.tolist() == [c[2] for c in cases]
+    assert torch.signbit(out).tolist() == [math.copysign(1.0, c[2]) < 0 for c in cases]
+
+
+@pytest.mark.parametrize("elem, amax, code", [
+    ("e5m2", 1.0, 112), ("e5m2", 57344.0, 127), ("e5m2", 65536.0, 128),  # shared_exp = floor(log2 amax) - 15
+    ("e3m2", 1.0, 123), ("e3m2", 31.9, 127), ("e3m2", 32.0, 128),        # - 4
+    ("e2m3", 1.0, 125), ("e2m3", 7.9, 127), ("e2m3", 8.0, 128),          # - 2
+    ("int8", 1.0, 127), ("int8", 3.0, 128), ("int8", 0.75, 126),         # - 0
+    ("int8", 1.5 * 2.0 ** 127, 254),  # shared_exp 127, the largest scale: the element is 1.5 = 96 / 64
+    ("int8", 2.0 ** -130, 0),         # clamps at -127
+])
+def test_e8m0_shared_exponent_per_element_format(elem, amax, code):
+    m = q([[amax, -amax / 2] + [0.0] * 6], block_size=8, elem_format=elem)
+    assert m.scales.item() == code
+    if elem == "int8" and code == 254:
+        assert m.codes[0, :2].tolist() == [96, 256 - 48]
+        assert ref.dequantize(m)[0, :2].tolist() == [amax, -amax / 2]
+
+
+ONE_AT_EMAX = {"e5m2": 0x78, "e3m2": 0x1C, "e2m3": 0x18, "int8": 0x40}  # 2^emax_elem: 1.0 under scale 2^-emax
+NEG_MAX = {"e5m2": 0xFB, "e3m2": 0x3F, "e2m3": 0x3F, "int8": 0x81}
+
+
+@pytest.mark.parametrize("elem", list(OCP_ELEMENTS))
+def test_ocp_elements_nan_zero_and_partial_blocks(elem):
+    e = ref.ELEM_FORMATS[elem]
+    x = torch.zeros(2, 40)  # block size 32: the second block of each row holds 8 elements
+    x[0, 5] = float("nan")
+    x[0, 35] = 1.0
+    x[1, 39] = -e.max_value * 8
+    m = ref.quantize(x, block_size=32, elem_format=elem)
+    assert m.codes.shape == (2, 64) and m.scales.shape == (2, 2)
+    assert m.scales.tolist() == [[255, 127 - e.emax], [0, 130]]  # NaN block; 2^-emax; zero block; 2^3
+    codes = m.codes.tolist()
+    assert codes[0][:32] == [0] * 32 and codes[1][:32] == [0] * 32
+    assert codes[0][32:] == [0, 0, 0, ONE_AT_EMAX[elem]] + [0] * 28  # padding codes are 0
+    assert codes[1][32:] == [0] * 7 + [NEG_MAX[elem]] + [0] * 24
+    out = ref.dequantize(m)
+    assert out.shape == (2, 40) and out[0, :32].isnan().all() and not out[0, 32:].isnan().any()
+    assert out[0, 35] == 1.0 and out[1, 39] == -e.max_value * 8 and (out[1, :39] == 0).all()
+
+
+@pytest.mark.parametrize("elem, amax, scale_code", [
+    ("e5m2", 57344.0, 0x38), ("e3m2", 28.0, 0x38), ("e2m3", 7.5, 0x38),  # amax / max = 1.0
+    ("int8", 3 * 127 / 64, 0x44),  # amax / max = 3.0 = 2^1 * 1.100b: UE4M3 code 0 1000 100
+])
+def test_nvfp4_rule_with_ocp_elements(elem, amax, scale_code):
+    e = ref.ELEM_FORMATS[elem]
+    m = q([[amax, -amax] + [0.0] * 14], block_size=16, scale_format="ue4m3", elem_format=elem)
+    assert m.scales.item() == scale_code
+    assert m.codes[0, :2].tolist() == [e.max_code, NEG_MAX[elem]]
+    assert ref.dequantize(m)[0, :2].tolist() == [amax, -amax]
 
 
 # --- UE4M3: the NVFP4 rule ---------------------------------------------------------------------
@@ -242,12 +398,12 @@ def test_odd_and_batched_shapes():
 
 
 @pytest.mark.parametrize("fmt", ["e8m0", "ue4m3", "ue5m3"])
-@pytest.mark.parametrize("elem", ["e2m1", "e4m3"])
+@pytest.mark.parametrize("elem", ["e2m1", "e4m3", "e5m2", "e3m2", "e2m3", "int8"])
 def test_values_on_the_grid_round_trip(fmt, elem):
     """A block whose amax is elem_max * (a representable scale) holds grid values exactly."""
     e = ref.ELEM_FORMATS[elem]
     grid = ref.decode(torch.arange(1 << e.bits), e)
-    grid = grid[torch.isfinite(grid)]
+    grid = grid[torch.isfinite(grid) & (grid.abs() <= e.max_value)]  # MXINT8's unused -2 is off the grid
     idx = torch.randint(0, len(grid), (8, 32), generator=torch.Generator().manual_seed(2))
     vals = grid[idx]
     vals[:, 0] = e.max_value
@@ -274,7 +430,7 @@ def test_storage_size():
 @pytest.mark.parametrize("kw, match", [
     (dict(block_size=12), "block_size"),
     (dict(scale_format="e5m2"), "scale_format"),
-    (dict(elem_format="e3m2"), "elem_format"),
+    (dict(elem_format="e3m3"), "elem_format"),
     (dict(global_scale=True), "global_scale"),
     (dict(underflow="zero"), "underflow"),
 ])

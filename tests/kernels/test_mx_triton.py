@@ -2,7 +2,8 @@
 
 kernels.mx Triton kernels (on the CPU interpreter here) against the reference: codes, scales
 and dequantized values bit for bit on awkward shapes and adversarial values (ties, subnormal
-scales, saturation, NaN/inf, zero blocks, fp32 subnormals), mx_matmul within a stated bound of
+scales, saturation, NaN/inf, zero blocks, fp32 subnormals), for every OCP MX v1.0 element format
+(E2M1, E3M2, E2M3, E4M3, E5M2, INT8), mx_matmul within a stated bound of
 fp32 summation error (and exactly where every partial sum is exact), and the guards that refuse
 to launch without Triton or a device.
 """
@@ -20,6 +21,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before kernels.mx is imported
 from kernels import mx  # noqa: E402
 from kernels.mx import reference as ref  # noqa: E402
 from kernels.mx import triton as tri  # noqa: E402
+from kernel_fixtures import huge_views  # noqa: E402, F401  (a fixture: pytest finds it in the module)
 
 # interpreted, the kernels run on CPU tensors; otherwise on the GPU, against the reference on the CPU
 DEVICE = "cpu" if tri._INTERPRETED else "cuda"
@@ -119,6 +121,45 @@ def test_quantize_and_dequantize_bit_exact(scale_format, global_scale, elem_form
     assert_same_values(t_dequantize(got), ref.dequantize(want))
 
 
+def with_element_ties(x, elem, seed=0):
+    """x (from `awkward`) with every 9th row (from row 8) made of exact ties of `elem` at scale 1:
+    its grid values, the midpoints between neighbours (round half to even) and values just above
+    them, random signs, and the format's max every 8th place (so E8M0 and UE4M3 scales are 2^0)."""
+    e = ref.ELEM_FORMATS[elem]
+    g = torch.Generator().manual_seed(seed)
+    grid = ref.decode(torch.arange(1 << (e.bits - 1)), e)  # the non-negative codes
+    grid = grid[torch.isfinite(grid) & (grid <= e.max_value)].sort().values
+    mids = (grid[1:] + grid[:-1]) / 2
+    pool = torch.cat([grid, mids, mids * (1 + 2.0 ** -20)])
+    flat = x.view(-1, x.shape[-1])
+    for i in range(8, flat.shape[0], 9):
+        row = pool[torch.randint(0, len(pool), (flat.shape[1],), generator=g)]
+        flat[i] = torch.where(torch.rand(flat.shape[1], generator=g) < 0.5, -row, row)
+        flat[i, ::8] = e.max_value
+    return x
+
+
+OCP_CASES = [  # the rest of OCP MX v1.0: each element format with E8M0 and with an NVFP4-style scale
+    ("e8m0", False, "e5m2", 32), ("e8m0", False, "e3m2", 32), ("e8m0", False, "e2m3", 32), ("e8m0", False, "int8", 32),
+    ("ue4m3", True, "e5m2", 16), ("ue4m3", False, "e3m2", 64), ("ue5m3", False, "e2m3", 8), ("ue4m3", True, "int8", 16),
+]
+
+
+@pytest.mark.parametrize("scale_format, global_scale, elem_format, block_size", OCP_CASES, ids=str)
+def test_ocp_elements_bit_exact(scale_format, global_scale, elem_format, block_size):
+    x = with_element_ties(awkward((63, 1000), seed=20), elem_format, seed=21)
+    kw = dict(block_size=block_size, scale_format=scale_format, elem_format=elem_format, global_scale=global_scale)
+    want = ref.quantize(x, **kw)
+    got = t_quantize(x, **kw)
+    assert_same_mx(want, got)
+    if scale_format == "e8m0":
+        assert (want.scales == 127).sum() >= 7 * 1000 // block_size  # the tie rows ran at scale 2^0
+    if elem_format == "int8" and scale_format == "e8m0":
+        assert (want.scales == 254).any()  # shared_exp 127 (amax >= 2^127): 2^-127 is an fp32 subnormal
+    assert_same_values(t_dequantize(got), ref.dequantize(want))
+    assert_same_values(t_dequantize(got, torch.bfloat16), ref.dequantize(want, torch.bfloat16))
+
+
 @pytest.mark.parametrize("block_size", ref.BLOCK_SIZES)
 def test_every_block_size_on_odd_widths(block_size):
     x = awkward((13, 3 * block_size + 5), seed=block_size)
@@ -206,6 +247,11 @@ def matmul_bound(a, w_hat, k, extra=0.0):
     ("ue4m3", True, "e2m1", 16),
     ("ue5m3", False, "e4m3", 8),
     ("ue5m3", False, "e2m1", 256),
+    ("e8m0", False, "e5m2", 32),
+    ("e8m0", False, "e3m2", 16),
+    ("ue4m3", False, "e2m3", 32),
+    ("e8m0", False, "int8", 32),
+    ("ue5m3", True, "int8", 64),
 ], ids=lambda v: str(v))
 def test_mx_matmul_within_fp32_bound(scale_format, global_scale, elem_format, block_size):
     g = torch.Generator().manual_seed(6)
@@ -236,11 +282,13 @@ def test_mx_matmul_exact_when_every_sum_is_exact():
     assert torch.equal(got, (a.double() @ ref.dequantize(wm).double().T).float())
 
 
+@pytest.mark.parametrize("elem_format", ["e2m1", "int8"])  # int8 with UE4M3 takes the fp32 dot on a GPU
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_mx_matmul_half_activations(dtype):
+def test_mx_matmul_half_activations(dtype, elem_format):
     g = torch.Generator().manual_seed(8)
     n, k = 40, 136
-    wm = ref.quantize(torch.randn(n, k, generator=g) * 0.05, block_size=16, scale_format="ue4m3")
+    wm = ref.quantize(torch.randn(n, k, generator=g) * 0.05, block_size=16, scale_format="ue4m3",
+                      elem_format=elem_format)
     a = torch.randn(33, k, generator=g).to(dtype)
     got = t_matmul(a, wm)
     assert got.dtype == dtype
@@ -250,6 +298,25 @@ def test_mx_matmul_half_activations(dtype):
     ulp = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10
     tol = ulp * exact.abs() + matmul_bound(a, ref.dequantize(wm), k) + 1e-30
     assert ((got.double() - want.double()).abs() <= tol).all()
+
+
+def test_bf16_dot_only_where_the_weights_are_exact_in_bf16():
+    """The GPU's bf16 tensor-core dot sees the dequantized weights rounded to bf16: used only where
+    element and scale significands together fit bf16's 8 bits (every pair but MXINT8 with UE scales)."""
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(14))
+    for elem in ref.ELEM_FORMATS:
+        for scale in ("e8m0", "ue4m3", "ue5m3"):
+            m = ref.quantize(x, block_size=32, scale_format=scale, elem_format=elem)
+            exact = not (elem == "int8" and scale != "e8m0")
+            assert tri.bf16_exact(m) == exact, (elem, scale)
+            if exact:
+                w = ref.dequantize(m, torch.float32)
+                assert torch.equal(w.bfloat16().float(), w), (elem, scale)
+    # 127/64 under a UE4M3 scale of 1.125 is 1143 * 2^-9: eleven significant bits, which bf16 rounds
+    m = ref.quantize(torch.tensor([[127 / 64 * 1.125] + [0.0] * 15]), block_size=16, scale_format="ue4m3",
+                     elem_format="int8")
+    w = ref.dequantize(m, torch.float32)
+    assert w[0, 0] == 127 / 64 * 1.125 and w[0, 0].bfloat16().float() != w[0, 0]
 
 
 def test_mx_matmul_nan_block_propagates_like_the_reference():

@@ -100,7 +100,7 @@ def test_trains_on_tokens_with_the_datasets_vocabulary(tmp_path):
     finally:
         torch.set_num_threads(before)
     # Uniform over 300 ids is ln 300 = 5.70; the chain has 3 successors (ln 3 = 1.10).
-    assert final["eval/loss"] < math.log(VOCAB) - 1.5, final
+    assert final["eval/loss"] < math.log(VOCAB) - 1.5, final  # margin: worst 1.188 over seeds 1-5 (threshold 4.204)
 
 
 def test_tokenize_folder_splits_by_path_and_separates_documents(tmp_path):

@@ -32,19 +32,24 @@ def test_bad_configs_name_the_fix():
 
 
 def test_bias_statistic_with_and_without_the_fix():
-    cfg = dataclasses.replace(m.smoke(), bias_seeds=2)
+    # Eight input sets, as the reproduction measures, judged on the claims' own statistic (the mean r
+    # over the sets, against BIASED = 1 and FIXED = 0.25). Two sets judged set by set measured one
+    # set's noise, not the bias: with the fix one set's |r| reached 0.32 at seeds 1 and 6.
+    cfg = dataclasses.replace(m.smoke(), bias_seeds=8)
     base = bias_statistics(cfg)
     fixed = bias_statistics(dataclasses.replace(cfg, stable_rounding=True))
     assert cfg.stable_rule == "paper"  # the reproduction measures the paper's own rule
-    assert base["eval/bias_r_abs_min"] > 1.0
-    assert fixed["eval/bias_r_abs_max"] < 0.25
-    # The kernels' default, the bounded shift, removes the bias as well (measured |r| <= 0.08 here)
+    assert base["eval/bias_r_mean"] > claims.BIASED  # margin: worst 1.263 over seeds 1-9 (threshold 1.0)
+    assert abs(fixed["eval/bias_r_mean"]) < claims.FIXED  # margin: worst 0.105 over seeds 1-9 (threshold 0.25)
+    # The kernels' default, the bounded shift, removes the bias as well
     bounded = bias_statistics(dataclasses.replace(cfg, stable_rounding=True, stable_rule="bounded"))
-    assert bounded["eval/bias_r_abs_max"] < 0.25
+    assert abs(bounded["eval/bias_r_mean"]) < claims.FIXED  # margin: worst 0.090 over seeds 1-9 (threshold 0.25)
     flipped = bias_statistics(dataclasses.replace(cfg, v_mean=1.0))
-    assert flipped["eval/bias_r_mean"] < -1.0  # the bias takes its sign from V's mean
+    # the bias takes its sign from V's mean; margin: worst -1.244 over seeds 1-9 (threshold -1.0)
+    assert flipped["eval/bias_r_mean"] < -claims.BIASED
     fp32 = bias_statistics(dataclasses.replace(cfg, precision="kernel"))
-    assert fp32["eval/bias_r_abs_max"] < 0.3  # fp32 row sums do not round: no bias to fix
+    # fp32 row sums do not round: no bias to fix; margin: worst 0.081 over seeds 1-9 (threshold 0.25)
+    assert abs(fp32["eval/bias_r_mean"]) < claims.FIXED
 
 
 def test_decoder_attention_is_pluggable_and_matches_sdpa_in_fp32():
@@ -93,10 +98,12 @@ def test_reproduce_lowprec_attention_smoke_holds(workdir):
     from orchestrator.reproduce import reproduce
 
     rep = reproduce("lowprec_attention", smoke=True, local=True)
-    assert rep.holds, rep.failures()
+    assert rep.holds, rep.failures()  # every claim and the check held at seeds 1-9 (margins below)
     by = {c.name: c.measured for c in rep.outcomes}
+    # margins (docs/reproductions.md seeds 1-4 and `ladder reproduce` at seeds 5-9): r_mean worst 1.263
+    # over seeds 1-9 (threshold 1.0); the fix's |r_mean| worst 0.105 over seeds 1-9 (threshold 0.25)
     assert by["baseline_is_biased"]["r_mean"] > 1.0 and abs(by["fix_removes_bias"]["r_mean"]) < 0.25
     # a sanity check at this size (neither arm diverges), not the paper's effect
     assert [c.name for c in rep.checks] == ["fix_keeps_training"] and rep.checks[0].verdict == "holds"
-    assert by["fix_keeps_training"]["relative_gap"] < 0.02
+    assert by["fix_keeps_training"]["relative_gap"] < 0.02  # margin: worst 0.0007 over seeds 1-9 (threshold 0.02)
     assert len(rep.trials) == 2 and rep.parent_run_id

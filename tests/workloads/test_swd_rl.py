@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import judged_claim
+from conftest import judged_claim, shifted
 from orchestrator.run import LocalRun
 from orchestrator.claims import spec_of
 from orchestrator import registry
@@ -27,8 +27,10 @@ from workloads.swd_rl.replay import (
 
 
 def tiny(**kw) -> Config:
-    """Pendulum, a few hundred steps with 16-wide MLPs: a unit test's loop in about a second."""
-    base = dict(env_id="Pendulum-v1", total_steps=800, learning_starts=200, buffer_size=800, decay_steps=200,
+    """Pendulum, a few hundred steps with 16-wide MLPs: a unit test's loop in about a second. Its
+    seed moves with LADDER_TEST_SEED_SHIFT (conftest.shifted)."""
+    base = dict(seed=shifted(0),
+                env_id="Pendulum-v1", total_steps=800, learning_starts=200, buffer_size=800, decay_steps=200,
                 batch_size=32, network="mlp", critic_width=16, critic_depth=1, actor_width=16, actor_depth=1,
                 obs_norm=True, eval_every=400, eval_episodes=1, grad_every=1, probe_batches=1, diag_batch=16,
                 log_every=100, checkpoint_every_frac=0.5)
@@ -176,6 +178,7 @@ def test_short_run_reports_returns_gradients_and_ranks(tmp_path, algo):
         assert math.isfinite(out[key]), key
     assert -1700 * 4 < out["eval/return"] <= 0  # Pendulum returns per 200-step episode lie in [-16.3 * 200, 0]
     assert 1 <= out["diag/feature_rank"] <= 16 and 1 <= out["diag/ntk_rank"] <= 16
+    # ||g||_1 >= ||g||_2 for every gradient (equal only with one non-zero entry), so their late means too
     assert out["train/grad_l1_late"] > out["train/grad_l2_late"] > 0
     assert {k for k in out if k.startswith("curve/return/")} == {"curve/return/400", "curve/return/800"}
     losses = [m["train/loss"] for _, m in run.history if "train/loss" in m]
@@ -184,12 +187,29 @@ def test_short_run_reports_returns_gradients_and_ranks(tmp_path, algo):
         assert any("train/alpha" in m for _, m in run.history)
 
 
+class KeepsCritics(LocalRun):
+    """A LocalRun that keeps a copy of the critic's weights at each checkpoint, by step."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.critics: dict[int, dict[str, torch.Tensor]] = {}
+
+    def save(self, state):
+        super().save(state)
+        self.critics[int(state["step"])] = {k: v.clone() for k, v in state["learner"]["critic"].items()}
+
+
 @pytest.mark.slow
 def test_samplers_share_warmup_and_differ_after_the_first_update(tmp_path):
-    a = train(tiny(sampler="swd", total_steps=400, eval_every=200), LocalRun(tmp_path / "a"))
-    b = train(tiny(sampler="reverse", total_steps=400, eval_every=200), LocalRun(tmp_path / "b"))
-    assert a["curve/return/200"] == b["curve/return/200"]  # no update yet: same networks, same data
-    assert a["train/grad_l1_late"] != b["train/grad_l1_late"]
+    runs = {s: KeepsCritics(tmp_path / s) for s in ("swd", "reverse")}
+    out = {s: train(tiny(sampler=s, total_steps=400, eval_every=200), run) for s, run in runs.items()}
+    a, b = runs["swd"].critics, runs["reverse"].critics
+    assert sorted(a) == sorted(b) == [200, 400]  # the first episode end at half the run, and the end
+    # No update before step 201 (learning_starts = 200): the same critic bit for bit, the same evaluation.
+    assert all(torch.equal(a[200][k], b[200][k]) for k in a[200])
+    assert out["swd"]["curve/return/200"] == out["reverse"]["curve/return/200"]
+    # Then 200 updates on batches the two samplers draw differently: the critics' weights differ.
+    assert not all(torch.equal(a[400][k], b[400][k]) for k in a[400])
 
 
 class Dies(LocalRun):

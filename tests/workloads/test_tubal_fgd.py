@@ -23,7 +23,7 @@ from workloads.tubal_fgd.tensor import (
     t_gram, t_identity, t_product, t_transpose, top_factor, tubal_rank,
 )
 from workloads.tubal_fgd.workload import CURVE_PREFIX, Tracker, curve_steps, measurements
-from conftest import judged_claim, DiesAtSave
+from conftest import judged_claim, DiesAtSave, shifted
 
 f64 = torch.float64
 
@@ -43,8 +43,9 @@ def bcirc_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def tiny(**kw) -> Config:
-    """A problem small enough for a unit test to run to convergence in well under a second."""
-    base = dict(n=6, k=3, rank=1, factor_rank=3, oversample=12.0, val_frac=0.25, noise_std=0.0,
+    """A problem small enough for a unit test to run to convergence in well under a second. Its seed
+    moves with LADDER_TEST_SEED_SHIFT (conftest.shifted)."""
+    base = dict(seed=shifted(0), n=6, k=3, rank=1, factor_rank=3, oversample=12.0, val_frac=0.25, noise_std=0.0,
                 init_scale=1e-6, lr=0.3, steps=600, log_every=50, curve_points=10)
     return Config(**{**base, **kw})
 
@@ -200,6 +201,7 @@ def test_curve_steps_are_log_spaced_and_include_the_ends():
 def test_noise_free_small_init_recovers_the_target_at_every_rank(tmp_path):
     for i, R in enumerate((1, 3)):
         out = train(tiny(factor_rank=R), LocalRun(tmp_path / str(i)))
+        # margin: worst best_rse 7.7e-12 and rse 7.7e-12 over seeds 1-5 (threshold 1e-6), both at R = 3, seed 3
         assert out["eval/best_rse"] < 1e-6, out
         assert out["eval/rse"] < 1e-6 and out["eval/diverged"] == 0.0
         assert out[f"{CURVE_PREFIX}0"] == pytest.approx(1.0, abs=1e-6)  # U_0 U_0^T ~ 0: error of X = 0
@@ -207,15 +209,17 @@ def test_noise_free_small_init_recovers_the_target_at_every_rank(tmp_path):
 
 def test_noisy_run_early_stops_before_its_over_fitted_end(tmp_path):
     out = train(tiny(noise_std=0.2, factor_rank=6, steps=3000), LocalRun(tmp_path))
-    assert out["eval/es_rse"] >= out["eval/best_rse"]
-    assert out["eval/rse"] > out["eval/best_rse"]
+    assert out["eval/es_rse"] >= out["eval/best_rse"]  # best: the least error of every iterate, by construction
+    # margin: rse / best_rse worst 2.38 over seeds 1-5 (threshold 1)
+    assert out["eval/rse"] > 1.0 * out["eval/best_rse"]
+    # margin: es_step 128-555 over seeds 1-5 (thresholds 0 and 3000)
     assert 0 < out["eval/es_step"] < 3000
 
 
 def test_too_large_a_step_is_reported_as_diverged(tmp_path):
     run = LocalRun(tmp_path)
     out = train(tiny(init="spectral", lr=50.0), run)
-    assert out["eval/diverged"] == 1.0
+    assert out["eval/diverged"] == 1.0  # diverged at each of seeds 1-5 too
     assert run.history[-1][1]["progress"] == 1.0
 
 
@@ -333,6 +337,9 @@ def test_smoke_reproduction_holds(workdir):
     rep = reproduce("tubal_fgd", smoke=True, local=True)
     assert not rep.failed_trials
     assert len(rep.trials) == 8
+    # margin: every claim holds at seeds 1-5, worst small_init_flat_in_rank worst_spread 1.039 (<= 1.15),
+    # spectral_grows_with_rank ratio_8r_to_r 2.74 (>= 2), early_stopping_near_best worst_es_over_best
+    # 1.045 (<= 1.1), small_init_overfits_late last_over_best_8r 2.23 (>= 1.5)
     assert rep.holds, rep.failures()
     expected = {
         "small_init_flat_in_rank": {"best_spread", "es_spread"},
@@ -442,9 +449,20 @@ def test_completion_of_real_images_recovers_them_through_the_sweeps_loader(workd
     zero_loss = float(c.y_val.square().mean() / 2)  # the held-out loss of X = 0, where U_0 * V_0^T starts
     assert m["eval/init_rse"] == pytest.approx(1.0, abs=1e-6)  # the small init's product is ~0
     # measured: held-out loss 0.162 (zero estimate) -> 0.0100 at its minimum; error 1.0 -> 0.050 early-stopped
-    assert min(held_out) < 0.1 * zero_loss and held_out[-1] < held_out[0]
+    # margin: min(held_out) / zero_loss worst 0.087 (seed 3) over seeds 1-5 (threshold 0.1);
+    # held_out[-1] / held_out[0] worst 0.091 over seeds 1-5 (threshold 1)
+    assert min(held_out) < 0.1 * zero_loss and held_out[-1] < 1.0 * held_out[0]
+    # margin: es_rse worst 0.052 over seeds 1-5 (threshold 0.1); es_rse / best_rse worst 1.178 (seed 3) over
+    # seeds 1-5 (threshold 1.2); best_rse <= es_rse by construction (best: the least error of every iterate)
     assert m["eval/es_rse"] < 0.1 and m["eval/best_rse"] <= m["eval/es_rse"] < 1.2 * m["eval/best_rse"]
-    assert m["eval/rse"] > m["eval/es_rse"]  # after the minimum the noise is fitted: early stopping pays
+    # After its minimum the held-out loss rises again (the noise is being fitted), so early stopping
+    # (patience 0: the held-out argmin) stops before the end. Whether the last iterate's error is then
+    # above the early-stopped one's depends on the seed at 600 steps: rse / es_rse 0.85-1.20 over
+    # seeds 1-5 (above 1 at seeds 0 and 2 only), so that is not asserted.
+    # margin: held_out[-1] / min(held_out) worst 1.020 (seed 5) over seeds 1-5 (threshold 1);
+    # es_step worst 510 over seeds 1-5 (threshold < 600)
+    assert held_out[-1] > 1.0 * min(held_out) and m["eval/es_step"] < cfg.steps
+    # margin: es_psnr worst 18.5 over seeds 1-5 (threshold 15); not diverged at seeds 1-5
     assert m["eval/es_psnr"] > 15 and m["eval/diverged"] == 0.0
     assert result.history[-1][1]["progress"] == 1.0
     assert result.history[-1][1]["eval/es_psnr"] == m["eval/es_psnr"]  # the real sweep's objective, reported
@@ -457,6 +475,8 @@ def test_completion_from_large_or_spectral_init_does_worse_than_from_small(tmp_p
     spectral = train(completion_smoke(folder, steps=300, init="spectral"), LocalRun(tmp_path / "spectral"))
     # measured best errors: small 0.048, large 1.55, spectral 1.01 (R = 8 factors of a 16 x 16 x 3
     # image fit its 307 training pixels exactly: only small initialisation keeps to the image)
+    # margin: large init_rse worst 3.97 over seeds 1-5 (threshold 1); best_rse over small's worst 19.7
+    # (large) and 19.7 (spectral) over seeds 1-5 (threshold 3)
     assert large["eval/init_rse"] > 1.0
     assert large["eval/best_rse"] > 3 * small["eval/best_rse"]
     assert spectral["eval/best_rse"] > 3 * small["eval/best_rse"]
@@ -465,7 +485,7 @@ def test_completion_from_large_or_spectral_init_does_worse_than_from_small(tmp_p
 def test_completion_frames_run_as_a_video_tensor(tmp_path):
     folder = _write_images(tmp_path / "frames", count=3)
     out = train(completion_smoke(folder, tensor_from="frames", frames=3, steps=300), LocalRun(tmp_path / "run"))
-    assert out["eval/es_rse"] < 0.1 * out["eval/init_rse"]
+    assert out["eval/es_rse"] < 0.1 * out["eval/init_rse"]  # margin: worst ratio 0.025 over seeds 1-5 (threshold 0.1)
 
 
 def test_resumed_completion_ends_where_an_uninterrupted_one_does(tmp_path):
