@@ -14,7 +14,7 @@ import pytest
 import torch
 from scipy import stats
 
-from conftest import judged_claim
+from conftest import judged_claim, shifted
 from orchestrator.run import LocalRun
 from orchestrator.claims import spec_of
 from orchestrator import registry
@@ -95,35 +95,40 @@ def test_minimax_alpha_by_hand_and_its_bounds():
 
 def test_dp_functional_of_an_indicator_is_beta():
     # For h = 1_A, theta(G_0) = G_0(A) ~ Beta(alpha Q(A), alpha (1 - Q(A))): exactly.
-    rng = np.random.default_rng(1)
+    rng = np.random.default_rng(shifted(1))
     prior = (np.arange(1000) < 300).astype(float)  # Q(A) = 0.3
     draws = dp_functional(rng, np.array([4.0]), prior, 3000)[0]
+    # margin: KS p-value worst 0.295 over seeds 1-5 (threshold 0.01)
     assert stats.kstest(draws, stats.beta(4 * 0.3, 4 * 0.7).cdf).pvalue > 0.01
 
 
 def test_exact_draw_matches_its_closed_form_moments_and_the_long_forward_urn():
-    rng = np.random.default_rng(2)
+    rng = np.random.default_rng(shifted(2))
     prior = rng.standard_normal(20_000) + 0.4
     z = rng.standard_normal((1, 20))
     alpha = np.array([6.0])
     exact = exact_long_run(rng, z, alpha, prior, 20_000)[0]
     mean = (z.sum() + 6.0 * prior.mean()) / 26.0
     var = exact_variance(z[0], 6.0, float(prior.mean()), float(prior.var()))
+    # margin: the mean's error worst 1.43 sd over seeds 1-5 (threshold 4 sd); the variance's worst
+    # relative error 0.018 over seeds 1-5 (threshold 0.05)
     assert exact.mean() == pytest.approx(mean, abs=4 * math.sqrt(var / 20_000))
     assert exact.var() == pytest.approx(var, rel=0.05)
     # Algorithm 1 run 2,000 steps ahead draws (nearly) the same law as the exact limit.
     urn = forward_urn(rng, z, alpha, prior, 2000, 2000)[0]
-    assert stats.ks_2samp(exact[:2000], urn).pvalue > 0.01
+    assert stats.ks_2samp(exact[:2000], urn).pvalue > 0.01  # margin: p worst 0.391 over seeds 1-5 (threshold 0.01)
 
 
 def test_shortcut_excess_variance_is_measured_as_derived():
-    rng = np.random.default_rng(3)
+    rng = np.random.default_rng(shifted(3))
     prior = rng.exponential(size=20_000)  # skewed, Var_Q = 1
     z = rng.exponential(size=(1, 20)) * 0.5
     alpha = np.array([8.0])
     short = single_atom_shortcut(rng, z, alpha, prior, 40_000)[0]
     exact = exact_long_run(rng, z, alpha, prior, 40_000)[0]
     excess = shortcut_excess_variance(20, 8.0, float(prior.var()))
+    # margin over seeds 1-5: the excess's relative error worst 0.016 (threshold 0.1), the centres' gap
+    # worst 0.0014 (threshold 0.01), the width ratio worst 2.04 (threshold 1.2)
     assert short.var() - exact.var() == pytest.approx(excess, rel=0.1)
     assert short.mean() == pytest.approx(exact.mean(), abs=0.01)  # same centre, wider spread
     lo_s, hi_s = interval(short, 0.9)
@@ -132,7 +137,7 @@ def test_shortcut_excess_variance_is_measured_as_derived():
 
 
 def test_posterior_concentrates_on_the_empirical_metric_as_n_grows():
-    rng = np.random.default_rng(4)
+    rng = np.random.default_rng(shifted(4))
     prior = rng.standard_normal(20_000) + 1.0  # theta(Q) = 1, the data's is 0
     offsets, sds = [], []
     for n in (20, 500, 20_000):
@@ -141,20 +146,31 @@ def test_posterior_concentrates_on_the_empirical_metric_as_n_grows():
         draws = exact_long_run(rng, z, alpha, prior, 300)[0]
         offsets.append(abs(draws.mean() - z.mean()))
         sds.append(draws.std())
-        assert draws.std() < 1.3 / math.sqrt(n)
-    assert offsets[0] > offsets[1] > offsets[2] and offsets[2] < 0.015
-    assert sds[0] > sds[1] > sds[2] and sds[2] < 0.01
+        assert draws.std() < 1.3 / math.sqrt(n)  # margin: std * sqrt(n) worst 1.09 over seeds 1-5 and every n (threshold 1.3)
+    # Each 25-40x more data at least halves the offset and the spread. margin over seeds 1-5: offset
+    # ratios worst 0.068 (20 -> 500) and 0.115 (500 -> 20,000), sd ratios worst 0.25 and 0.185
+    # (threshold 0.5 each); the last offset worst 0.0013 (threshold 0.015), the last sd worst 0.0077
+    # (threshold 0.01)
+    assert offsets[1] < 0.5 * offsets[0] and offsets[2] < 0.5 * offsets[1] and offsets[2] < 0.015, offsets
+    assert sds[1] < 0.5 * sds[0] and sds[2] < 0.5 * sds[1] and sds[2] < 0.01, sds
 
 
 @pytest.mark.parametrize("n", [5, 20, 50])
 def test_exact_intervals_are_calibrated_with_a_perfect_generator(n):
     # Q = F: the prior's draws come from the deployed distribution itself (mean score, skewed).
     world = tabular.World(2, 0.03, 2.0, 0.5, shift=0.0)
-    prior = world.score(world.sample(np.random.default_rng(5), 20_000))
+    prior = world.score(world.sample(np.random.default_rng(shifted(5)), 20_000))
     sampler = lambda rng, reps, count: world.score(world.sample(rng, (reps, count)))  # noqa: E731
-    rows = evaluate_chunk(uq_cfg(draws=300), np.random.default_rng(n), sampler, prior, n, 400)
+    rows = evaluate_chunk(uq_cfg(draws=300), np.random.default_rng(shifted(n)), sampler, prior, n, 400)
     cov = covered(rows, "exact", world.true_metric("mean_score", 0.0)).mean()
-    assert 0.85 <= cov <= 0.97, cov
+    # Near the nominal 0.9: not under-covering, not much wider than needed. At n = 5 the exact draw
+    # is conservative (alpha >= 5 gives the generator at least half the weight): its coverage over
+    # seeds 1-25 is 0.9525-0.99, mean 0.974, past the 0.97 that n = 20 and 50 keep (it was set at seed
+    # 0's 0.9625 and failed at seeds 2 and 5). Rule for n = 5's upper bound: that mean plus 3 binomial
+    # sd of 400 repetitions (0.008), 0.998. margin over seeds 1-25: n = 5 worst 0.99 (bound 0.998);
+    # n = 20 0.875-0.94, n = 50 0.8575-0.92 (band 0.85-0.97).
+    upper = 0.998 if n == 5 else 0.97
+    assert 0.85 <= cov <= upper, cov
 
 
 def test_bootstrap_coverage_matches_the_enumerated_answer():
@@ -166,12 +182,13 @@ def test_bootstrap_coverage_matches_the_enumerated_answer():
         for k in range(n + 1)
         if stats.binom.ppf(0.05, n, k / n) / n <= p <= stats.binom.ppf(0.95, n, k / n) / n
     )
-    rng = np.random.default_rng(6)
+    rng = np.random.default_rng(shifted(6))
     z = (rng.random((reps, n)) < p).astype(float)
     lo, hi = interval(bootstrap(rng, z, 1000), 0.9)
     rows = np.full((reps, len(COLUMNS)), np.nan)
     rows[:, COL["bootstrap_lo"]], rows[:, COL["bootstrap_hi"]] = lo, hi
     assert expected == pytest.approx(0.514, abs=0.002)  # P(k = 1) + P(k = 2): k = 0 gives [0, 0]
+    # margin: worst |coverage - expected| 0.036 over seeds 1-25 (seed 13; abs 0.04, 2.5 binomial sd of 1000 repetitions)
     assert covered(rows, "bootstrap", p).mean() == pytest.approx(expected, abs=0.04)
     # No spread: the interval is the point itself, closed at both ends.
     point = np.zeros((1, len(COLUMNS)))
@@ -215,27 +232,31 @@ def test_summary_of_known_records():
 
 def test_true_metric_is_the_deployed_distributions():
     world = tabular.World(3, 0.03, 2.0, 0.5, shift=0.3)
-    s = world.score(world.sample(np.random.default_rng(7), 400_000))
+    s = world.score(world.sample(np.random.default_rng(shifted(7)), 400_000))
+    # margin over seeds 1-5: the alert rate's error worst 6.6e-4 (threshold 1e-3), the mean's worst
+    # 2.3e-3 (threshold 5e-3), the shift's worst 2.6e-3 (threshold 5e-3)
     assert world.true_metric("alert_rate", 2.0) == pytest.approx((s > 2.0).mean(), abs=1e-3)
     assert world.true_metric("mean_score", 2.0) == pytest.approx(s.mean(), abs=5e-3)
-    hist = world.score(world.sample(np.random.default_rng(8), 400_000, historical=True))
+    hist = world.score(world.sample(np.random.default_rng(shifted(8)), 400_000, historical=True))
     assert hist.mean() - s.mean() == pytest.approx(0.97 * 0.3, abs=5e-3)  # the bulk's shift
 
 
 def test_em_fits_a_known_mixture_and_never_raises_the_nll():
-    rng = np.random.default_rng(9)
+    rng = np.random.default_rng(shifted(9))
     x = np.concatenate([rng.normal([-2, 0], 0.5, (3000, 2)), rng.normal([2, 1], 0.5, (1000, 2))])
     x = torch.from_numpy(x)
-    params = tabular.gmm_init(x, 2, torch.Generator().manual_seed(0))
+    params = tabular.gmm_init(x, 2, torch.Generator().manual_seed(shifted(0)))
     losses = []
     for _ in range(40):
         params, nll = tabular.em_step(params, x)
         losses.append(nll)
-    assert all(b <= a + 1e-9 for a, b in zip(losses, losses[1:]))
+    assert all(b <= a + 1e-9 for a, b in zip(losses, losses[1:]))  # EM's monotonicity (largest rise seen: 1e-13)
+    # margin over seeds 1-5: the means' error worst 0.027 (atol 0.05), the weights' worst 2e-5 (atol
+    # 0.02), the sample mean's worst 0.019 (atol 0.05)
     order = torch.argsort(params["means"][:, 0])
     torch.testing.assert_close(params["means"][order], torch.tensor([[-2.0, 0.0], [2.0, 1.0]], dtype=x.dtype), atol=0.05, rtol=0)
     torch.testing.assert_close(torch.softmax(params["logits"], 0)[order], torch.tensor([0.75, 0.25], dtype=x.dtype), atol=0.02, rtol=0)
-    sample = tabular.gmm_sample(params, 20_000, torch.Generator().manual_seed(1))
+    sample = tabular.gmm_sample(params, 20_000, torch.Generator().manual_seed(shifted(1)))
     torch.testing.assert_close(sample.mean(0), x.mean(0), atol=0.05, rtol=0)
 
 
@@ -255,12 +276,18 @@ def test_byte_model_texts_and_nll():
 @pytest.mark.slow
 def test_byte_model_trial_learns_and_measures_nll(tmp_path):
     cfg = Config(generator="bytes", metric="nll", ns=(5, 20), repetitions=20, draws=100, horizon=20,
-                 prior_draws=300, real_texts=200, corpus_bytes=150_000, byte_steps=60, log_every=20)
+                 prior_draws=300, real_texts=200, corpus_bytes=150_000, byte_steps=60, log_every=20, seed=shifted(0))
     run = LocalRun(tmp_path)
     out = train(cfg, run)
     losses = [m["train/loss"] for _, m in run.history if "train/loss" in m]
-    assert losses[-1] < losses[0] < 6.0  # from ~log 256 = 5.5 nats down
-    assert 0.5 < out["eval/theta_true"] < 5.5 and abs(out["eval/prior_gap"]) > 0.01
+    # from ~log 256 = 5.5 nats down. margin over seeds 1-5: the first loss worst 3.16 (threshold 6.0),
+    # the fall worst 0.318 nats (threshold 0.1); theta_true 2.57-2.68 and theta_prior 2.67-3.03 over
+    # seeds 1-5 and 10 (band 0.5-5.5)
+    assert losses[-1] < losses[0] - 0.1 and losses[0] < 6.0, losses
+    assert 0.5 < out["eval/theta_true"] < 5.5 and 0.5 < out["eval/theta_prior"] < 5.5
+    # The prior's metric is its own samples' NLL, the gap the difference as reported (a mechanism check;
+    # the gap's size is not: 0.11-0.43 nats over seeds 1-5 but 0.004 at seed 10, where |gap| > 0.01 failed)
+    assert out["eval/prior_gap"] == out["eval/theta_prior"] - out["eval/theta_true"]
     assert 0 <= out["eval/coverage/exact/n20"] <= 1 and out["eval/reps/n20"] == 20
 
 
@@ -382,9 +409,12 @@ def test_smoke_reproduction_holds(workdir):
 
     rep = reproduce("martingale_uq", smoke=True, local=True)
     assert not rep.failed_trials and len(rep.trials) == 3
+    # Every claim and the check, at the margins below (measured at seeds 1-5, `ladder reproduce
+    # martingale_uq --smoke --seed 1 --seeds 5`): exact coverage worst 0.945 (threshold 0.85),
+    # bootstrap coverage worst 0.535 (threshold 0.60), min sd ratio worst 1.25 (threshold 1).
     assert rep.holds, rep.failures()
     by_name = {c.name: c.measured for c in rep.claims}
-    assert by_name["exact_covers_rare_alert"]["repetitions"] >= 200
+    assert by_name["exact_covers_rare_alert"]["repetitions"] >= 200  # the config's 200 repetitions
     assert by_name["exact_covers_rare_alert"]["exact_coverage"] >= 0.85
     assert by_name["bootstrap_undercovers_rare_alert"]["bootstrap_coverage"] <= 0.60
     assert {c.name for c in rep.checks} == {c.__name__ for c in CHECKS}
@@ -428,7 +458,7 @@ def _tiny_gpt2(folder, lines: list[str]) -> None:
                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<|endoftext|>", eos_token="<|endoftext|>")
     tokenizer.save_pretrained(str(folder))
-    torch.manual_seed(0)
+    torch.manual_seed(shifted(0))  # the LM's init: moved with the test's seed
     eot = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_layer=2, n_embd=32, n_head=2, n_positions=64,
                                bos_token_id=eot, eos_token_id=eot)).save_pretrained(str(folder))
@@ -462,6 +492,8 @@ def test_a_frozen_pretrained_lm_on_a_text_file_runs_through_the_workload(workdir
     result = launch.run_local("martingale_uq", cfg, progress=False, track=False)
     out = result.metrics
     # An untrained 300-token LM: about log(300) = 5.7 nats per token, on real and generated texts alike.
+    # margin: both 5.688-5.707 over seeds 1-5 (band 4-7); prior_sd worst 0.031 and every width worst
+    # 0.022 over seeds 1-5 (threshold 0)
     assert 4.0 < out["train/loss"] < 7.0 and 4.0 < out["eval/theta_prior"] < 7.0
     assert math.isfinite(out["eval/theta_true"]) and out["eval/prior_sd"] > 0
     for n in cfg.ns:
@@ -522,7 +554,7 @@ def test_pixelcnn_is_autoregressive_normalized_and_samples_its_own_distribution(
     one loads to the same scores."""
     import itertools
 
-    torch.manual_seed(0)
+    torch.manual_seed(shifted(0))
     model = pixelmodel.PixelCNN(levels=2, hidden=6, layers=1).eval()
     every = torch.tensor(list(itertools.product((0, 1), repeat=12))).view(-1, 2, 2, 3).permute(0, 3, 1, 2)
     bpd = pixelmodel.score(model, every, 4096, torch.device("cpu")).double()
@@ -531,10 +563,10 @@ def test_pixelcnn_is_autoregressive_normalized_and_samples_its_own_distribution(
     with torch.no_grad():  # a row's logits need only the rows above it (what sampling row by row relies on)
         torch.testing.assert_close(model(every[:64])[..., :1, :], model(every[:64, :, :1]))
     entropy = float((p * bpd).sum())  # bits per dim of a draw from the model, in expectation
-    samples = pixelmodel.generate(model, 3000, 2, 1.0, torch.Generator().manual_seed(0), 1000, torch.device("cpu"))
+    samples = pixelmodel.generate(model, 3000, 2, 1.0, torch.Generator().manual_seed(shifted(0)), 1000, torch.device("cpu"))
     assert samples.shape == (3000, 3, 2, 2) and set(samples.unique().tolist()) <= {0, 1}
     drawn = pixelmodel.score(model, samples, 3000, torch.device("cpu")).double()
-    assert abs(drawn.mean().item() - entropy) < 4 * drawn.std().item() / math.sqrt(3000)
+    assert abs(drawn.mean().item() - entropy) < 4 * drawn.std().item() / math.sqrt(3000)  # margin: worst 1.52 sd over seeds 1-5 (threshold 4)
     pixelmodel.save(model, tmp_path / "g.pt", image_size=2)
     loaded, size = pixelmodel.load(tmp_path / "g.pt")
     assert size == 2 and torch.equal(pixelmodel.score(loaded, every[:50], 50, torch.device("cpu")), bpd[:50].float())
@@ -618,15 +650,23 @@ def test_a_pixelcnn_trained_on_saved_images_runs_through_the_workload_and_its_cl
     out = result.metrics
     losses = [m["train/loss"] for _, m in result.history if "train/loss" in m and "eval/bpd_real" not in m]
     assert len(losses) == 6 and all(math.isfinite(x) for x in losses)
-    assert losses[-1] < losses[0] - 1.0 and losses[0] < 4.5  # from about 4 bits (uniform over 16 levels)
+    # From about 4 bits (uniform over 16 levels). margin over seeds 1-5: the first loss worst 3.30
+    # (threshold 4.5), the fall worst 1.47 bits (threshold 1.0)
+    assert losses[-1] < losses[0] - 1.0 and losses[0] < 4.5
     assert out["train/loss"] == losses[-1] and (workdir / "generator.pt").is_file()
-    assert out["eval/theta_true"] > out["eval/theta_prior"] > 0  # the shifted digits are less likely than its own
+    # The shifted digits are less likely than its own samples. margin: theta_true - theta_prior worst
+    # 6.18 bits per dim over seeds 1-5 (8.02 against 1.84 at seed 1; threshold 1.0)
+    assert out["eval/theta_true"] - out["eval/theta_prior"] > 1.0 and out["eval/theta_prior"] > 0
     for n in cfg.ns:
         for variant in ("exact", "shortcut", "bootstrap", "horizon"):
             assert 0 <= out[f"eval/coverage/{variant}/n{n}"] <= 1 and out[f"eval/width/{variant}/n{n}"] > 0
     trial = {**to_dict(cfg), **out}
     holds, measured = shortcut_wider_than_exact([trial])
-    assert holds and measured["pixels_nll_sd_ratio"] > 1
+    # The check runs on the trial and reports its ratio; its verdict is not asserted: at this size the
+    # two posteriors' sds are within sampling noise of each other (pixels_nll_sd_ratio 0.987-1.009
+    # over seeds 1-5, the check failing at seeds 1-4), so `holds` is the seed's draw. The reproduction
+    # judges the check at its own size (min sd ratio >= 1.25 over seeds 1-5).
+    assert holds == (measured["min_sd_ratio"] > 1) and 0 < measured["pixels_nll_sd_ratio"] < math.inf
     plot([trial], workdir / "claims.png")
     assert (workdir / "claims.png").stat().st_size > 0
     loaded = dataclasses.replace(cfg, generator_save="", generator_path="generator.pt")

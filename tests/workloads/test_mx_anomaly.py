@@ -18,7 +18,7 @@ from workloads.mx_anomaly import claims
 from workloads.mx_anomaly.workload import measure_block, narrowed, rel_mse, synthetic, validate
 
 from tests.conftest import run_cli
-from conftest import judged_claim
+from conftest import judged_claim, shifted
 
 
 def test_bad_configs_name_the_fix(tmp_path):
@@ -37,9 +37,11 @@ def test_bad_configs_name_the_fix(tmp_path):
 
 @pytest.mark.parametrize("distribution", ["gaussian", "laplace"])
 def test_synthetic_tensors_have_the_asked_width(distribution):
-    cfg = m.Config(distribution=distribution, synthetic_rows=256)
+    cfg = m.Config(distribution=distribution, synthetic_rows=256, seed=shifted(0))
     x = synthetic(cfg, 0.005)
     assert x.shape == (256, 1024)
+    # margin over seeds 1-5: the std's relative error worst 0.0025 (rel 0.02), the kurtosis's worst
+    # 0.014 (rel 0.15), both distributions
     assert float(x.std()) == pytest.approx(0.005, rel=0.02)
     kurtosis = float(((x / x.std()) ** 4).mean())
     assert kurtosis == pytest.approx(3.0 if distribution == "gaussian" else 6.0, rel=0.15)
@@ -68,21 +70,24 @@ def test_narrowing_keeps_the_function_and_sets_the_width():
 
 def test_measured_anomaly_on_one_block_pair():
     """The mechanism at the measurement level: UE4M3 block 8 vs 32 on a narrow tensor."""
-    model, _ = _tiny_lm()
+    model, _ = _tiny_lm(shifted(0))
     batches = [(torch.randint(0, 256, (2, 16)), torch.randint(0, 256, (2, 16)))]
-    cfg = m.Config(sigmas=(0.005, 1.0), synthetic_rows=64, lm_narrow_std=0.0)
+    cfg = m.Config(sigmas=(0.005, 1.0), synthetic_rows=64, lm_narrow_std=0.0, seed=shifted(0))
     out = {}
     for b in (8, 32):
         out.update(measure_block(cfg, b, {"lm": model}, batches, torch.device("cpu"), loss_fp=0.0))
+    # margin over seeds 1-5: the narrow tensor's b8/b32 error ratio worst 3.79 (threshold 2); the wide
+    # one's worst 0.712 (threshold 0.9: finer blocks help it)
     assert out["eval/rel_mse/s0.005/b8"] > 2 * out["eval/rel_mse/s0.005/b32"]
-    assert out["eval/rel_mse/s1/b8"] < out["eval/rel_mse/s1/b32"]
+    assert out["eval/rel_mse/s1/b8"] < 0.9 * out["eval/rel_mse/s1/b32"]
     before = model.blocks[0].qkv.weight.clone()
     assert all(math.isfinite(v) for v in out.values())
     assert torch.equal(model.blocks[0].qkv.weight, before)  # weights restored after quantizing them
     cfg5 = dataclasses.replace(cfg, scale_format="ue5m3")
     o5 = {**measure_block(cfg5, 8, {"lm": model}, batches, torch.device("cpu"), 0.0),
           **measure_block(cfg5, 32, {"lm": model}, batches, torch.device("cpu"), 0.0)}
-    assert o5["eval/rel_mse/s0.005/b8"] < o5["eval/rel_mse/s0.005/b32"]
+    # UE5M3: finer blocks help the narrow tensor too. margin: b8/b32 worst 0.712 over seeds 1-5 (threshold 0.9)
+    assert o5["eval/rel_mse/s0.005/b8"] < 0.9 * o5["eval/rel_mse/s0.005/b32"]
     assert rel_mse(torch.ones(4), torch.ones(4)) == 0.0
 
 
@@ -160,11 +165,12 @@ def test_quantizes_a_celerity_run_folder(workdir):
     lm_cfg = dataclasses.replace(celerity_lm.smoke(), tpp=1.0, eval_tokens=4096)
     result = launch.run_local("celerity_lm", lm_cfg, track=False, progress=False)
     cfg = m.Config(lm_checkpoint=str(result.run_dir), block_sizes=(32, 8), sigmas=(0.005,), synthetic_rows=16,
-                   eval_tokens=4096, quantize_activations=False)
+                   eval_tokens=4096, quantize_activations=False, seed=shifted(0))
     from orchestrator.run import LocalRun
 
     out = m.train(cfg, LocalRun(workdir / "mx"))
-    assert out["eval/lm_loss_fp"] == pytest.approx(result.metrics["eval/loss"], abs=1e-5)
+    assert out["eval/lm_loss_fp"] == pytest.approx(result.metrics["eval/loss"], abs=1e-5)  # the same model and tokens (0.0 apart at seeds 1-5)
+    # margin: the narrowed weights' b8/b32 error ratio worst 2.44 over seeds 1-5 (threshold 1.5)
     assert out["eval/rel_mse/lm_narrow_weights/b8"] > 1.5 * out["eval/rel_mse/lm_narrow_weights/b32"]
 
 
@@ -177,7 +183,7 @@ def test_the_lm_cache_key_is_the_lm_config_and_celerity_lm_code(monkeypatch, tmp
     assert here.parent == tmp_path / "mx_anomaly"
     # Another scale format quantizes the same LM; another seed or width trains another.
     assert lm_cache_dir(lm_config(dataclasses.replace(cfg, scale_format="e8m0", global_scale=False))) == here
-    assert lm_cache_dir(lm_config(dataclasses.replace(cfg, seed=1))) != here
+    assert lm_cache_dir(lm_config(dataclasses.replace(cfg, seed=cfg.seed + 1))) != here
     assert lm_cache_dir(lm_config(dataclasses.replace(cfg, lm_width=32))) != here
 
 
@@ -187,7 +193,10 @@ def test_reproduce_mx_anomaly_on_ray(workdir):
     seed, the tables and the plot are in MLflow."""
     names = ("ue4m3_anomaly", "ue5m3_no_rise", "global_scale_also_removes_it", "ue5m3_matches_global_scale",
              "lm_weight_anomaly", "lm_loss_anomaly")
-    proc = run_cli(["reproduce", "mx_anomaly", "--smoke"], cwd=workdir, timeout=600)
+    # A subprocess: conftest's seed shift does not reach it, the --seed does. Its own model cache: the
+    # trials' curves below (one trains the LM, three read it) need one that does not hold this LM yet.
+    proc = run_cli(["reproduce", "mx_anomaly", "--smoke", "--seed", str(shifted(0))], cwd=workdir, timeout=600,
+                   env={"LADDER_CACHE": str(workdir / "ladder-cache")})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # one seed gives no interval: every claim is inconclusive, none fails, and the check holds
     verdicts = {line.split()[0]: line.split()[-1] for line in proc.stdout.splitlines()
@@ -203,6 +212,9 @@ def test_reproduce_mx_anomaly_on_ray(workdir):
     assert len(parents) == 1
     parent = parents[0]
     assert parent.data.tags["ladder.claims"] == "claims: 6 inconclusive; checks: 1/1 hold"
+    # margin over seeds 1-9 (the smoke sweep's synthetic tensors, measured by measure_block as its
+    # trials do; seeds 1-4 as in docs/reproductions.md): ue4m3_anomaly's margin worst 1.683
+    # (threshold 1), its narrow rise worst 3.85 (threshold 2)
     assert parent.data.metrics["claim/ue4m3_anomaly"] == 1.0
     assert parent.data.metrics["claim/ue4m3_anomaly/narrow_rise"] > 2.0
     assert parent.data.metrics["check/narrowing_keeps_the_function"] == 1.0
@@ -211,9 +223,22 @@ def test_reproduce_mx_anomaly_on_ray(workdir):
     recorded = json.loads(open(c.download_artifacts(parent.info.run_id, "claims.json", str(workdir))).read())
     assert {r["name"]: r["kind"] for r in recorded} == {**{n: "claim" for n in names},
                                                         "narrowing_keeps_the_function": "check"}
-    # every claim's declared effect passes its threshold at the seed judged
+    # Every claim's record says what its declared effect against its threshold says (a mechanism
+    # check), and every claim but lm_loss_anomaly holds at the seed judged. margin over seeds 1-9
+    # (as above): ue5m3_no_rise worst 0.9669 (threshold 1.02), global_scale_also_removes_it worst
+    # 0.9663 (1.02), ue5m3_matches_global_scale worst 0.0072 (0.05); lm_weight_anomaly worst 2.7 over
+    # seeds 1-4 and 100-104 (1.3; docs/reproductions/mx_anomaly.notes.md); the check
+    # narrowing_keeps_the_function's loss change 0.0 at seeds 0-4 (by construction).
+    # lm_loss_anomaly is judged and reported, not asserted: its margin over the 0.002-nat floor is
+    # 0.0007-0.0028 nats at seeds 0, 2, 3, 4 and -0.0008 at seed 1 (docs/reproductions.md), so at one
+    # seed its verdict is that seed's draw.
+    specs = {fn.__name__: spec_of(fn) for fn in claims.CLAIMS}
     for r in recorded:
-        assert [s["holds"] for s in r["per_seed"]] == [True], r
+        (at_seed,) = r["per_seed"]
+        if r["kind"] == "claim":
+            assert specs[r["name"]].passes(at_seed["measured"][specs[r["name"]].effect]) == at_seed["holds"], r
+        if r["name"] != "lm_loss_anomaly":
+            assert at_seed["holds"] is True, r
     # The four trials quantize one LM: one trial trained it (a curve of held-out LM losses), the
     # others read it from the cache (one point), and all measured the same full-precision loss.
     trials = [r for r in c.search_runs([exp.experiment_id]) if "ladder.trial_id" in r.data.tags]
@@ -239,7 +264,7 @@ def _tiny_llama(folder, lines: list[str]) -> None:
                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>")
     tokenizer.save_pretrained(str(folder))
-    torch.manual_seed(0)
+    torch.manual_seed(shifted(0))  # the LLM's init: moved with the test's seed
     LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                  num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128)
                      ).save_pretrained(str(folder))
@@ -270,13 +295,18 @@ def test_a_pretrained_llm_is_quantized_through_the_workload(workdir):
     w.preflight(cfg)
     result = launch.run_local("mx_anomaly", cfg, progress=False, track=False)
     out = result.metrics
-    assert 4.0 < out["eval/llm_loss_fp"] < 7.0  # an untrained 300-token LM: about log(300) = 5.7 nats
+    # An untrained 300-token LM: about log(300) = 5.7 nats. margin over seeds 1-5: 5.68-5.74 (band 4-7);
+    # every relative MSE 0.0071-0.0113 (band 0-0.5); weight std 0.0198-0.0201 (band 0.01-0.03)
+    assert 4.0 < out["eval/llm_loss_fp"] < 7.0
     for b in cfg.block_sizes:
         for key in (f"eval/rel_mse/llm_weights/b{b}", f"eval/rel_mse/llm_acts/b{b}"):
             assert 0 < out[key] < 0.5, key
         assert math.isfinite(out[f"eval/llm_dloss_w4/b{b}"]) and math.isfinite(out[f"eval/llm_dloss_w4a4/b{b}"])
     assert 0.01 < out["eval/llm_weight_std"] < 0.03  # Llama's initialisation, std 0.02
-    assert out["eval/llm_dloss_w4a4/b8"] != 0 and "eval/lm_loss_fp" not in out  # quantized; no celerity_lm trained
+    # Quantized (a mechanism check: the loss is bit-identical to the full-precision one only if nothing
+    # was quantized; |dloss| >= 3.2e-5 over seeds 1-5, some 60 float32 ulps of a 5.7-nat loss); no
+    # celerity_lm trained
+    assert out["eval/llm_dloss_w4a4/b8"] != 0 and "eval/lm_loss_fp" not in out
     losses = [mm["train/loss"] for _, mm in result.history if "train/loss" in mm]
     assert len(losses) == len(cfg.block_sizes) and all(math.isfinite(x) for x in losses)
 
