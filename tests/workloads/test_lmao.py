@@ -267,7 +267,9 @@ def test_smoke_reproduction_holds(workdir, tiny_base):
     assert results["three_forwards_one_backward"].holds, results["three_forwards_one_backward"].measured
     assert results["no_base_grad_after_zo"].holds, results["no_base_grad_after_zo"].measured
     loss = results["lmao_beats_lora_and_mezo"].measured
-    assert loss["lmao_loss"] < loss["mezo_loss"] - 1.0, loss  # the first-order half carries most of the progress
+    # The first-order half carries most of the progress. margin: mezo_loss - lmao_loss worst 1.69 over
+    # seeds 1-5 (1.69, 2.21, 1.76, 1.88, 2.16) (threshold 1.0)
+    assert loss["lmao_loss"] < loss["mezo_loss"] - 1.0, loss
     # lmao_beats_lora_and_mezo itself is judged and reported by `ladder reproduce`, not asserted: at
     # tiny-local's size the zeroth-order half's gain over LoRA r = 1 is below the run-to-run spread
     # of the LoRA trajectory (over seeds 0-5 LMAO ended below LoRA in 4 of 6, mean 2.830 vs 2.877,
@@ -320,6 +322,8 @@ def test_gpt2_folder_and_jsonl_task_run_the_real_sweeps_code(workdir, gpt2_task,
         preflight(cfg)
         result = launch.run_local("lmao", cfg, progress=False, track=False)
         losses = [m["train/loss"] for _, m in result.history if "train/loss" in m]
+        # margin: losses[0] - losses[-1] worst 0.342 over seeds 1-5 (lmao 0.363, 0.359, 0.358, 0.349,
+        # 0.344; lora 0.363, 0.358, 0.358, 0.348, 0.342; mezo 0.647, 0.387, 0.384, 0.475, 0.382) (threshold 0.1)
         assert losses[-1] < losses[0] - 0.1, (method, losses)
         assert 0.0 <= result.metrics["eval/acc"] <= 1.0 and math.isfinite(result.metrics["eval/loss"])
         trials.append({"method": method, "seed": cfg.seed, **result.metrics})
@@ -365,8 +369,11 @@ def test_tiny_local_with_a_saved_dataset_task(workdir, tiny_base):
     preflight(cfg)
     result = launch.run_local("lmao", cfg, progress=False, track=False)
     losses = [m["train/loss"] for _, m in result.history if "train/loss" in m]
+    # margin: losses[0] - losses[-1] worst 4.71 over seeds 1-5 (4.71, 6.38, 4.99, 6.09, 4.79) (threshold 0.1)
     assert losses[-1] < losses[0] - 0.1, losses
     evals = [m["eval/loss"] for _, m in result.history if "eval/loss" in m]
+    # margin: evals[0] - evals[-1] worst 0.419 over seeds 1-5 (0.614, 1.198, 1.054, 0.635, 0.419) (threshold 0);
+    # the pass count is fixed by construction
     assert evals[-1] < evals[0] and result.metrics["diag/forwards_per_step_max"] == 3, evals
 
 
