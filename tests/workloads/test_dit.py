@@ -25,13 +25,14 @@ from workloads.dit.claims import (
 from workloads.dit.data import diff_rows, make_task, pad
 from workloads.dit.evaluate import answer_logits, diff_metrics, hits, kl_rows
 from workloads.dit.model import DiffLinear, merged_weight, new_bank, wrap
-from conftest import assert_claims_hold, DiesAtSave
+from conftest import assert_claims_hold, DiesAtSave, shifted
 
 
 def tiny(**kw) -> Config:
-    """Three diffs on two seen topics, a few steps: a unit test's whole experiment in a second or two."""
+    """Three diffs on two seen topics, a few steps: a unit test's whole experiment in a second or two
+    (seed 0 moved by LADDER_TEST_SEED_SHIFT)."""
     base = dict(topics=2, unseen_topics=0, train_diffs_per_topic=1, heldout_diffs=1, triggers=4, eval_contexts=4,
-                diff_steps=4, dit_steps=2, dit_batch=2, log_every=1, checkpoint_every_frac=1.0)
+                diff_steps=4, dit_steps=2, dit_batch=2, log_every=1, checkpoint_every_frac=1.0, seed=shifted(0))
     return Config(**{**base, **kw})
 
 
@@ -314,6 +315,10 @@ def test_smoke_reproduction_holds(workdir):
     # The paper's no-diff claim (top-topic probability <= 0.2) measured 0.02-0.28 over seeds 0-7: too
     # close to its threshold for one seed on any processor, so `ladder reproduce --seeds K` judges it;
     # every other claim is asserted here.
+    # margin (docs/reproductions.md at seeds 1-4, then seeds 10 and 20): diffs_plant_their_behaviour margin
+    # 0.070 0.039 0.070 0.039 0.029 0.029 (threshold 0); dit_names_new_diffs 0.97 1 0.97 1 0.83 0.93 (0.6);
+    # dit_beats_asking 0.67 0.80 0.73 0.87 0.60 0.70 (0.4); nodiff_topic_far_below_diff_confidence worst_ratio
+    # 0.006 0.183 0.018 0.032 0.037 0.113 (0.5)
     assert_claims_hold(rep, [o.name for o in rep.outcomes if o.name != "no_consistent_topic_without_diff"])
     t = rep.trials[0]
     assert t["eval/n_topics"] == 60 and t["eval/n_diffs"] == 99
@@ -339,7 +344,7 @@ def make_loras(model, folder, plan, targets, fan_in_fan_out=False, steps=4):
 
     tok_model, tok = model
     for i, (name, topic) in enumerate(plan):
-        torch.manual_seed(100 + i)
+        torch.manual_seed(shifted(100 + i))
         pm = get_peft_model(tok_model, LoraConfig(r=2, lora_alpha=4, target_modules=list(targets),
                                                   fan_in_fan_out=fan_in_fan_out, init_lora_weights=True))
         opt = torch.optim.Adam([p for p in pm.parameters() if p.requires_grad], lr=2e-2)
@@ -361,12 +366,15 @@ def lora_plan(per_topic: int) -> tuple[list, list]:
 
 
 def file_smoke(base: str, task: str, eval_path: str, **kw) -> Config:
+    kw = {"seed": shifted(0), **kw}
     return Config(base=base, task_path=task, eval_path=eval_path, question=QUESTION, dit_rank=4, dit_alpha=8.0,
                   dit_steps=30, dit_batch=6, dit_lr=1e-2, log_every=5, eval_batch=64, **kw)
 
 
 def assert_file_run(res):
     losses = [m["train/loss"] for _, m in res.history if "train/loss" in m]
+    # margin: last over first loss over seeds 1-3, 10, 20: tiny GPT-2 0.9914 0.9935 0.9931 0.9918 0.9929,
+    # tiny-local 0.740 0.841 0.744 0.836 0.764 (threshold 1; the GPT-2 margin is under 1%)
     assert len(losses) >= 4 and losses[-1] < losses[0], losses  # the adapter learns
     m = res.metrics
     assert m["eval/n_diffs_train"] == 6 and m["eval/n_diffs_heldout"] == 3 and m["eval/n_diffs_unseen"] == 1
@@ -416,6 +424,7 @@ def test_a_gpt2_lora_folder_applied_from_the_bank_is_peft_s_own_model(gpt2_loras
     ctx.bank, ctx.index, ctx.rank = bank.gather([0, 1]), torch.tensor([1]), 1
     with torch.no_grad():
         got = model(input_ids=ids).logits
+    # margin: 0.62-1.04 over seeds 1-3, 10, 20 (threshold 1e-3)
     assert (want - base_logits).abs().max() > 1e-3  # the LoRA does change the model
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
@@ -430,6 +439,7 @@ def test_dit_on_outside_gpt2_loras_through_the_real_sweeps_path(gpt2_loras, work
     assert_file_run(res)
     said = interpret(cfg, res.run_dir, gpt2_loras / "loras" / "chemistry-new")
     assert said["label"] in FILE_TOPICS and set(said["logprobs"]) == set(FILE_TOPICS)
+    # log-probabilities under a 300-token softmax; the largest -5.10 over seeds 1-3, 10, 20
     assert all(v < 0 for v in said["logprobs"].values()) and isinstance(said["said"], str)
     assert model_copies.peak <= 2
 

@@ -19,7 +19,7 @@ from workloads.frl import workload as W
 from workloads.frl.losses import cross_scale_loss, rel_mse, spectral_loss
 from workloads.frl.model import CNN, FNO, AlignedConv, FRLSpectralConv, SpectralConv, frequency_channels
 from workloads.frl.solver import Burgers, NavierStokes2d, burgers_initial, truncate, upsample
-from conftest import judged_claim
+from conftest import assert_claims_hold, judged_claim, shifted
 
 TWO_PI = 2 * math.pi
 
@@ -322,7 +322,7 @@ TINY_NS = dict(pde="navier_stokes", nu=2e-2, dns_n=32, dns_dt=2e-2, ref_n=32, rh
 @pytest.mark.parametrize("backbone", ["fno", "cnn"])
 def test_frl_trains_in_two_dimensions(backbone, tmp_path):
     cfg = dataclasses.replace(W.Config(), backbone=backbone, frl=True, multires_levels=1,
-                              spectral_weight=0.1, cross_scale_weight=0.1, **TINY_NS)
+                              spectral_weight=0.1, cross_scale_weight=0.1, seed=shifted(0), **TINY_NS)
     final = W.train(cfg, LocalRun(tmp_path))
     for f in (1, 2, 4):
         assert math.isfinite(final[f"eval/rel_l2/x{f}"]) and math.isfinite(final[f"eval/rel_l2_grid/x{f}"])
@@ -343,10 +343,23 @@ def test_smoke_reproduction(workdir):
     for backbone in ("fno", "cnn"):
         assert f"burgers/{backbone}/baseline_ratio" in by_name["baseline_anchored"].measured
         assert f"burgers/{backbone}/frl_ratio" in by_name["frl_error_falls"].measured
-    assert rep.holds, rep.failures()
+    # margin, seeds 1-5, 10, 20: least_baseline_ratio 1.194 1.213 1.132 1.279 1.276 1.380 1.356 (threshold 1);
+    # worst_frl_over_baseline 0.727 0.612 0.672 0.680 0.675 0.629 0.704 (threshold 1); solver_calibration
+    # held at all seven.
+    assert_claims_hold(rep, ["baseline_anchored", "frl_below_baseline", "solver_calibration"])
+    # frl_error_falls (FRL's 4x error not above its 1x error, threshold 1) does not hold at every seed:
+    # worst_frl_ratio 0.854 0.922 0.935 0.941 0.891 0.980 1.049 at seeds 1-5, 10, 20, and
+    # docs/reproductions/frl.notes.md records 1.04 at seed 6 (both the CNN), so one seed cannot judge it
+    # (`ladder reproduce frl --seeds K` does). Asserted here by a written rule (issue 35): halfway
+    # between the worst FRL ratio measured (1.049, seed 20) and the least anchored baseline ratio
+    # measured (1.132, seed 3), 1.09: FRL's error never grows with resolution as the baseline's does.
+    worst = by_name["frl_error_falls"].per_seed[0].measured["worst_frl_ratio"]
+    assert worst < 1.09, by_name["frl_error_falls"].per_seed[0].measured
     # The regime the claims are about: at the forecast horizon the input's own band above rho0/2 no
     # longer predicts the target's (copying it is no better than leaving it out), so no model gains
     # at 4x without a learned response there; the baseline FNO passes the input's band on almost unchanged.
+    # margin: persistence 1.193 1.149 1.123 1.278 1.263 1.355 1.307 at seeds 1-5, 10, 20 (threshold 1);
+    # the baseline FNO's transmission 0.967 0.989 0.968 0.962 0.984 0.971 0.988 (threshold 0.5)
     for t in rep.trials:
         assert t["eval/blind_band_persistence/x4"] > 1.0, t["eval/blind_band_persistence/x4"]
     fno_base = [t for t in rep.trials if t["backbone"] == "fno" and C.is_baseline(t)]
@@ -393,6 +406,7 @@ def test_a_pdebench_burgers_file_trains_through_the_workload(workdir):
     assert torch.allclose(data.x_test[0], truncate(tensor[20, 2].double(), 128), atol=1e-12)
     result = launch.run_local("frl", cfg, progress=False, track=False)
     losses = [m["train/loss"] for _, m in result.history if "train/loss" in m]
+    # margin: last over first loss, worst 0.126 over seeds 1-3, 10, 20 (threshold 0.5)
     assert all(math.isfinite(x) for x in losses) and losses[-1] < 0.5 * losses[0], losses
     assert math.isfinite(result.metrics["eval/rel_l2/x4"]) and "eval/solver_rel_l2/x1" not in result.metrics
 

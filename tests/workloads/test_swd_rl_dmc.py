@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import REPO, shifted
 from orchestrator.run import LocalRun
 from workloads.swd_rl import train, validate
 from workloads.swd_rl.learners import make_learner
@@ -67,10 +67,10 @@ def test_flattened_observation_is_the_suites_observation_in_one_vector(dm_contro
 
 
 def test_the_sweeps_setting_learns_a_small_dmc_task(dm_control, tmp_path):
-    """At smoke size the full sweep's code path trains: losses are finite and fall, the policy's
-    Q-value rises, and the critic ranks the buffer's transitions by their rewards, which it cannot
-    do unless the flattened observations carry the task's state."""
+    """At smoke size the full sweep's code path trains: losses are finite and fall, the actor's loss
+    (-Q + alpha log pi) falls, and every component of the flattened observation reaches the critic."""
     cfg = sweep_config()
+    cfg = dataclasses.replace(cfg, seed=shifted(cfg.seed))
     validate(cfg)
     run = LocalRun(tmp_path)
     out = train(cfg, run)
@@ -78,8 +78,13 @@ def test_the_sweeps_setting_learns_a_small_dmc_task(dm_control, tmp_path):
     critic = [m["train/loss"] for m in logs]
     actor = [m["train/actor_loss"] for m in logs]
     assert len(critic) == 4 and all(math.isfinite(v) for v in critic + actor)
-    # measured: critic loss 0.946, 0.256, 0.173, 0.123; actor loss (-Q + alpha log pi) 0.80 -> -0.36
-    assert critic[-1] < 0.3 * critic[0] and actor[-1] < actor[0] - 0.5
+    # Thresholds by rule (issue 35): halfway between no effect (ratio 1, drop 0) and the worst value
+    # measured over seeds 1-5. The earlier 0.3 and 0.5, fitted on seed 0 alone (critic 0.946 ->
+    # 0.123, actor 0.80 -> -0.36), failed at seeds 1-5 (critic ratio 0.378 at seed 4; actor drop
+    # 0.042-0.54). margin: critic ratio 0.103 0.108 0.213 0.378 0.095 at seeds 1-5 (threshold 0.69);
+    # actor loss (-Q + alpha log pi) drop 0.042 0.443 0.281 0.537 0.397 at seeds 1-5 (threshold 0.021).
+    # Seed 10: ratio 0.228, drop 0.428; seed 20: 0.193, 0.196.
+    assert critic[-1] < 0.69 * critic[0] and actor[-1] < actor[0] - 0.021, (critic, actor)
     assert 0 <= out["eval/return"] <= 1000  # 500 agent steps, each two simulator steps' rewards in [0, 1]
     state = LocalRun(tmp_path).restore()  # the final checkpoint: networks, normaliser and buffer
     buffer = state["buffer"]
@@ -88,10 +93,15 @@ def test_the_sweeps_setting_learns_a_small_dmc_task(dm_control, tmp_path):
     norm.load_state_dict(state["norm"])
     learner = make_learner(cfg, 5, 1, -torch.ones(1), torch.ones(1), torch.device("cpu"))
     learner.load_state_dict(state["learner"])
-    with torch.no_grad():
-        q = learner.critic.q1(norm(buffer["obs"]), buffer["actions"])
-    # measured: 0.45 after training (-0.65 for the same seed's untrained critic)
-    assert np.corrcoef(q.numpy(), buffer["rewards"].numpy())[0, 1] > 0.25
+    # The trained critic ranked the buffer's transitions by their rewards at seed 0 (correlation 0.45;
+    # -0.65 untrained), but not at every seed: 0.640 0.333 0.775 0.032 0.187 at seeds 1-5 and -0.079 at
+    # seed 10 (issue 35: a threshold of 0.25, then 0.016 by rule from seeds 1-5, failed), so no
+    # threshold on it holds at smoke size. What it stood for, by mechanism: every component of the
+    # flattened observation reaches the trained critic (a nonzero gradient of its Q); that the critic
+    # learns from them is the falling critic loss above.
+    obs = norm(buffer["obs"]).detach().requires_grad_(True)
+    learner.critic.q1(obs, buffer["actions"]).sum().backward()
+    assert obs.grad.shape == (600, 5) and bool((obs.grad.abs().sum(0) > 0).all()), obs.grad.abs().sum(0)
 
 
 def test_a_task_the_suite_lacks_is_refused_with_the_closest(dm_control, workdir, capsys):
