@@ -231,8 +231,16 @@ class _TuneInterruptHints(logging.Filter):
 
     DROPPED = ("Experiment has been interrupted", "Trials did not complete", "Stop signal received")
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.stopped = False
+        """Tune's SIGINT handler ran (it logs 'Stop signal received'): the fit was interrupted."""
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(self.DROPPED)
+        message = str(record.msg)
+        if message.startswith("Stop signal received"):
+            self.stopped = True
+        return not message.startswith(self.DROPPED)
 
 
 def runs_root() -> Path:
@@ -627,8 +635,8 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
             results = tuner.fit()
     finally:
         tune_log.removeFilter(hints)
-    # Tune returns normally after a Ctrl-C (it stops the trials and saves the experiment): a trial
-    # that did not end through Tune's callbacks was interrupted, not finished.
+    # Tune returns normally after a Ctrl-C (it stops the trials and saves the experiment): then a
+    # trial that did not end through Tune's callbacks was interrupted, not finished.
     tune_trials = getattr(getattr(results, "_experiment_analysis", None), "trials", None) or [None] * len(results)
     if diagnostics is not None:
         diagnostics.flush()
@@ -647,7 +655,8 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
         d = decisions.get(tid, {})
         tid = str((r.config or {}).get("trial_of") or tid)  # the trial a resumed search handed out again
         short = metrics.get("progress", 0) < 1 - 1e-9
-        interrupted = tune_trial is not None and tune_trial.trial_id not in endings.ended and not r.error
+        interrupted = (hints.stopped and tune_trial is not None and tune_trial.trial_id not in endings.ended
+                       and not r.error)
         if interrupted:
             stopped = False
         elif sweep.scheduler in ("asha", "median"):

@@ -78,7 +78,9 @@ def _shift_seeds(shift: int) -> None:
     reproduce.plan = plan_at_shifted_seed
 
 
-if SEED_SHIFT:
+# Once per process: importing this file again under another name (`tests.conftest`) would shift twice.
+if SEED_SHIFT and not os.environ.get("_LADDER_SEEDS_SHIFTED_IN") == str(os.getpid()):
+    os.environ["_LADDER_SEEDS_SHIFTED_IN"] = str(os.getpid())
     _shift_seeds(SEED_SHIFT)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LADDER, free_port, run_cli, start_mlflow_server, stop_process_group
+from conftest import LADDER, free_port, run_cli, shifted, start_mlflow_server, stop_process_group
 from orchestrator import registry, tracking
 
 # The synthetic curves workload paced by sleeping: the run lasts as long on a loaded machine as
@@ -163,7 +163,7 @@ def test_killed_ray_train_worker_restarts_from_its_checkpoint(workdir):
     log = workdir / "run.log"
     proc = subprocess.Popen(
         LADDER + ["run", "celerity_lm", "--smoke", "--workers", "2", "--max-failures", "1",
-                  "--set", "tpp=4", "checkpoint_every_frac=0.2"],
+                  "--set", "tpp=4", "checkpoint_every_frac=0.2", f"seed={shifted(0)}"],
         cwd=workdir, start_new_session=True, stdout=open(log, "w"), stderr=subprocess.STDOUT)  # worker lines reach either stream
     try:
         # A checkpoint folder exists while it is still being written; Ray Train restores only
@@ -200,6 +200,9 @@ def test_killed_ray_train_worker_restarts_from_its_checkpoint(workdir):
     assert "celerity_lm: finished" in console and f"step {total}/{total}" in console, console[-3000:]
     assert run.data.tags["ladder.world_size"] == "2" and run.data.tags["ladder.backend"] == "gloo"
     loss = sorted(c.get_metric_history(run.info.run_id, "train/loss"), key=lambda m: m.step)
+    # margin: last/first train/loss worst 0.507 over seeds 1-5 (threshold 0.8), measured in-process on
+    # one worker (smoke() is tpp=4: this config and global batch; test_tracking's run): 0.496, 0.498,
+    # 0.507, 0.481, 0.486 (seed 0: 0.513). Here it is rank 0's half of the batch.
     assert loss[-1].value < 0.8 * loss[0].value, "the run did not train"
     assert max(m.value for m in c.get_metric_history(run.info.run_id, "progress")) == pytest.approx(1.0)
     restored = [int(line.rsplit(" ", 1)[1]) for line in log.read_text().splitlines()

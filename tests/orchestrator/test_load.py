@@ -50,7 +50,10 @@ def test_two_hundred_trials_run_to_completion_under_the_collapse_scheduler(load_
     assert len(decisions) == 200
     stopped = [r for r in runs if r.data.tags.get("ladder.stopped_early") == "true"]
     finished = [r for r in runs if r.data.tags.get("ladder.stopped_early") != "true"]
-    assert 100 <= len(stopped) < 200, f"{len(stopped)} of 200 stopped"  # keep_quantile 0.5 at two rungs
+    # keep_quantile 0.5 at two rungs. margin: the pure stopper replayed offline on these curves (two
+    # trials at a time, the shipped seeds moved by 1-6) stopped 122-125 (worst 122, seed shift 6;
+    # 125 unmoved), threshold 100.
+    assert 100 <= len(stopped) < 200, f"{len(stopped)} of 200 stopped"
     # Every point a finished trial reported is recorded once: 50 reports of 200 steps.
     reported = recorded = 0
     for r in finished:
@@ -63,7 +66,9 @@ def test_two_hundred_trials_run_to_completion_under_the_collapse_scheduler(load_
     # The deviation diagnostic ran beside the decisions and its predictions reached the runs.
     predicted = [r for r in runs if "collapse/pred_final_loss" in r.data.metrics]
     assert len(predicted) >= 150, f"{len(predicted)} of 200 runs carry collapse/pred_final_loss"
-    # The survivors are the good learning rates: the best final loss sits near lr = 1e-2.
+    # The survivors are the good learning rates: the best final loss sits near lr = 1e-2. margin: in
+    # the same offline replays (seed shifts 0-6) the best finished trial was at lr 10^-2.02 each time
+    # (bounds 10^-2.5, 10^-1.5: a trial there ends 3.1% or more above lr 1e-2, six noise sigmas).
     best = min(finished, key=lambda r: json.loads(r.data.tags["ladder.final"])["eval/loss"])
     assert 10 ** -2.5 < float(best.data.params["lr"]) < 10 ** -1.5
 

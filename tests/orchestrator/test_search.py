@@ -11,6 +11,7 @@ import pickle
 
 import pytest
 
+from conftest import shifted
 from orchestrator.cli import main
 from orchestrator.sweep import (MODEL_BASED_CONCURRENCY, TPE_OPTIONS, Grid, Sweep, SweepError, choice, grid,
                                 load_sweep_file, loguniform, seeds, uniform)
@@ -126,7 +127,7 @@ def drive(searcher, n: int, *, prefix: str = "t", end=None) -> list[dict]:
 def test_proposals_are_seeded_model_based_and_carry_the_fixed_values():
     from orchestrator import search
 
-    s = tpe(num_samples=16, space={**SPACE, "floor": 3.0})
+    s = tpe(num_samples=16, seed=shifted(0), space={**SPACE, "floor": 3.0})
     searcher = search.build(s)
     assert searcher.metric is None  # Tune does not demand the objective in every report
     sampler = searcher.study.sampler
@@ -135,14 +136,23 @@ def test_proposals_are_seeded_model_based_and_carry_the_fixed_values():
     first = drive(searcher, 16)
     assert all(c["params"]["floor"] == 3.0 and set(c["params"]) == {"lr", "warmup", "schedule", "floor"} for c in first)
     assert first == drive(search.build(s), 16), "the same seed proposed other trials"
-    assert first != drive(search.build(tpe(num_samples=16, seed=1, space={**SPACE, "floor": 3.0})), 16)
+    assert first != drive(search.build(tpe(num_samples=16, seed=shifted(0) + 1, space={**SPACE, "floor": 3.0})), 16)
     trials = searcher.study.trials
     assert [t.state.name for t in trials] == ["COMPLETE"] * 16
     assert [t.value for t in trials] == pytest.approx([objective(c["params"]) for c in first])
-    # Model-based: after the random start, proposals gather where the loss is low (lr near 1e-2,
-    # warmup near 0.05, cosine) more than the random ones did.
-    dist = [abs(math.log10(c["params"]["lr"] / 1e-2)) for c in first]
-    assert sum(dist[8:]) / 8 < sum(dist[:5]) / 5, dist
+    # Model-based: the first 5 proposals are the random start (those of a search that stays random,
+    # at the same seed) and every later one comes from the model (none is the random search's);
+    # the model learned the results: the same search told other results proposes the same random
+    # start, then other trials. (Mechanism, not a margin: whether the later proposals gather nearer
+    # lr = 1e-2 than the random ones is a coin flip at 16 proposals. Measured at seeds 0-11, their
+    # mean |log10(lr / 1e-2)| was below the random start's at 8 seeds, above it at 1, 2, 10 and 11.)
+    random_start = drive(search.build(tpe(num_samples=16, seed=shifted(0), space={**SPACE, "floor": 3.0},
+                                          search_options={"n_startup_trials": 16})), 16)
+    same = [a["params"] == b["params"] for a, b in zip(first, random_start)]
+    assert same == [True] * 5 + [False] * 11, same
+    told_otherwise = drive(search.build(s), 16, end=lambda i, p: {"eval/loss": -objective(p), "progress": 1.0})
+    same = [a["params"] == b["params"] for a, b in zip(first, told_otherwise)]
+    assert same[:5] == [True] * 5 and not all(same[5:]), same
 
 
 def test_a_trial_stopped_early_is_pruned_at_the_fraction_it_reached_and_a_failure_is_left_out():

@@ -129,6 +129,9 @@ def test_median_sweep_runs_end_to_end_and_logs_each_trial_to_wandb(shared, capfd
     runs = children(shared.client, "median")
     assert len(runs) == TRIALS
     stopped, points = assert_whole_curves(shared.client, runs)
+    # Not seed-dependent (mechanism): every trial takes smoke()'s seed, so one noise draw, and at each
+    # report their losses stand in the ratio of their noise-free final losses (workloads/curves
+    # final_loss), whatever the seed: lr 0.1 and 0.05 end 12.5% and 6.1% above lr 1e-2 at every seed.
     assert stopped == sum(t["stopped"] for t in result.trials) >= 1, "the median rule stopped no trial"
     assert shared.client.get_run(result.parent_run_id).info.status == "FINISHED"
     # What the parent run shows first: the best finished objective under the children's metric
@@ -200,6 +203,7 @@ def test_asha_sweep_resumes_after_its_driver_dies(shared, monkeypatch):
     assert len(runs) == TRIALS, "a trial got a second MLflow run"
     assert {r.data.tags["workload"] for r in runs} == {workload}
     stopped, points = assert_whole_curves(shared.client, runs, resumed=True)
+    # Not seed-dependent: one noise draw for every trial (see the median test).
     assert stopped == sum(t["stopped"] for t in result.trials) >= 1, "ASHA stopped no trial"
     assert shared.client.get_run(result.parent_run_id).info.status == "FINISHED"
     assert "finished" in format_trials(result) and "%" in format_trials(result)

@@ -26,6 +26,8 @@ def test_local_run_is_recorded(workdir):
     history = c.get_metric_history(result.mlflow_run_id, "train/loss")
     steps = [m.step for m in history]
     assert steps == sorted(set(steps)) and len(steps) == len([1 for s, m in result.history if "train/loss" in m])
+    # It trained. margin: last/first train/loss worst 0.507 over seeds 1-5 (0.496, 0.498, 0.507, 0.481,
+    # 0.486; seed 0: 0.513), threshold 0.7.
     assert history[-1].value < 0.7 * history[0].value
     # Artifacts live in ./mlartifacts, not in a temporary folder.
     exp = c.get_experiment(run.info.experiment_id)

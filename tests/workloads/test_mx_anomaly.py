@@ -17,8 +17,7 @@ from workloads import mx_anomaly as m
 from workloads.mx_anomaly import claims
 from workloads.mx_anomaly.workload import measure_block, narrowed, rel_mse, synthetic, validate
 
-from tests.conftest import run_cli
-from conftest import judged_claim, shifted
+from conftest import judged_claim, run_cli, shifted
 
 
 def test_bad_configs_name_the_fix(tmp_path):
