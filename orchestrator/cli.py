@@ -426,8 +426,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         # What was recorded says so (a run ends KILLED); a traceback of where Ctrl-C landed says nothing.
-        print(f"ladder: interrupted (ladder {args.command}); what it recorded is kept, its MLflow run ended KILLED",
-              file=sys.stderr)
+        print(f"ladder: interrupted (ladder {args.command}); what it had recorded is kept, and a run it had open "
+              "in MLflow is ended KILLED", file=sys.stderr)
         return 128 + signal.SIGINT
 
 

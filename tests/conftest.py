@@ -78,10 +78,13 @@ def _shift_seeds(shift: int) -> None:
     reproduce.plan = plan_at_shifted_seed
 
 
-# Once per process: importing this file again under another name (`tests.conftest`) would shift twice.
-if SEED_SHIFT and not os.environ.get("_LADDER_SEEDS_SHIFTED_IN") == str(os.getpid()):
-    os.environ["_LADDER_SEEDS_SHIFTED_IN"] = str(os.getpid())
-    _shift_seeds(SEED_SHIFT)
+# Once per process: this file imported again under another name (`tests.conftest`) finds the
+# reproductions' plan already wrapped, and does not shift twice.
+if SEED_SHIFT:
+    from orchestrator import reproduce as _reproduce
+
+    if not hasattr(_reproduce.plan, "__wrapped__"):
+        _shift_seeds(SEED_SHIFT)
 
 
 @pytest.fixture(autouse=True)
