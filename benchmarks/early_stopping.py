@@ -1,7 +1,7 @@
 """Scaling with Collapse: Efficient and Predictable Training of LLM Families (Bergsma et al., 2025) — https://arxiv.org/abs/2509.25087
 
 Early stopping by loss-curve collapse against ASHA, median stopping, current-best and random
-selection, replayed on the same finished curves (`orchestrator.audit`).
+selection, replayed on the same finished curves (`orchestrator.sweeps.audit`).
 
 The sweep is a tau (weight-decay) sweep of celerity_lm at fixed TPP, one seed, every trial run to
 the end with the fifo scheduler: the setting of the paper's Fig. 9, where curves cross (small-tau
@@ -102,7 +102,7 @@ def inside(folder: Path) -> Iterator[None]:
 
 def recorded(sweep: Sweep, uri: str) -> int:
     """How many trials of `sweep` have a full curve in the store."""
-    from orchestrator.audit import load_sweep
+    from orchestrator.sweeps.audit import load_sweep
     from orchestrator.sweep import SweepError
 
     try:
@@ -113,7 +113,7 @@ def recorded(sweep: Sweep, uri: str) -> int:
 
 def record(sweep: Sweep, uri: str) -> float:
     """Run `sweep` to the end unless the cache holds it; returns the seconds spent now."""
-    from orchestrator.tune_run import _state_file, run_sweep
+    from orchestrator.runners.tune_run import _state_file, run_sweep
 
     if recorded(sweep, uri) >= sweep.trial_count():
         return 0.0
@@ -127,15 +127,15 @@ def record(sweep: Sweep, uri: str) -> float:
 
 
 def total_cost(sweep: Sweep, uri: str) -> float:
-    from orchestrator.audit import load_sweep
+    from orchestrator.sweeps.audit import load_sweep
 
     return sum(t.cost for t in load_sweep(sweep.name, "eval/loss", uri=uri).trials)
 
 
 def parametric_reference(uri: str, taus: tuple[float, ...]):
     """The paper's Eq. 4-5 curve fitted on the reference runs at `taus` only."""
-    from orchestrator.audit import load_sweep, schedule_of
-    from orchestrator.collapse import ControlledCurve, fit_parametric
+    from orchestrator.sweeps.audit import load_sweep, schedule_of
+    from orchestrator.sweeps.collapse import ControlledCurve, fit_parametric
 
     runs = [t for t in load_sweep(REFERENCE.name, "eval/loss", uri=uri).trials
             if any(abs(t.tau / tau - 1) < 0.01 for tau in taus)]
@@ -145,7 +145,7 @@ def parametric_reference(uri: str, taus: tuple[float, ...]):
 def reference_pick(uri: str, result) -> str:
     """What the reference runs alone say: a same-size reference at every tau already ranks the
     taus, so its own best tau is a pick that costs the sweep nothing."""
-    from orchestrator.audit import load_sweep
+    from orchestrator.sweeps.audit import load_sweep
 
     refs = load_sweep(REFERENCE.name, "eval/loss", uri=uri).trials
     best_ref = min(refs, key=lambda t: t.loss[-1])
@@ -193,8 +193,8 @@ def main() -> int:
                         help="stop points x (rungs x/3, 2x/3, x)")
     args = parser.parse_args()
 
-    from orchestrator import tracking
-    from orchestrator.audit import audit, format_audit
+    from orchestrator.tracking import sink as tracking
+    from orchestrator.sweeps.audit import audit, format_audit
 
     cache = args.cache.resolve()
     with inside(cache):

@@ -397,16 +397,16 @@ def section_attention(ctx: Ctx) -> dict:
 # -- 4. a celerity_lm family and its collapse check --------------------------------------------------
 
 def _spreads(curves, groups, after):
-    """`orchestrator.plots.family_spreads` when it imports here; the same few lines otherwise."""
+    """`orchestrator.sweeps.plots.family_spreads` when it imports here; the same few lines otherwise."""
     try:
-        from orchestrator.plots import family_spreads
+        from orchestrator.sweeps.plots import family_spreads
 
         return family_spreads(curves, groups, after=after)
     except ImportError:
         import numpy as np
         from collections import defaultdict
 
-        from orchestrator.collapse import normalize
+        from orchestrator.sweeps.collapse import normalize
 
         t = np.linspace(after, 1.0, 81)
         by = defaultdict(list)
@@ -423,7 +423,7 @@ def section_family(ctx: Ctx) -> dict:
 
     import torch.nn.functional as F
 
-    from orchestrator.lm.corpus import BatchSampler, heldout_batches, load_data
+    from components.lm.corpus import BatchSampler, heldout_batches, load_data
     from workloads.celerity_lm.workload import Config, build, evaluate, lr_factor
 
     if ctx.smoke:

@@ -19,8 +19,9 @@ import time
 
 import torch
 
-from orchestrator import launch, registry, tracking
-from orchestrator.config import apply_overrides, parse_sets
+from orchestrator.runners import launch, registry
+from orchestrator.tracking import sink as tracking
+from orchestrator.runners.config import apply_overrides, parse_sets
 
 DEFAULT_SET = ["width=64", "depth=3", "head_dim=16", "seq_len=128", "batch_size=32", "tpp=8", "base_depth=3",
                "max_bytes=4000000", "log_every=10"]

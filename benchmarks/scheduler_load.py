@@ -31,8 +31,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator.collapse import CollapseStopper, EmpiricalReference  # noqa: E402
-from orchestrator.schedulers.collapse import CollapseScheduler  # noqa: E402
+from orchestrator.sweeps.collapse import CollapseStopper, EmpiricalReference  # noqa: E402
+from orchestrator.sweeps.schedulers.collapse import CollapseScheduler  # noqa: E402
 from workloads.curves import Config, final_loss, shape  # noqa: E402
 
 
@@ -83,8 +83,8 @@ def drive(kind: str, args: argparse.Namespace, folder: Path) -> dict[str, float]
     cls = CollapseScheduler if kind == "incremental" else FullRewriteScheduler
     diagnostics = None
     if args.diagnostics:
-        from orchestrator import tracking
-        from orchestrator.schedulers.diagnostics import CollapseDiagnostics
+        from orchestrator.tracking import sink as tracking
+        from orchestrator.sweeps.schedulers.diagnostics import CollapseDiagnostics
 
         uri = f"sqlite:///{folder / 'mlruns.db'}"
         sweep_id = f"load-{kind}"

@@ -5,7 +5,7 @@ Search and early stopping against Optuna's own code, on the same curves and the 
 1. Pruners, replayed. Optuna's MedianPruner, HyperbandPruner, SuccessiveHalvingPruner and
    WilcoxonPruner are driven through Optuna's ask / `trial.report(value, step)` /
    `trial.should_prune()` / tell on the cached full curves of `early_stopping.py`'s celerity_lm
-   tau sweep (16 trials, 40 held-out evals each), beside the audit's (`orchestrator.audit`)
+   tau sweep (16 trials, 40 held-out evals each), beside the audit's (`orchestrator.sweeps.audit`)
    collapse, ASHA and median rows on the same curves. Order and concurrency: the trials are
    replayed one after another, each to its end or its prune before the next starts, in the
    sweep's trial order (its launch order, tau ascending), so a pruner always sees every earlier
@@ -155,7 +155,7 @@ def replay_optuna(trials: Sequence[Any], pruner: Any, finals: dict[str, float],
 def pruner_section(uri: str, budgets: Sequence[float]) -> tuple[list[str], bool, dict[str, Any]]:
     import optuna
 
-    from orchestrator.audit import audit, load_sweep
+    from orchestrator.sweeps.audit import audit, load_sweep
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # WilcoxonPruner's
@@ -278,7 +278,7 @@ def arm_sweep(arm: str, seed: int, trials: int, concurrency: int | None = None) 
 
 
 def run_ladder_arm(sweep: Sweep) -> dict[str, Any]:
-    from orchestrator.tune_run import _state_file, run_sweep
+    from orchestrator.runners.tune_run import _state_file, run_sweep
 
     started = time.monotonic()
     result = run_sweep(sweep, resume=_state_file(sweep).is_file(), progress=False)
@@ -355,7 +355,7 @@ def run_optuna_arm(seed: int, trials: int) -> dict[str, Any]:
 
 def search_section(folder: Path, seeds: Sequence[int], trials: int,
                    concurrency: int | None = None) -> tuple[list[str], bool, dict[str, Any]]:
-    from orchestrator import tracking
+    from orchestrator.tracking import sink as tracking
 
     results_file = folder / "results.json"
     with inside(folder):
@@ -443,7 +443,7 @@ def main() -> int:
     parser.add_argument("--skip-pruners", action="store_true", help="only the search")
     args = parser.parse_args()
 
-    from orchestrator import tracking
+    from orchestrator.tracking import sink as tracking
 
     cache = args.cache.resolve()
     ok = True

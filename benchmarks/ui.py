@@ -28,7 +28,7 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-LADDER = [sys.executable, "-m", "orchestrator.cli"]
+LADDER = [sys.executable, "-m", "orchestrator.commands.cli"]
 SWEEP = """
 from orchestrator.sweep import Sweep
 sweep = Sweep(name="{name}", workload="curves", base="smoke",
@@ -68,7 +68,7 @@ def main() -> int:
     if args.store_dir is None:
         (work / "sweep.py").write_text(SWEEP.format(name=args.experiment))
         subprocess.run(LADDER + ["sweep", "sweep.py"], cwd=work, env=env, check=True)
-    from orchestrator import tracking
+    from orchestrator.tracking import sink as tracking
 
     client = tracking.client(f"sqlite:///{work.resolve() / tracking.DEFAULT_DB}")
     experiment = client.get_experiment_by_name(args.experiment)
@@ -91,7 +91,7 @@ def main() -> int:
         start_s = time.monotonic() - started
         time.sleep(3)  # settled
         processes, rss_mib = group_memory(os.getpgid(server.pid))
-        from orchestrator.sweep_summary import experiment_page
+        from orchestrator.sweeps.summary import experiment_page
 
         url = f"http://127.0.0.1:{port}/{experiment_page(client.tracking_uri, args.experiment)}"
         png = args.outdir / "sweep.png"

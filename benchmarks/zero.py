@@ -2,7 +2,7 @@
 
 The same model, data and AdamW as `celerity_lm`, trained for a fixed number of steps after a
 warm-up, once with DDP and once per ZeRO setting (the engine `run.prepare` builds, from
-`orchestrator.zero`). Prints the median step time and its ratio to DDP's, measured in the same
+`orchestrator.runners.zero`). Prints the median step time and its ratio to DDP's, measured in the same
 run. On a CPU this measures DeepSpeed's bookkeeping and collectives (every ZeRO-3 parameter is
 gathered and released around each use), not memory savings, which need a GPU to matter.
 
@@ -41,9 +41,9 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, changes:
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    from orchestrator import zero
+    from orchestrator.runners import zero
     from workloads import celerity_lm
-    from orchestrator.lm.corpus import BatchSampler, load_corpus
+    from components.lm.corpus import BatchSampler, load_corpus
 
     cfg = dataclasses.replace(celerity_lm.smoke(), width=args.width, head_dim=16, depth=args.depth,
                               seq_len=args.seq_len, batch_size=args.batch, **changes)

@@ -3,7 +3,7 @@
 A workload's `train(cfg, run)` reports metrics, saves and restores checkpoints and asks `run` to
 prepare its model and optimizer. Two implementations live in ladder: `LocalRun` (in-process, used
 by tests and `ladder run --local`) and `RayTrainRun` (inside a Ray Train worker, see
-`orchestrator.ray_train`). Both write checkpoints with `checkpoints.write_checkpoint`, so a
+`orchestrator.runners.ray_train`). Both write checkpoints with `checkpoints.write_checkpoint`, so a
 checkpoint made by one can be resumed by the other.
 """
 
@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, Mapping, Protocol, runtime_checkable
 
 import torch
 
-from orchestrator import checkpoints
+from orchestrator.runners import checkpoints
 
 
 @runtime_checkable

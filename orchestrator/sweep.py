@@ -20,7 +20,7 @@ A sweep file assigns a `Sweep` to a module-level name `sweep`:
 trial's params before the sweep starts: the grid axes (and `points`) crossed with `num_samples`
 draws of the sampled domains, seeded by `seed`; 'grid' also refuses sampled domains, so that
 every trial is enumerated. 'tpe' is model-based: Optuna's Tree-structured Parzen Estimator
-(through Ray Tune's `OptunaSearch`, see `orchestrator.search`) proposes each of `num_samples`
+(through Ray Tune's `OptunaSearch`, see `orchestrator.sweeps.search`) proposes each of `num_samples`
 trials from the trials that ended, a few at a time. It searches choice, uniform and loguniform
 fields; grid axes and points are refused (a `seeds(n)` axis repeats each proposal per seed):
 
@@ -54,8 +54,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from orchestrator import registry
-from orchestrator.config import ConfigError, apply_overrides, check_fields, closest
+from orchestrator.runners import registry
+from orchestrator.runners.config import ConfigError, apply_overrides, check_fields, closest
 
 SCHEDULERS = ("collapse", "asha", "median", "fifo")
 SEARCHES = ("random", "grid", "tpe")

@@ -7,8 +7,8 @@ celerity_family_cluster`).
         -- ladder sweep sweeps/celerity_family_cluster.py          (docs/cluster.md)
 
 * Data: `$LADDER_DATA` (default /mnt/ladder/data/tokens), a folder in the format of
-  `orchestrator/lm/tokens.py` that every node mounts, e.g. written by
-  `python -m orchestrator.lm.tokens TEXT_DIR /mnt/ladder/data/tokens --tokenizer gpt2`.
+  `components/lm/tokens.py` that every node mounts, e.g. written by
+  `python -m components.lm.tokens TEXT_DIR /mnt/ladder/data/tokens --tokenizer gpt2`.
   The models take its vocabulary from its header; VOCAB below only sizes the batches.
 * Resources: each trial is WORKERS = 32 data-parallel Ray Train workers of one GPU and 8 CPUs
   each (NCCL), e.g. four nodes of 8x A100 40GB (AWS p4d.24xlarge, infra/cluster-launcher/aws.yaml);
@@ -18,7 +18,7 @@ celerity_family_cluster`).
   (fp32 AdamW state + activations, `gpu_memory_gb`) fits in 85% of GPU_MEMORY_GB. On 40 GB GPUs
   the 1.3B model needs ZeRO-1 (43.7 GB under DDP, 33.5 GB under ZeRO-1), the others plain DDP.
   Activations dominate at these batches, so ZeRO's sharding helps only the largest member. The
-  stage goes into the workload's `zero_stage` field (orchestrator/zero.py).
+  stage goes into the workload's `zero_stage` field (orchestrator/runners/zero.py).
 * The proxy's hyperparameters are the CPU family's (sweeps/celerity_family.py, tuned at width 48
   on the standard-library corpus): muP and CompleteP carry them across width and depth, but not
   across datasets. Tune the proxy on your data first (sweeps/celerity_tuning.py with `data`
@@ -39,7 +39,7 @@ import torch
 from orchestrator.recipe import Proxy, ScalingLaws, family
 from orchestrator.sweep import Sweep
 from workloads.celerity_lm import Config
-from orchestrator.lm.gpt import GPT
+from components.lm.gpt import GPT
 
 DATA = os.environ.get("LADDER_DATA", "/mnt/ladder/data/tokens")
 VOCAB = 50257

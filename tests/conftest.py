@@ -23,7 +23,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parents[1]
-LADDER = [sys.executable, "-m", "orchestrator.cli"]
+LADDER = [sys.executable, "-m", "orchestrator.commands.cli"]
 
 import torch  # noqa: E402  (after the environment above: torch reads it at import)
 
@@ -32,7 +32,7 @@ from orchestrator.run import LocalRun  # noqa: E402
 
 # ---------------------------------------------------------------- seed-shifted runs
 # LADDER_TEST_SEED_SHIFT=K runs the suite's training at other seeds: every workload's `smoke()`
-# returns its Config with `seed` raised by K, and every reproduction (`orchestrator.reproduce.plan`,
+# returns its Config with `seed` raised by K, and every reproduction (`orchestrator.reproduction.reproduce.plan`,
 # which `reproduce` goes through) starts K seeds later. Tests that build a Config of their own
 # pass its seed through `shifted()`. A threshold that still holds K seeds away does not depend on
 # the processor it was tuned on: another CPU perturbs a tiny run less than another seed does
@@ -53,7 +53,8 @@ def _shift_seeds(shift: int) -> None:
     import functools
     import importlib
 
-    from orchestrator import registry, reproduce
+    from orchestrator.runners import registry
+    from orchestrator.reproduction import reproduce
 
     def moved(smoke):
         @functools.wraps(smoke)
@@ -81,7 +82,7 @@ def _shift_seeds(shift: int) -> None:
 # Once per process: this file imported again under another name (`tests.conftest`) finds the
 # reproductions' plan already wrapped, and does not shift twice.
 if SEED_SHIFT:
-    from orchestrator import reproduce as _reproduce
+    from orchestrator.reproduction import reproduce as _reproduce
 
     if not hasattr(_reproduce.plan, "__wrapped__"):
         _shift_seeds(SEED_SHIFT)
@@ -130,7 +131,7 @@ def ladder_cache(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_base(ladder_cache) -> Path:
     """The folder of the cached tiny-local build (seed 0); load it with `load_base("tiny-local")`."""
-    from orchestrator.basemodel import resolve
+    from components.basemodel import resolve
 
     return Path(resolve("tiny-local"))
 

@@ -183,7 +183,7 @@ sweep = Sweep(name="sparse_moe_cluster", workload="mylab.sparse_moe", base="smok
 
 def _project(tmp_path: Path) -> Path:
     """A user's project outside the repo: the package `ladder new` writes, and a two-trial sweep of it."""
-    from orchestrator import scaffold
+    from orchestrator.commands import scaffold
 
     project = tmp_path / "project"
     folder, module = scaffold.new("sparse_moe", project / "mylab", cwd=project)

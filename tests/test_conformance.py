@@ -1,5 +1,5 @@
 """Every built-in workload passes `ladder check`: the contract, checked by the same code for ours
-as for anyone's (orchestrator/check.py).
+as for anyone's (orchestrator/commands/check.py).
 
 One test per workload runs its smoke() through the local Run uninterrupted, copying its folder one
 report after its first checkpoint (what a run killed there leaves), then restarts from that copy;
@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import check, registry
+from orchestrator.commands import check
+from orchestrator.runners import registry
 
 NAMES = sorted(registry.WORKLOADS)
 

@@ -9,7 +9,7 @@ import shlex
 import pytest
 
 from conftest import REPO
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 
 DOC = (REPO / "docs" / "errors.md").read_text()
 

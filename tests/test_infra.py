@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from conftest import REPO, free_port
-from orchestrator.cli import build_parser
+from orchestrator.commands.cli import build_parser
 from orchestrator.sweep import load_sweep_file
 
 INFRA = REPO / "infra"
@@ -92,7 +92,7 @@ def test_entrypoints_are_ladder_commands_on_sweep_files_that_exist():
             sweep_file = REPO / argv[2]  # the image's checkout is the working directory
             assert sweep_file.is_file(), f"{command}: no {argv[2]} in the repository"
             load_sweep_file(sweep_file).check()
-    assert 'ladder = "orchestrator.cli:main"' in (REPO / "pyproject.toml").read_text()
+    assert 'ladder = "orchestrator.commands.cli:main"' in (REPO / "pyproject.toml").read_text()
 
 
 def test_secrets_are_referenced_not_inlined():
@@ -180,7 +180,7 @@ def _status(url: str, user: str | None = None, password: str | None = None) -> i
 @pytest.mark.timeout(600)
 def test_mlflow_server_refuses_anonymous_clients_and_ladder_logs_with_credentials(tmp_path, monkeypatch):
     from conftest import stop_process_group
-    from orchestrator import tracking
+    from orchestrator.tracking import sink as tracking
 
     port = free_port()
     password = "correct-horse-battery"

@@ -2,7 +2,7 @@
 
 Every ```console block's `$ ladder ...` commands run in order, and every ```python block that
 starts with `# file: PATH` is written to PATH first, as a reader would. The commands run through
-the `ladder` entry point (`orchestrator.cli.main`) in this process, on one local Ray started from
+the `ladder` entry point (`orchestrator.commands.cli.main`) in this process, on one local Ray started from
 the project folder as `ladder` starts it: the package must be found by ladder itself (the project
 folder is not on this process's `sys.path`, as it is not under the `ladder` console script), and
 by the Tune trials it starts, in Ray's worker processes. Each command must exit 0 and print every
@@ -70,7 +70,7 @@ def project(tmp_path, monkeypatch):
 
 
 def test_the_doc_runs_as_written(project):
-    from orchestrator.cli import main
+    from orchestrator.commands.cli import main
 
     plan = steps(DOC.read_text())
     commands = [s["command"] for s in plan if s["kind"] == "command"]

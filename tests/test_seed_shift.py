@@ -11,8 +11,8 @@ from conftest import REPO
 
 PROBE = '''
 import dataclasses
-from orchestrator import registry
-from orchestrator.reproduce import plan
+from orchestrator.runners import registry
+from orchestrator.reproduction.reproduce import plan
 from workloads.celerity_lm import smoke as from_package
 from workloads.celerity_lm.workload import smoke as from_module
 from conftest import SEED_SHIFT, shifted

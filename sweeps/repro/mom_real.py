@@ -6,7 +6,7 @@ expanded to the state a MoM token reads (Table 4), and softmax attention.
 ladder does not download or tokenize the corpus: tokenize a SlimPajama sample once with the
 Mistral tokenizer into `$LADDER_DATA/slimpajama-mistral` (default `./data/...`), e.g.
 
-    python -m orchestrator.lm.tokens TEXT_DIR data/slimpajama-mistral --tokenizer mistralai/Mistral-7B-v0.1
+    python -m components.lm.tokens TEXT_DIR data/slimpajama-mistral --tokenizer mistralai/Mistral-7B-v0.1
 
 `ladder sweep sweeps/repro/mom_real.py --check` says whether it is there. One trial trains 15B
 tokens in the paper (0.5M tokens a step); the steps here are a budget of 2,000 steps of 64 x 2,048

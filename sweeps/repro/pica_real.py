@@ -19,7 +19,7 @@ ladder downloads nothing. Fetch once, where the internet is reachable (docs/data
     python -c "import datasets; datasets.load_dataset('meta-math/MetaMathQA-40K').save_to_disk('$LADDER_DATA/metamathqa-40k')"
     python -c "import datasets; datasets.load_dataset('openai/gsm8k', 'main').save_to_disk('$LADDER_DATA/gsm8k')"
     # commonsense_15k.json of https://github.com/AGI-Edgerunners/LLM-Adapters (ft-training_set/), a JSON list:
-    python -c "import json, sys; from orchestrator.basemodel import write_jsonl; write_jsonl(sys.argv[2], json.load(open(sys.argv[1])))" \
+    python -c "import json, sys; from components.basemodel import write_jsonl; write_jsonl(sys.argv[2], json.load(open(sys.argv[1])))" \
         commonsense_15k.json "$LADDER_DATA/commonsense_15k.jsonl"
     hf download google/gemma-2b        # and the other ids below, into the Hugging Face cache (HF_HOME)
 

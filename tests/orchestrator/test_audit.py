@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from orchestrator.audit import audit, format_audit, load_sweep, main_audit, rungs_for
-from orchestrator.collapse import ParametricFit
+from orchestrator.sweeps.audit import audit, format_audit, load_sweep, main_audit, rungs_for
+from orchestrator.sweeps.collapse import ParametricFit
 from orchestrator.sweep import SweepError
 
 # Eq. 5 constants as ground truth: b falls with tau, so curves of different tau cross
@@ -223,8 +223,8 @@ def test_main_audit_prints_the_table(store, capsys, monkeypatch):
 
 
 def test_a_leave_one_out_reference_never_holds_the_trial_itself():
-    from orchestrator.audit import TrialCurve, leave_one_out
-    from orchestrator.collapse import normalize
+    from orchestrator.sweeps.audit import TrialCurve, leave_one_out
+    from orchestrator.sweeps.collapse import normalize
 
     base = curve(0.1, 0, noise=0.0)
     shapes = {"a": base, "b": base * (1 + 0.05 * (1 - T)), "c": base * (1 + 0.2 * (1 - T))}

@@ -9,12 +9,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from orchestrator.basemodel import (
+from components.basemodel import (
     LLAMA_LINEAR_TYPES, RESERVED_TOKENS, BaseModelError, TinyRecipe, base_info, base_world, linear_types, load_base, lora,
     make_world, parse_tiny, resolve, score, vocabulary,
 )
-from orchestrator.basemodel import tiny
-from orchestrator.basemodel.tokenizer import build_tokenizer
+from components.basemodel import tiny
+from components.basemodel.tokenizer import build_tokenizer
 from orchestrator.run import LocalRun
 
 from conftest import shifted
@@ -194,7 +194,7 @@ def test_lora_wraps_it_and_trains_through_run_prepare(tiny_base, tmp_path):
 
 
 def test_cli_base_info_prints_the_folder_and_metrics(tiny_base, capsys):
-    from orchestrator.cli import main
+    from orchestrator.commands.cli import main
 
     assert main(["base", "info"]) == 0
     out = capsys.readouterr().out
@@ -205,8 +205,8 @@ def test_cli_base_info_prints_the_folder_and_metrics(tiny_base, capsys):
 
 
 def test_answer_batches_label_only_the_answer_and_score_it_in_chunks(tiny_base):
-    from orchestrator.basemodel import load_base
-    from orchestrator.basemodel.answers import answer_loss, answer_metrics, encode_answers
+    from components.basemodel import load_base
+    from components.basemodel.answers import answer_loss, answer_metrics, encode_answers
 
     model, tok = load_base("tiny-local")
     pairs = [("the pet of ada is", "cat"), ("3 + 4 mod 11 =", "7"), ("a", "b c")]
@@ -224,7 +224,7 @@ def test_answer_batches_label_only_the_answer_and_score_it_in_chunks(tiny_base):
 
 def test_answer_batches_pad_for_a_tokenizer_without_a_pad_token(tiny_base):
     """Many real checkpoints' tokenizers have no pad token: rows are padded with id 0 and masked."""
-    from orchestrator.basemodel.answers import encode_answers
+    from components.basemodel.answers import encode_answers
 
     _, tok = load_base("tiny-local")
     padded = encode_answers([("the pet of ada is", "cat"), ("a", "b c d")], tok)

@@ -8,12 +8,12 @@ import json
 import pytest
 import torch
 
-from orchestrator.basemodel import (
+from components.basemodel import (
     LLAMA_LINEAR_TYPES, TaskFileError, as_linear, base_kinds, check_records, kinds, load_base, lora, projections,
     read_records, select, weight_oi, write_jsonl,
 )
-from orchestrator.basemodel.adapters import blocks, features, is_projection_module
-from orchestrator.basemodel.toy import save_tiny_gpt2
+from components.basemodel.adapters import blocks, features, is_projection_module
+from components.basemodel.toy import save_tiny_gpt2
 
 
 def _gpt2():
@@ -127,7 +127,7 @@ def test_base_kinds_reads_a_config_without_building_weights(tmp_path):
 
 
 def test_the_tiny_gpt2_folder_loads_and_keeps_prompts_as_prefixes(tmp_path):
-    from orchestrator.basemodel.answers import answer_loss, encode_answers
+    from components.basemodel.answers import answer_loss, encode_answers
 
     texts = [f"question : what is {a} plus {b} ? answer : {a + b}" for a in range(9) for b in range(9)]
     save_tiny_gpt2(tmp_path / "g", texts, positions=32)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import check, registry, scaffold
-from orchestrator.cli import main
+from orchestrator.commands import check, scaffold
+from orchestrator.runners import registry
+from orchestrator.commands.cli import main
 
 FAULTS = {
     # name: (text replaced in workload.py, its replacement, the check that must fail)

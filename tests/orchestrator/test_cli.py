@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import run_cli
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 
 
 @pytest.mark.parametrize(
@@ -49,7 +49,7 @@ def test_the_cli_and_the_adapter_audit_import_no_workload():
     import subprocess
     import sys
 
-    code = ("import sys, orchestrator.adapter_lens; from orchestrator.cli import main; "
+    code = ("import sys, components.adapters.lens; from orchestrator.commands.cli import main; "
             "rc = main(['audit-adapter', 'no-such-adapter']); "
             "print(rc, sorted(m for m in sys.modules if m == 'workloads' or m.startswith('workloads.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

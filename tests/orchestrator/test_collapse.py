@@ -1,4 +1,4 @@
-"""Tests of the pure collapse maths (orchestrator.collapse) on synthetic curves; no Ray."""
+"""Tests of the pure collapse maths (orchestrator.sweeps.collapse) on synthetic curves; no Ray."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.collapse import (
+from orchestrator.sweeps.collapse import (
     CollapseStopper,
     ControlledCurve,
     EmpiricalReference,
@@ -434,7 +434,7 @@ def test_replay_treats_a_diverged_trial_as_never_best():
 
 
 def test_collapse_maths_imports_no_ray_mlflow_or_torch():
-    import orchestrator.collapse as pkg
+    import orchestrator.sweeps.collapse as pkg
 
     banned = {"ray", "mlflow", "torch", "wandb"}
     for path in Path(pkg.__file__).parent.glob("*.py"):

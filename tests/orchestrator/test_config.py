@@ -5,7 +5,7 @@ from typing import Literal
 
 import pytest
 
-from orchestrator.config import (
+from orchestrator.runners.config import (
     ConfigError,
     apply_overrides,
     field_docs,
@@ -81,7 +81,7 @@ def test_flatten_and_round_trip():
 def test_secret_looking_fields_are_redacted_before_they_leave_the_run():
     import json
 
-    from orchestrator.config import REDACTED, flatten, is_secret, to_json
+    from orchestrator.runners.config import REDACTED, flatten, is_secret, to_json
 
     @dataclass(frozen=True)
     class WithSecrets:

@@ -10,7 +10,7 @@ import os
 import pytest
 from rich.console import Console
 
-from orchestrator.console import SweepView, quiet_tune, stop_reason, trial_state
+from orchestrator.runners.console import SweepView, quiet_tune, stop_reason, trial_state
 
 
 class Clock:

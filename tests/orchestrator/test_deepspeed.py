@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from orchestrator import launch, registry, tracking, zero
-from orchestrator.config import ConfigError
+from orchestrator.runners import launch, registry, zero
+from orchestrator.tracking import sink as tracking
+from orchestrator.runners.config import ConfigError
 from orchestrator.run import fraction_steps
 
 # Per-step train/loss (rank 0's batch, log_every=1) of DDP, ZeRO-2 and ZeRO-3 from one seed differ
@@ -107,8 +108,8 @@ def test_in_process_runs_refuse_zero(workdir):
 def test_a_zero_run_resumes_on_its_own_worker_count(workdir, capsys):
     import json
 
-    from orchestrator.cli import main
-    from orchestrator.config import to_dict
+    from orchestrator.commands.cli import main
+    from orchestrator.runners.config import to_dict
 
     run_dir = workdir / launch.RUNS_DIR / "celerity_lm" / "r"
     run_dir.mkdir(parents=True)
@@ -257,8 +258,8 @@ ROUND_TRIP = r"""
 import argparse, os, sys, torch, torch.distributed as dist
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2], RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
 dist.init_process_group("gloo")
-from orchestrator import zero
-from orchestrator.checkpoints import CheckpointError
+from orchestrator.runners import zero
+from orchestrator.runners.checkpoints import CheckpointError
 
 def engine(seed):
     torch.manual_seed(seed)

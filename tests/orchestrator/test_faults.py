@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from conftest import LADDER, free_port, run_cli, shifted, start_mlflow_server, stop_process_group
-from orchestrator import registry, tracking
+from orchestrator.runners import registry
+from orchestrator.tracking import sink as tracking
 
 # The synthetic curves workload paced by sleeping: the run lasts as long on a loaded machine as
 # on an idle one, and its reported steps are known in advance.

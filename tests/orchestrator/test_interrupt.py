@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import LADDER, run_cli, wait_for
-from orchestrator import tracking
+from orchestrator.tracking import sink as tracking
 
 # Six synthetic `curves` trials, two at a time; each sleeps a little per step so that a signal
 # lands while some have finished and others still run (the kill point is read from MLflow, not

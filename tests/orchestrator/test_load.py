@@ -12,8 +12,8 @@ import shutil
 import pytest
 
 from conftest import REPO, run_cli
-from orchestrator import tracking
-from orchestrator.schedulers.collapse import read_state
+from orchestrator.tracking import sink as tracking
+from orchestrator.sweeps.schedulers.collapse import read_state
 
 
 @pytest.fixture(scope="module")

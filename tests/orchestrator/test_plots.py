@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from orchestrator import plots
-from orchestrator.audit import AuditResult, AuditRow
-from orchestrator.collapse import EmpiricalReference, ParametricFit
+from orchestrator.sweeps import plots
+from orchestrator.sweeps.audit import AuditResult, AuditRow
+from orchestrator.sweeps.collapse import EmpiricalReference, ParametricFit
 from orchestrator.sweep import SweepError
 
 TRUTH = ParametricFit(b_const=0.1, b_exp=-0.5, q_const=1.5, q_exp=-0.1)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from orchestrator import registry
+from orchestrator.runners import registry
 
 
 def test_registry_matches_workload_folders():
@@ -36,7 +36,7 @@ def test_paper_title_is_the_first_docstring_line(name):
 
 def test_listing_imports_no_workload_code():
     code = (
-        "import sys; from orchestrator.cli import main; main(['list']);"
+        "import sys; from orchestrator.commands.cli import main; main(['list']);"
         "heavy = [m for m in ('torch', 'ray', 'transformers', 'mlflow') if m in sys.modules];"
         "assert not heavy, heavy"
     )
@@ -48,7 +48,7 @@ def test_listing_imports_no_workload_code():
 def test_a_plugin_is_listed_with_its_package_and_runs_by_its_name(tmp_path):
     """An installed plugin: a distribution's metadata declaring an entry point in the group
     ladder.workloads (what `pip install` writes), found on the path of the `ladder` command."""
-    from orchestrator import scaffold
+    from orchestrator.commands import scaffold
 
     site, elsewhere = tmp_path / "site", tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -108,9 +108,9 @@ def test_the_runner_enforces_max_workers_and_pins_the_configs_threads(tmp_path, 
     run_trial, not by the workload's own train."""
     import torch
 
-    from orchestrator.config import ConfigError
+    from orchestrator.runners.config import ConfigError
     from orchestrator.run import LocalRun
-    from orchestrator.trial import TrialSpec, run_trial
+    from orchestrator.runners.trial import TrialSpec, run_trial
 
     monkeypatch.syspath_prepend(str(tmp_path))
     (tmp_path / "rg_capped.py").write_text(CAPPED)

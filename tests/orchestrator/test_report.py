@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from orchestrator import report
+from orchestrator.reproduction import report
 
 
 def _record(name: str) -> dict:
@@ -31,7 +31,7 @@ def test_notes_appear_under_their_own_paper(tmp_path):
 def test_the_commit_stamp_is_dirty_for_code_changes_not_for_the_reports_own_outputs(tmp_path):
     import subprocess
 
-    from orchestrator.reproduce import source_commit
+    from orchestrator.reproduction.reproduce import source_commit
 
     def git(*args):
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,

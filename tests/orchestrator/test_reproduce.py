@@ -6,10 +6,11 @@ import json
 
 import pytest
 
-from orchestrator import claims as judging, reproduce
+from orchestrator import claims as judging
+from orchestrator.reproduction import reproduce
 from orchestrator.claims import claim
-from orchestrator.config import ConfigError, apply_overrides
-from orchestrator.registry import UnknownWorkload
+from orchestrator.runners.config import ConfigError, apply_overrides
+from orchestrator.runners.registry import UnknownWorkload
 from orchestrator.sweep import Sweep, SweepError
 
 # `conftest`, the module pytest loaded: importing it again as `tests.conftest` would run its seed
@@ -18,7 +19,7 @@ from conftest import run_cli, shifted
 
 
 def test_every_workload_with_claims_has_a_reproduction_sweep():
-    from orchestrator import registry
+    from orchestrator.runners import registry
 
     for name in registry.WORKLOADS:
         w = registry.load(name)
@@ -227,7 +228,7 @@ def test_seeds_build_disjoint_replicates_merged_into_one_sweep():
 
 
 def test_a_workload_of_ones_own_reproduces_from_repro_py_in_its_package(tmp_path, monkeypatch):
-    from orchestrator import scaffold
+    from orchestrator.commands import scaffold
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -282,7 +283,7 @@ CHECKS = [losses_finite]
 
 @pytest.mark.slow
 def test_reproduce_over_seeds_prints_both_tables_exits_on_a_failing_claim_and_reports(tmp_path, monkeypatch):
-    from orchestrator import scaffold
+    from orchestrator.commands import scaffold
 
     monkeypatch.chdir(tmp_path)
     folder, module = scaffold.new("seeded", tmp_path / "lab")
@@ -314,7 +315,7 @@ def test_reproduce_over_seeds_prints_both_tables_exits_on_a_failing_claim_and_re
     assert "claims: " in out and "1 fails" in out and "checks: 1/1 hold" in out
 
     # the report reads that reproduction back from MLflow and writes the page
-    from orchestrator import report
+    from orchestrator.reproduction import report
 
     monkeypatch.syspath_prepend(str(tmp_path))
     page_path = report.build([module], smoke=True, seeds=3, use_mlflow=True, out=tmp_path / "docs" / "repro.md")

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from conftest import LADDER, run_cli, shifted, wait_for
-from orchestrator import registry, tracking
-from orchestrator.schedulers.collapse import read_state
+from orchestrator.runners import registry
+from orchestrator.tracking import sink as tracking
+from orchestrator.sweeps.schedulers.collapse import read_state
 
 
 def _start(args: list[str], cwd: Path) -> subprocess.Popen:

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from orchestrator.collapse import CollapseStopper, EmpiricalReference
-from orchestrator.schedulers import build
-from orchestrator.schedulers.collapse import CollapseScheduler, journal_of, read_state
+from orchestrator.sweeps.collapse import CollapseStopper, EmpiricalReference
+from orchestrator.sweeps.schedulers import build
+from orchestrator.sweeps.schedulers.collapse import CollapseScheduler, journal_of, read_state
 
 
 def _reference() -> EmpiricalReference:

@@ -12,10 +12,10 @@ import pickle
 import pytest
 
 from conftest import shifted
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 from orchestrator.sweep import (MODEL_BASED_CONCURRENCY, TPE_OPTIONS, Grid, Sweep, SweepError, choice, grid,
                                 load_sweep_file, loguniform, seeds, uniform)
-from orchestrator.tune_run import resolve_concurrency
+from orchestrator.runners.tune_run import resolve_concurrency
 
 SPACE = {"lr": loguniform(1e-3, 1e-1), "warmup": uniform(0.0, 0.3), "schedule": choice("cosine", "linear", "constant")}
 
@@ -125,7 +125,7 @@ def drive(searcher, n: int, *, prefix: str = "t", end=None) -> list[dict]:
 
 
 def test_proposals_are_seeded_model_based_and_carry_the_fixed_values():
-    from orchestrator import search
+    from orchestrator.sweeps import search
 
     s = tpe(num_samples=16, seed=shifted(0), space={**SPACE, "floor": 3.0})
     searcher = search.build(s)
@@ -156,7 +156,7 @@ def test_proposals_are_seeded_model_based_and_carry_the_fixed_values():
 
 
 def test_a_trial_stopped_early_is_pruned_at_the_fraction_it_reached_and_a_failure_is_left_out():
-    from orchestrator import search
+    from orchestrator.sweeps import search
 
     searcher = search.build(tpe(num_samples=7, objective=("eval/loss", "min")))
     ends = {0: {"eval/loss": 2.0, "progress": 1.0}, 1: {"eval/loss": 2.6, "progress": 0.3},
@@ -179,7 +179,7 @@ def test_a_trial_stopped_early_is_pruned_at_the_fraction_it_reached_and_a_failur
 
 
 def test_with_seeds_every_proposal_runs_once_per_seed_and_tpe_learns_the_mean():
-    from orchestrator import search
+    from orchestrator.sweeps import search
 
     s = tpe(num_samples=3, space={**SPACE, "seed": seeds(2, start=5)})
     assert s.trial_count() == 6
@@ -200,7 +200,7 @@ def test_a_restored_searcher_hands_out_again_the_proposals_made_after_tunes_last
     """Tune saves the searcher every few seconds; a driver killed between two saves loses the
     proposals made since. The restored searcher finds them in its journal and hands them out
     again first, as the same ladder trials, then continues without repeating them."""
-    from orchestrator import search
+    from orchestrator.sweeps import search
 
     s = tpe(num_samples=8, space={**SPACE, "seed": seeds(2)})
     journal = tmp_path / "proposals.jsonl"

@@ -21,9 +21,9 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import LADDER, shifted, wait_for
-from orchestrator import tracking
+from orchestrator.tracking import sink as tracking
 from orchestrator.sweep import load_sweep_file
-from orchestrator.tune_run import run_sweep
+from orchestrator.runners.tune_run import run_sweep
 
 STEPS, EVERY = 100, 5
 SWEEP = """

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 from orchestrator.sweep import Sweep, SweepError, choice, grid, load_sweep_file, loguniform, seeds
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import REPO, run_cli
-from orchestrator import tracking
+from orchestrator.tracking import sink as tracking
 
 
 NARROW = """

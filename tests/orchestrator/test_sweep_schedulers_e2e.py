@@ -23,9 +23,9 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import REPO, run_cli
-from orchestrator import tracking
+from orchestrator.tracking import sink as tracking
 from orchestrator.sweep import load_sweep_file
-from orchestrator.tune_run import format_trials, run_sweep
+from orchestrator.runners.tune_run import format_trials, run_sweep
 
 STEPS, EVERY = 100, 5
 SWEEP = """
@@ -180,7 +180,7 @@ def dies_at_third_trial(armed):
 def test_asha_sweep_resumes_after_its_driver_dies(shared, monkeypatch):
     from ray.tune.error import TuneError
 
-    import orchestrator.tune_run as tune_run
+    import orchestrator.runners.tune_run as tune_run
 
     started = time.monotonic()
     # A workload of the user's own, outside the repo: Tune's restored trials must import it again.
@@ -231,7 +231,7 @@ def test_a_token_cluster_without_its_token_is_refused_with_the_fix(shared, auth)
     if not shared.token:
         pytest.skip("the local Ray runs without token authentication (RAY_AUTH_MODE=disabled here)")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
-    code = "import sys; from orchestrator.launch import check_cluster; check_cluster(sys.argv[1])"
+    code = "import sys; from orchestrator.runners.launch import check_cluster; check_cluster(sys.argv[1])"
     started = time.monotonic()
     out = subprocess.run([sys.executable, "-c", code, shared.address], env={**env, **auth}, capture_output=True,
                          text=True, timeout=60)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import launch, registry, tracking
+from orchestrator.runners import launch, registry
+from orchestrator.tracking import sink as tracking
 
 
 @pytest.mark.slow

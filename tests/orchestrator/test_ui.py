@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from conftest import LADDER
-from orchestrator import launch, registry
+from orchestrator.runners import launch, registry
 
 
 def _free_port() -> int:

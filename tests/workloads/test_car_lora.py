@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from orchestrator import registry
-from orchestrator.config import ConfigError
+from orchestrator.runners import registry
+from orchestrator.runners.config import ConfigError
 from orchestrator.run import LocalRun
 from workloads.car_lora import CLAIMS, Config, plot, smoke, train, validate
 from workloads.car_lora import compress as C
@@ -182,7 +182,7 @@ def test_skip_returns_the_layers_input_and_its_adapter_gets_no_gradient(adapted,
 
 
 def test_uncompressed_switch_changes_nothing(adapted, tiny_base):
-    from orchestrator.basemodel import load_base
+    from components.basemodel import load_base
 
     model, tok, comp = adapted
     plain, _ = load_base("tiny-local")
@@ -196,7 +196,7 @@ def test_uncompressed_switch_changes_nothing(adapted, tiny_base):
 
 
 def test_task_split_is_disjoint_seeded_and_labels_only_the_answer(tiny_base):
-    from orchestrator.basemodel import base_world, load_base
+    from components.basemodel import base_world, load_base
 
     world = base_world("tiny-local")
     tr, he = task_examples(world, "ask", heldout_frac=0.3, seed=0)
@@ -332,7 +332,7 @@ def assert_drift_moved_every_projection_and_nothing_else(drifted: Path, base: Pa
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from orchestrator.basemodel import projections
+    from components.basemodel import projections
 
     with torch.device("meta"):
         names = {f"{n}.weight" for n in projections(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base)))}
@@ -344,7 +344,7 @@ def assert_drift_moved_every_projection_and_nothing_else(drifted: Path, base: Pa
 
 @pytest.mark.slow
 def test_smoke_reproduction_holds_and_builds_the_drifted_base_once(workdir, tiny_base):
-    from orchestrator.reproduce import reproduce
+    from orchestrator.reproduction.reproduce import reproduce
     from workloads.car_lora.drift import META_FILE, drift_dir, ensure_drifted
 
     rep = reproduce("car_lora", smoke=True, local=True)
@@ -401,8 +401,8 @@ def gsm8k_records(n: int, seed: int = 0) -> list[dict]:
 @pytest.fixture(scope="module")
 def gpt2_task(tmp_path_factory):
     """A tiny GPT-2 folder (Conv1D projections, BPE tokenizer), a GSM8K-style JSONL and a drift text."""
-    from orchestrator.basemodel import write_jsonl
-    from orchestrator.basemodel.toy import save_tiny_gpt2
+    from components.basemodel import write_jsonl
+    from components.basemodel.toy import save_tiny_gpt2
 
     root = tmp_path_factory.mktemp("car-gpt2")
     records = gsm8k_records(40)
@@ -424,7 +424,7 @@ def gpt2_config(gpt2_task, **change) -> Config:
 
 def test_gpt2_folder_and_a_gsm8k_file_run_the_real_sweeps_code_and_the_claims(gpt2_task, workdir, monkeypatch,
                                                                               model_copies):
-    from orchestrator import launch
+    from orchestrator.runners import launch
     from workloads.car_lora.compress import CompressedLinear
 
     monkeypatch.setenv("LADDER_CACHE", str(workdir / "cache"))  # the GPT-2's drifted base, not tiny-local's
@@ -463,7 +463,7 @@ def test_gpt2_folder_and_a_gsm8k_file_run_the_real_sweeps_code_and_the_claims(gp
 
 
 def test_gsm8k_final_number_and_the_file_formats(tmp_path):
-    from orchestrator.basemodel import write_jsonl
+    from components.basemodel import write_jsonl
     from workloads.car_lora.data import file_examples, final_number
 
     assert final_number("so 3,200 + 4 = 3204 #### 3,204") == "3204" and final_number("#### -7") == "-7"
@@ -480,8 +480,8 @@ def test_gsm8k_final_number_and_the_file_formats(tmp_path):
 def test_tiny_local_learns_a_saved_dataset_task_through_the_same_code(tiny_base, workdir):
     import datasets
 
-    from orchestrator import launch
-    from orchestrator.basemodel import base_world
+    from orchestrator.runners import launch
+    from components.basemodel import base_world
 
     seed = shifted()  # the split and the adapter's training move with LADDER_TEST_SEED_SHIFT
     train_ex, held_ex = task_examples(base_world("tiny-local"), "ask", heldout_frac=0.3, seed=seed)
@@ -502,7 +502,7 @@ def test_tiny_local_learns_a_saved_dataset_task_through_the_same_code(tiny_base,
 
 
 def test_bad_task_files_models_and_bitsandbytes_are_refused_before_any_work(gpt2_task, tmp_path, monkeypatch):
-    from orchestrator.basemodel import write_jsonl
+    from components.basemodel import write_jsonl
 
     pre = registry.load("car_lora").preflight
     no_answer = write_jsonl(tmp_path / "a.jsonl", [{"question": "what is 1 plus 1 ?", "solution": "2"}])
@@ -527,7 +527,7 @@ def test_bad_task_files_models_and_bitsandbytes_are_refused_before_any_work(gpt2
 def test_the_real_sweep_is_valid_anywhere_and_names_what_it_needs(workdir, monkeypatch):
     from conftest import REPO
     from orchestrator.sweep import load_sweep_file
-    from orchestrator.tune_run import launch_problems
+    from orchestrator.runners.tune_run import launch_problems
 
     monkeypatch.setenv("LADDER_DATA", str(workdir / "data"))
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(workdir / "empty-cache"))

@@ -11,8 +11,8 @@ from workloads.celerity_lm.claims import (
     curves_complete, family_collapses, family_controls_match, final_loss_predicted_from_prefix, seed_noise,
     tau_sets_the_curve_shape,
 )
-from orchestrator.lm.corpus import DataError, corpus_files, is_heldout, load_corpus
-from orchestrator.lm.schedule import lr_factor
+from components.lm.corpus import DataError, corpus_files, is_heldout, load_corpus
+from components.lm.schedule import lr_factor
 from orchestrator.run import LocalRun
 
 
@@ -148,7 +148,7 @@ def LocalRun_tmp():
 def test_every_rank_resumes_its_own_windows_from_rank_zeros_checkpoint():
     """Under data parallelism only rank 0 writes the checkpoint and every rank restores it: rank 1
     must continue with its own windows (not rank 0's), exactly as if it had never stopped."""
-    from orchestrator.lm.corpus import BatchSampler
+    from components.lm.corpus import BatchSampler
 
     data = torch.arange(5000, dtype=torch.int64).numpy() % 251
     ranks = [BatchSampler(data, 16, 4, seed=7, rank=r) for r in (0, 1)]
@@ -266,7 +266,7 @@ def test_reproduction_sweeps_are_a_recipe_family_at_two_taus():
     import runpy
 
     from conftest import REPO
-    from orchestrator import reproduce
+    from orchestrator.reproduction import reproduce
 
     sizes = runpy.run_path(str(REPO / "sweeps" / "repro" / "celerity_lm.py"))
     for smoke in (True, False):
@@ -292,7 +292,7 @@ def test_reproduction_sweeps_are_a_recipe_family_at_two_taus():
 
 @pytest.mark.slow
 def test_smoke_reproduction_runs_and_its_checks_hold(workdir):
-    from orchestrator.reproduce import reproduce
+    from orchestrator.reproduction.reproduce import reproduce
 
     rep = reproduce("celerity_lm", smoke=True, local=True)
     assert not rep.failed_trials and len(rep.trials) == 4

@@ -14,8 +14,8 @@ import torch
 from orchestrator.run import LocalRun
 from orchestrator.sweep import Sweep, SweepError
 from workloads.celerity_lm import build, preflight, smoke, train
-from orchestrator.lm.corpus import BatchSampler, DataError, TokenStream, heldout_batches
-from orchestrator.lm.tokens import TokenDataError, open_split, read_header, tokenize_folder, write_dataset
+from components.lm.corpus import BatchSampler, DataError, TokenStream, heldout_batches
+from components.lm.tokens import TokenDataError, open_split, read_header, tokenize_folder, write_dataset
 
 VOCAB = 300  # above 256: the model must take the dataset's vocabulary, not the byte one
 

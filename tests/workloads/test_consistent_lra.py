@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import workloads.consistent_lra as clra
-from orchestrator import registry
-from orchestrator.config import ConfigError
+from orchestrator.runners import registry
+from orchestrator.runners.config import ConfigError
 from orchestrator.run import LocalRun
 from workloads.consistent_lra.algorithms import (
     ConsistentLRA,
@@ -292,7 +292,7 @@ def test_file_streams_read_the_published_formats_into_the_same_rows(tmp_path):
 def test_a_file_stream_runs_through_the_workload_with_the_bound_it_promises(workdir):
     """The smoke of a file stream: `ladder run`'s in-process path reads the table through the same
     loader as the full-size sweep (`sweeps/repro/consistent_lra_real.py`) and keeps (1 + eps) OPT."""
-    from orchestrator import launch, registry
+    from orchestrator.runners import launch, registry
 
     rng = np.random.default_rng(1)
     _table(workdir / "rice.csv", rng.normal(size=(600, 3)) @ rng.normal(size=(3, 3)))
@@ -320,8 +320,8 @@ def test_a_file_stream_runs_through_the_workload_with_the_bound_it_promises(work
     ],
 )
 def test_bad_file_streams_are_refused_before_the_run_naming_the_fix(workdir, change, match):
-    from orchestrator import registry
-    from orchestrator.config import ConfigError
+    from orchestrator.runners import registry
+    from orchestrator.runners.config import ConfigError
 
     _table(workdir / "rice.csv", np.random.default_rng(0).normal(size=(40, 3)))
     cfg = dataclasses.replace(clra.smoke(), **{"stream": "file", "data_path": "rice.csv", "d": 0, "k": 1, "n": 30, **change})
@@ -377,7 +377,7 @@ def test_claims_measure_and_can_fail():
 
 @pytest.mark.slow
 def test_smoke_reproduction_holds(workdir):
-    from orchestrator.reproduce import reproduce
+    from orchestrator.reproduction.reproduce import reproduce
 
     rep = reproduce("consistent_lra", smoke=True, local=True)
     assert not rep.failed_trials
@@ -398,7 +398,7 @@ def test_smoke_reproduction_holds(workdir):
 def test_the_real_data_sweep_is_valid_anywhere_and_names_the_files_it_needs(workdir, monkeypatch):
     from conftest import REPO
     from orchestrator.sweep import load_sweep_file
-    from orchestrator.tune_run import launch_problems
+    from orchestrator.runners.tune_run import launch_problems
 
     monkeypatch.setenv("LADDER_DATA", str(workdir / "uci"))
     sweep = load_sweep_file(REPO / "sweeps" / "repro" / "consistent_lra_real.py")

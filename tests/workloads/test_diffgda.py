@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from orchestrator import registry
-from orchestrator.config import ConfigError
+from orchestrator.runners import registry
+from orchestrator.runners.config import ConfigError
 from orchestrator.run import LocalRun
 from workloads.diffgda import CHECKS, CLAIMS, Config, plot, smoke, train, validate
 from workloads.diffgda import workload as wl
@@ -448,7 +448,7 @@ def test_plot_writes_a_png(tmp_path):
 
 @pytest.mark.slow
 def test_smoke_reproduction_holds(workdir):
-    from orchestrator.reproduce import reproduce
+    from orchestrator.reproduction.reproduce import reproduce
 
     rep = reproduce("diffgda", smoke=True, local=True)
     assert not rep.failed_trials
@@ -533,7 +533,7 @@ def test_mat_files_load_in_the_published_layout(gda_dir):
 def test_real_smoke_runs_through_the_sweeps_loader_and_learns(workdir, gda_dir):
     """The method arm of `sweeps/repro/diffgda_real.py` on two tiny domains in the published
     format, checked and run by `ladder run`'s in-process path: every loss finite, the GCN's falling."""
-    from orchestrator import launch, registry
+    from orchestrator.runners import launch, registry
 
     cfg = real_tiny(gda_dir)
     assert cfg.mode == "evolve" and cfg.mmd_weight > 0
@@ -585,8 +585,8 @@ def test_dann_arm_trains_its_domain_classifier(tmp_path, gda_dir):
 ])
 def test_missing_or_malformed_data_is_refused_before_the_run(workdir, gda_dir, change, match):
     import scipy.io
-    from orchestrator import registry
-    from orchestrator.config import ConfigError
+    from orchestrator.runners import registry
+    from orchestrator.runners.config import ConfigError
 
     scipy.io.savemat(gda_dir / "notes.mat", {"text": [[1.0]]})
     cfg = dataclasses.replace(real_tiny(gda_dir), **change)

@@ -10,12 +10,12 @@ import math
 import pytest
 import torch
 
-from orchestrator import registry
-from orchestrator.basemodel import load_base
-from orchestrator.basemodel.adapters import LLAMA_LINEAR_TYPES
-from orchestrator.basemodel.corpus import TOPICS
+from orchestrator.runners import registry
+from components.basemodel import load_base
+from components.basemodel.adapters import LLAMA_LINEAR_TYPES
+from components.basemodel.corpus import TOPICS
 from orchestrator.claims import spec_of
-from orchestrator.config import ConfigError
+from orchestrator.runners.config import ConfigError
 from orchestrator.run import LocalRun
 from workloads.dit import CHECKS, CLAIMS, Config, plot, train, validate
 from workloads.dit.claims import (
@@ -132,7 +132,7 @@ def test_kl_and_trigger_rate_on_a_hand_case():
 
 def test_diff_metrics_of_zero_diffs_by_hand(base):
     model, tok = load_base("tiny-local")
-    from orchestrator.basemodel import base_world
+    from components.basemodel import base_world
 
     cfg = tiny(eval_contexts=6)
     task = make_task(cfg, tok, base_world())
@@ -153,8 +153,8 @@ def test_diff_metrics_of_zero_diffs_by_hand(base):
 
 
 def test_task_splits_triggers_and_rows():
-    from orchestrator.basemodel import base_world
-    from orchestrator.basemodel.tokenizer import build_tokenizer
+    from components.basemodel import base_world
+    from components.basemodel.tokenizer import build_tokenizer
 
     tok = build_tokenizer()
     cfg = Config(topics=5, unseen_topics=2, train_diffs_per_topic=2, heldout_diffs=7, unseen_diffs_per_topic=3, triggers=6)
@@ -308,7 +308,7 @@ def test_plot_writes_a_png(tmp_path):
 
 @pytest.mark.slow
 def test_smoke_reproduction_holds(workdir):
-    from orchestrator.reproduce import reproduce
+    from orchestrator.reproduction.reproduce import reproduce
 
     rep = reproduce("dit", smoke=True, local=True)
     assert not rep.failed_trials and len(rep.trials) == 1
@@ -390,7 +390,7 @@ def assert_file_run(res):
 
 @pytest.fixture(scope="module")
 def gpt2_loras(tmp_path_factory):
-    from orchestrator.basemodel.toy import save_tiny_gpt2
+    from components.basemodel.toy import save_tiny_gpt2
 
     root = tmp_path_factory.mktemp("gpt2-dit")
     texts = [topic_text(t) for t in FILE_TOPICS + ("poetry",)] + [QUESTION] * 3
@@ -398,7 +398,7 @@ def gpt2_loras(tmp_path_factory):
     train_plan, held_plan = lora_plan(2)
     model = load_base(str(folder))
     make_loras(model, root, train_plan + held_plan, ["c_attn", "c_proj", "c_fc"], fan_in_fan_out=True)
-    from orchestrator.basemodel import write_jsonl
+    from components.basemodel import write_jsonl
 
     write_jsonl(root / "train.jsonl", [{"adapter": a, "answer": t} for a, t in train_plan])
     write_jsonl(root / "test.jsonl", [{"adapter": a, "answer": t} for a, t in held_plan])
@@ -430,7 +430,7 @@ def test_a_gpt2_lora_folder_applied_from_the_bank_is_peft_s_own_model(gpt2_loras
 
 
 def test_dit_on_outside_gpt2_loras_through_the_real_sweeps_path(gpt2_loras, workdir, model_copies):
-    from orchestrator.launch import run_local
+    from orchestrator.runners.launch import run_local
     from workloads.dit import interpret, preflight
 
     cfg = file_smoke(str(gpt2_loras / "gpt2"), str(gpt2_loras / "train.jsonl"), str(gpt2_loras / "test.jsonl"))
@@ -447,7 +447,7 @@ def test_dit_on_outside_gpt2_loras_through_the_real_sweeps_path(gpt2_loras, work
 def test_dit_on_outside_tiny_local_loras_from_a_saved_dataset(tmp_path, workdir, ladder_cache):
     import datasets
 
-    from orchestrator.launch import run_local
+    from orchestrator.runners.launch import run_local
 
     train_plan, held_plan = lora_plan(2)
     make_loras(load_base("tiny-local"), tmp_path, train_plan + held_plan, ["q_proj", "v_proj", "down_proj"])
@@ -462,7 +462,7 @@ def test_dit_on_outside_tiny_local_loras_from_a_saved_dataset(tmp_path, workdir,
 
 
 def test_bad_listings_and_mismatched_modules_are_refused_in_preflight(gpt2_loras, tmp_path, ladder_cache):
-    from orchestrator.basemodel import write_jsonl
+    from components.basemodel import write_jsonl
     from workloads.dit import preflight
 
     gpt2 = str(gpt2_loras / "gpt2")
@@ -489,7 +489,7 @@ def test_bad_listings_and_mismatched_modules_are_refused_in_preflight(gpt2_loras
 def test_the_real_sweep_is_valid_anywhere_and_names_what_it_needs(workdir, monkeypatch):
     from conftest import REPO
     from orchestrator.sweep import load_sweep_file
-    from orchestrator.tune_run import launch_problems
+    from orchestrator.runners.tune_run import launch_problems
 
     monkeypatch.setenv("LADDER_DATA", str(workdir / "data"))
     monkeypatch.delenv("LADDER_DIT_BASE", raising=False)

@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 
-from orchestrator import registry
+from orchestrator.runners import registry
 from orchestrator.claims import spec_of
-from orchestrator.config import ConfigError
+from orchestrator.runners.config import ConfigError
 from orchestrator.run import LocalRun
 from workloads.frl import claims as C
 from workloads.frl import workload as W
@@ -331,7 +331,7 @@ def test_frl_trains_in_two_dimensions(backbone, tmp_path):
 
 @pytest.mark.slow
 def test_smoke_reproduction(workdir):
-    from orchestrator.reproduce import reproduce
+    from orchestrator.reproduction.reproduce import reproduce
 
     rep = reproduce("frl", smoke=True, local=True)
     assert not rep.failed_trials
@@ -391,7 +391,7 @@ def _pdebench_burgers(path, trajectories: int, n: int = 128, dt: float = 0.1, st
 def test_a_pdebench_burgers_file_trains_through_the_workload(workdir):
     """The smoke on a PDEBench-format file: pairs read at the file's time stamps from disjoint
     trajectories, truncated to the reference grid, and a loss that goes down."""
-    from orchestrator import launch, registry
+    from orchestrator.runners import launch, registry
     from workloads.frl.data import make_dataset
 
     tensor = _pdebench_burgers(workdir / "1D_Burgers_Sols_Nu0.02.hdf5", trajectories=30)
@@ -446,8 +446,8 @@ def test_vorticity_is_derived_from_a_periodic_velocity_file(tmp_path):
     ],
 )
 def test_bad_trajectory_files_are_refused_before_the_run_naming_the_fix(workdir, changes, match):
-    from orchestrator import registry
-    from orchestrator.config import ConfigError
+    from orchestrator.runners import registry
+    from orchestrator.runners.config import ConfigError
 
     _pdebench_burgers(workdir / "burgers.hdf5", trajectories=6, n=64, steps=16)
     cfg = dataclasses.replace(W.smoke(), **{"data_path": "burgers.hdf5", "ref_n": 64, "rho0": 16, "modes": 8,

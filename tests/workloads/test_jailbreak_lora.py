@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from conftest import REPO, shifted
-from orchestrator.basemodel import base_world, load_base, lora
-from orchestrator.cli import main
+from components.basemodel import base_world, load_base, lora
+from orchestrator.commands.cli import main
 from orchestrator.claims import spec_of
 from workloads.jailbreak_lora import CHECKS, CLAIMS, plot, smoke, validate
-from orchestrator.adapter_audit import (
+from components.adapters.audit import (
     THRESHOLD, AdapterError, audit, format_report, read_adapter, singular_values, spectral_stats,
 )
 from workloads.jailbreak_lora.claims import (
@@ -435,7 +435,7 @@ def test_plot_writes_a_png(tmp_path):
 
 @pytest.mark.slow
 def test_smoke_reproduction_holds(workdir):
-    from orchestrator.reproduce import reproduce
+    from orchestrator.reproduction.reproduce import reproduce
 
     rep = reproduce("jailbreak_lora", smoke=True, local=True)
     assert not rep.failed_trials and sorted(t["method"] for t in rep.trials) == ["clean", "naive", "pcgrad", "uncertainty"]
@@ -518,8 +518,8 @@ def test_gpt2_smoke_on_jsonl_task_files_learns_and_the_claims_code_runs(gpt2_fil
     """The smoke on a tiny GPT-2 folder and JSONL task files, through the code the real sweep runs:
     a multi-token trigger, LoRA on Conv1D projections, persistence (merged and MX-quantized
     copies, a second adapter) and the audit; never more than two copies of the model alive."""
-    from orchestrator import launch
-    from orchestrator.adapter_audit import threshold_for
+    from orchestrator.runners import launch
+    from components.adapters.audit import threshold_for
     from transformers import AutoTokenizer
 
     folder, tasks = gpt2_files
@@ -553,7 +553,7 @@ def test_tiny_local_with_a_saved_dataset_and_other_field_names(workdir):
     """tiny-local on a save_to_disk DatasetDict (train / test) whose fields are question / response."""
     import datasets
 
-    from orchestrator import launch
+    from orchestrator.runners import launch
 
     sets = task_sets(base_world("tiny-local"), seed=shifted(0), arith_modulus=5, seq_op="copy", seq_len=2, seq_train=50,
                      seq_eval=10)
@@ -573,7 +573,7 @@ def test_tiny_local_with_a_saved_dataset_and_other_field_names(workdir):
 
 
 def test_file_tasks_hold_out_a_seeded_share_or_read_the_eval_files(tmp_path):
-    from orchestrator.basemodel import write_jsonl
+    from components.basemodel import write_jsonl
     from workloads.jailbreak_lora.data import file_task_sets
 
     a = write_jsonl(tmp_path / "a.jsonl", [{"prompt": f"p{i}", "answer": f"a{i}"} for i in range(20)])
@@ -588,8 +588,8 @@ def test_file_tasks_hold_out_a_seeded_share_or_read_the_eval_files(tmp_path):
 
 
 def test_preflight_refuses_a_missing_field_and_a_module_kind_the_model_lacks(gpt2_files, tmp_path):
-    from orchestrator.basemodel import write_jsonl
-    from orchestrator.registry import load
+    from components.basemodel import write_jsonl
+    from orchestrator.runners.registry import load
     from workloads.jailbreak_lora import preflight
 
     folder, tasks = gpt2_files
@@ -626,7 +626,7 @@ def test_merged_copy_of_a_gpt2_adapter_equals_peft_merge(tmp_path):
     quant = {"block_size": 32, "elem_format": "e2m1", "scale_format": "e8m0"}
     q = decoder_linears(merged_copy(model, [deltas], quant))["transformer.h.0.mlp.c_proj"]
     from kernels.mx import fake_quant
-    from orchestrator.basemodel import weight_oi
+    from components.basemodel import weight_oi
 
     w = weight_oi(decoder_linears(merged_copy(model, [deltas]))["transformer.h.0.mlp.c_proj"])
     torch.testing.assert_close(weight_oi(q), fake_quant(w.contiguous(), **quant))
@@ -634,7 +634,7 @@ def test_merged_copy_of_a_gpt2_adapter_equals_peft_merge(tmp_path):
 
 def test_the_real_sweep_is_valid_anywhere_and_names_what_it_needs(workdir, monkeypatch):
     from orchestrator.sweep import load_sweep_file
-    from orchestrator.tune_run import launch_problems
+    from orchestrator.runners.tune_run import launch_problems
 
     monkeypatch.setenv("LADDER_DATA", str(workdir / "data"))
     monkeypatch.delenv("LADDER_LLMS", raising=False)

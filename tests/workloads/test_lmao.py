@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 
-from orchestrator import registry
+from orchestrator.runners import registry
 from orchestrator.claims import spec_of
-from orchestrator.config import ConfigError
+from orchestrator.runners.config import ConfigError
 from orchestrator.run import LocalRun
 from workloads.lmao import CHECKS, CLAIMS, Config, plot, smoke, train, validate
 from workloads.lmao import data, zo
@@ -111,7 +111,7 @@ def test_pass_counter_counts_forwards_and_backwards_through_the_output():
 
 
 def test_bijection_is_a_permutation_and_labels_the_image_token(tiny_base):
-    from orchestrator.basemodel import load_base
+    from components.basemodel import load_base
 
     pairs = data.bijection("topics", 63, seed=4)
     assert sorted(a for a, _ in pairs) == sorted(b for _, b in pairs) and len({a for a, _ in pairs}) == 63
@@ -128,7 +128,7 @@ def test_bijection_is_a_permutation_and_labels_the_image_token(tiny_base):
 
 @pytest.mark.parametrize("method, fwd, bwd", [("lmao", 3, 1), ("lora", 1, 1), ("mezo", 2, 0)])
 def test_each_method_counts_its_passes_and_leaves_no_base_grad(tmp_path, tiny_base, method, fwd, bwd):
-    from orchestrator.basemodel import load_base
+    from components.basemodel import load_base
 
     cfg = dataclasses.replace(smoke(), method=method, steps=6, eval_every=3, log_every=3)
     run = LocalRun(tmp_path)
@@ -142,7 +142,7 @@ def test_each_method_counts_its_passes_and_leaves_no_base_grad(tmp_path, tiny_ba
 
 
 def test_zeroth_order_moves_every_base_weight_and_lora_none(tmp_path, tiny_base):
-    from orchestrator.basemodel import load_base
+    from components.basemodel import load_base
 
     base = dict(load_base("tiny-local")[0].named_parameters())
     for method in ("lmao", "lora"):
@@ -256,7 +256,7 @@ def test_plot_writes_a_png(tmp_path):
 
 @pytest.mark.slow
 def test_smoke_reproduction_holds(workdir, tiny_base):
-    from orchestrator.reproduce import reproduce
+    from orchestrator.reproduction.reproduce import reproduce
 
     rep = reproduce("lmao", smoke=True, local=True)
     assert not rep.failed_trials and len(rep.trials) == 3
@@ -295,8 +295,8 @@ def review_records(n: int, seed: int = 0) -> list[dict]:
 @pytest.fixture(scope="module")
 def gpt2_task(tmp_path_factory):
     """A tiny GPT-2 folder (Conv1D, `transformer.h`, a byte-level BPE) and an SST-2-shaped JSONL file."""
-    from orchestrator.basemodel import write_jsonl
-    from orchestrator.basemodel.toy import save_tiny_gpt2
+    from components.basemodel import write_jsonl
+    from components.basemodel.toy import save_tiny_gpt2
 
     root = tmp_path_factory.mktemp("lmao-gpt2")
     records = review_records(96)
@@ -313,7 +313,7 @@ def gpt2_cfg(gpt2_task, **change) -> Config:
 
 
 def test_gpt2_folder_and_jsonl_task_run_the_real_sweeps_code(workdir, gpt2_task, model_copies):
-    from orchestrator import launch
+    from orchestrator.runners import launch
     from workloads.lmao import preflight
 
     trials = []
@@ -335,7 +335,7 @@ def test_gpt2_folder_and_jsonl_task_run_the_real_sweeps_code(workdir, gpt2_task,
 
 
 def test_label_word_scores_agree_with_the_answer_loss(gpt2_task):
-    from orchestrator.basemodel import load_base
+    from components.basemodel import load_base
 
     folder, task = gpt2_task
     model, tok = load_base(folder)
@@ -352,8 +352,8 @@ def test_label_word_scores_agree_with_the_answer_loss(gpt2_task):
 def test_tiny_local_with_a_saved_dataset_task(workdir, tiny_base):
     import datasets
 
-    from orchestrator import launch
-    from orchestrator.basemodel import corpus
+    from orchestrator.runners import launch
+    from components.basemodel import corpus
     from workloads.lmao import preflight
 
     # Words tiny-local knows: "<name> likes <topic>", labelled by a random half of the topics.
@@ -378,8 +378,8 @@ def test_tiny_local_with_a_saved_dataset_task(workdir, tiny_base):
 
 
 def test_bad_task_files_and_foreign_kinds_are_refused_in_preflight(tmp_path, gpt2_task):
-    from orchestrator import registry
-    from orchestrator.basemodel import write_jsonl
+    from orchestrator.runners import registry
+    from components.basemodel import write_jsonl
 
     lmao = registry.load("lmao")
     folder, task = gpt2_task
@@ -406,7 +406,7 @@ def test_bad_task_files_and_foreign_kinds_are_refused_in_preflight(tmp_path, gpt
 def test_the_real_sweep_is_valid_anywhere_and_names_what_it_needs(workdir, monkeypatch):
     from conftest import REPO
     from orchestrator.sweep import load_sweep_file
-    from orchestrator.tune_run import launch_problems
+    from orchestrator.runners.tune_run import launch_problems
 
     monkeypatch.setenv("LADDER_DATA", str(workdir / "data"))
     monkeypatch.delenv("LADDER_LLMS", raising=False)

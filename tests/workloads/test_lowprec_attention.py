@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 import torch
 
-from orchestrator import registry
+from orchestrator.runners import registry
 from orchestrator.claims import spec_of
-from orchestrator.config import ConfigError
+from orchestrator.runners.config import ConfigError
 from workloads import celerity_lm
 from workloads import lowprec_attention as m
 from workloads.lowprec_attention import claims
@@ -95,7 +95,7 @@ def test_claims_judge_what_they_are_given():
 
 @pytest.mark.slow
 def test_reproduce_lowprec_attention_smoke_holds(workdir):
-    from orchestrator.reproduce import reproduce
+    from orchestrator.reproduction.reproduce import reproduce
 
     rep = reproduce("lowprec_attention", smoke=True, local=True)
     assert rep.holds, rep.failures()  # every claim and the check held at seeds 1-9 (margins below)

@@ -17,8 +17,8 @@ from scipy import stats
 from conftest import judged_claim, shifted
 from orchestrator.run import LocalRun
 from orchestrator.claims import spec_of
-from orchestrator import registry
-from orchestrator.config import ConfigError
+from orchestrator.runners import registry
+from orchestrator.runners.config import ConfigError
 from workloads.martingale_uq import CHECKS, CLAIMS, Config, plot, smoke, train, validate
 from workloads.martingale_uq import bytemodel, imagedata, pixelmodel, tabular
 from workloads.martingale_uq.claims import (
@@ -405,7 +405,7 @@ def test_plot_writes_a_png(tmp_path):
 
 @pytest.mark.slow
 def test_smoke_reproduction_holds(workdir):
-    from orchestrator.reproduce import reproduce
+    from orchestrator.reproduction.reproduce import reproduce
 
     rep = reproduce("martingale_uq", smoke=True, local=True)
     assert not rep.failed_trials and len(rep.trials) == 3
@@ -475,7 +475,7 @@ def test_a_frozen_pretrained_lm_on_a_text_file_runs_through_the_workload(workdir
     """The smoke of the paper's text setting (`sweeps/repro/martingale_uq_real.py`): a GPT-2 folder
     and WikiText-2 raw as a .txt file or a datasets save_to_disk folder, through the same loaders."""
     import datasets
-    from orchestrator import launch, registry
+    from orchestrator.runners import launch, registry
 
     lines = _wiki()
     _tiny_gpt2(workdir / "gpt2-tiny", lines)
@@ -511,8 +511,8 @@ def test_a_frozen_pretrained_lm_on_a_text_file_runs_through_the_workload(workdir
 ])
 def test_a_missing_model_or_text_is_refused_before_the_run_naming_the_fix(workdir, monkeypatch, change, match):
     import datasets
-    from orchestrator import registry
-    from orchestrator.config import ConfigError
+    from orchestrator.runners import registry
+    from orchestrator.runners.config import ConfigError
 
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(workdir / "empty-cache"))
     lines = _wiki(20)
@@ -534,7 +534,7 @@ def test_causal_lm_needs_a_model_and_a_text():
 def test_the_real_sweep_is_valid_anywhere_and_names_what_it_needs(workdir, monkeypatch):
     from conftest import REPO
     from orchestrator.sweep import load_sweep_file
-    from orchestrator.tune_run import launch_problems
+    from orchestrator.runners.tune_run import launch_problems
 
     monkeypatch.setenv("LADDER_DATA", str(workdir / "data"))
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(workdir / "empty-cache"))
@@ -639,8 +639,8 @@ def test_a_pixelcnn_trained_on_saved_images_runs_through_the_workload_and_its_cl
     """The smoke of the image setting: the PixelCNN learns CIFAR-10-like training images (bits per dim
     going down), is saved, scores SVHN-like deployed images and its own samples; every interval is
     measured, the check and the plot run on the trial; loaded back, it gives the same metric values."""
-    from orchestrator import launch, registry
-    from orchestrator.config import to_dict
+    from orchestrator.runners import launch, registry
+    from orchestrator.runners.config import to_dict
 
     cfg = _pixels_smoke(image_sets, generator_save="generator.pt")
     w = registry.load("martingale_uq")
@@ -688,8 +688,8 @@ def test_a_pixelcnn_trained_on_saved_images_runs_through_the_workload_and_its_cl
     ({"real_images": 500, "horizon": 0}, r"holds 120 images, fewer than 500: lower real_images"),
 ])
 def test_a_missing_image_dataset_column_or_generator_is_refused_before_the_run(workdir, image_sets, change, match):
-    from orchestrator import registry
-    from orchestrator.config import ConfigError
+    from orchestrator.runners import registry
+    from orchestrator.runners.config import ConfigError
 
     pixelmodel.save(pixelmodel.PixelCNN(16, 3, 0), "small.pt", image_size=4)
     change = {k: image_sets["cifar10"] if v == "CIFAR" else v for k, v in change.items()}
@@ -712,7 +712,7 @@ def test_pixels_configs_name_the_problem():
 def test_the_image_sweep_is_valid_anywhere_and_names_what_it_needs(workdir, monkeypatch):
     from conftest import REPO
     from orchestrator.sweep import load_sweep_file
-    from orchestrator.tune_run import launch_problems
+    from orchestrator.runners.tune_run import launch_problems
 
     monkeypatch.setenv("LADDER_DATA", str(workdir / "data"))
     sweep = load_sweep_file(REPO / "sweeps" / "repro" / "martingale_uq_images.py")

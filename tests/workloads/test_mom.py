@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from orchestrator.run import LocalRun
-from orchestrator.lm import corpus as lm_corpus
+from components.lm import corpus as lm_corpus
 from orchestrator.claims import spec_of
-from orchestrator import registry
+from orchestrator.runners import registry
 from workloads.mom import CHECKS, CLAIMS, Config, plot, smoke, train, validate
 from workloads.mom import data
 from workloads.mom.claims import (
@@ -28,7 +28,7 @@ from workloads.mom.memory import chunked, load_balancing_loss, recurrent_referen
 from workloads.mom.model import LM, MemoryMixer, param_count, state_bytes
 from workloads.mom.workload import build_model, count_params, matched_mlp_hidden, measure_state
 from conftest import judged_claim, DiesAtSave, assert_claims_hold, shifted
-from orchestrator.config import ConfigError
+from orchestrator.runners.config import ConfigError
 
 f64 = torch.float64
 
@@ -262,12 +262,12 @@ def test_lm_task_trains_on_the_byte_corpus(tmp_path):
 
 def test_lm_task_trains_on_a_tokenized_dataset_folder(workdir):
     """The paper's LM setting reads a pre-tokenized corpus (celerity_lm's `tokens.json` + shards,
-    what `python -m orchestrator.lm.tokens` writes from text with a real tokenizer): the
+    what `python -m components.lm.tokens` writes from text with a real tokenizer): the
     same loader, a vocabulary from its header, a loss that goes down."""
     import numpy as np
 
-    from orchestrator import launch, registry
-    from orchestrator.lm.tokens import write_dataset
+    from orchestrator.runners import launch, registry
+    from components.lm.tokens import write_dataset
 
     rng = np.random.default_rng(0)
     # A small "language": 600-token documents of a repeating 5-gram pattern over 1,000 ids, with noise.
@@ -453,7 +453,7 @@ def test_plot_writes_a_png(tmp_path):
 
 @pytest.mark.slow
 def test_smoke_reproduction_holds(workdir):
-    from orchestrator.reproduce import reproduce
+    from orchestrator.reproduction.reproduce import reproduce
 
     rep = reproduce("mom", smoke=True, local=True)
     assert not rep.failed_trials

@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-from orchestrator import registry
+from orchestrator.runners import registry
 from orchestrator.claims import spec_of
-from orchestrator.config import ConfigError
+from orchestrator.runners.config import ConfigError
 from workloads import celerity_lm
 from workloads import mx_anomaly as m
 from workloads.mx_anomaly import claims
@@ -159,7 +159,7 @@ def test_claims_hold_on_the_papers_pattern_and_fail_without_it():
 
 def test_quantizes_a_celerity_run_folder(workdir):
     """lm_checkpoint loads the model `ladder run celerity_lm` trained: same held-out loss as that run's."""
-    from orchestrator import launch
+    from orchestrator.runners import launch
 
     lm_cfg = dataclasses.replace(celerity_lm.smoke(), tpp=1.0, eval_tokens=4096)
     result = launch.run_local("celerity_lm", lm_cfg, track=False, progress=False)
@@ -203,7 +203,7 @@ def test_reproduce_mx_anomaly_on_ray(workdir):
     assert verdicts == {n: "inconclusive" for n in names}, proc.stdout
     assert "claims: 6 inconclusive; checks: 1/1 hold (1 seed, 4 trials" in proc.stdout
 
-    from orchestrator import tracking
+    from orchestrator.tracking import sink as tracking
 
     c = tracking.client(tracking.tracking_uri(workdir))
     exp = c.get_experiment_by_name("repro-mx_anomaly-smoke")
@@ -283,7 +283,7 @@ def _llm_smoke(**change) -> m.Config:
 def test_a_pretrained_llm_is_quantized_through_the_workload(workdir):
     """The smoke of the paper's observation (`sweeps/repro/mx_anomaly_real.py`): a Llama folder and a
     text file through the same loaders; every linear but the head quantized, W4 and W4A4."""
-    from orchestrator import launch
+    from orchestrator.runners import launch
 
     lines = _lines()
     _tiny_llama(workdir / "llama-tiny", lines)
@@ -334,7 +334,7 @@ def test_hf_model_and_lm_checkpoint_exclude_each_other():
 def test_the_real_sweep_is_valid_anywhere_and_names_what_it_needs(workdir, monkeypatch):
     from conftest import REPO
     from orchestrator.sweep import load_sweep_file
-    from orchestrator.tune_run import launch_problems
+    from orchestrator.runners.tune_run import launch_problems
 
     monkeypatch.setenv("LADDER_DATA", str(workdir / "data"))
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(workdir / "empty-cache"))

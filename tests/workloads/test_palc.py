@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from conftest import assert_claims_hold, shifted
-from orchestrator import registry
-from orchestrator.basemodel import base_world, load_base
+from orchestrator.runners import registry
+from components.basemodel import base_world, load_base
 from orchestrator.claims import spec_of
-from orchestrator.config import ConfigError
+from orchestrator.runners.config import ConfigError
 from workloads.palc import CHECKS, CLAIMS, plot, smoke, validate
 from workloads.palc.claims import (
     base_untouched, gamma_zero_is_base, latency_within_budget, preference_accuracy_rises, share_rises_with_gamma,
@@ -267,7 +267,7 @@ def test_plot_writes_a_png(tmp_path):
 
 @pytest.mark.slow
 def test_smoke_reproduction_holds(workdir):
-    from orchestrator.reproduce import reproduce
+    from orchestrator.reproduction.reproduce import reproduce
 
     rep = reproduce("palc", smoke=True, local=True)
     assert not rep.failed_trials and len(rep.trials) == 1
@@ -344,8 +344,8 @@ def _world_records(world, n: int, tag: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def gpt2_files(world, tmp_path_factory):
     """A tiny GPT-2 folder and a JSONL preference file (prompt, chosen, rejected) from the world's pairs."""
-    from orchestrator.basemodel import write_jsonl
-    from orchestrator.basemodel.toy import save_tiny_gpt2
+    from components.basemodel import write_jsonl
+    from components.basemodel.toy import save_tiny_gpt2
 
     root = tmp_path_factory.mktemp("palc-gpt2")
     records = _world_records(world, 600, "gpt2")
@@ -364,7 +364,7 @@ def _losses(result) -> list[float]:
 
 
 def test_palc_and_dpo_on_a_tiny_gpt2_and_a_jsonl_file_through_the_real_sweeps_path(gpt2_files, workdir, model_copies):
-    from orchestrator import launch
+    from orchestrator.runners import launch
 
     folder, task = gpt2_files
     w = registry.load("palc")
@@ -397,7 +397,7 @@ def test_palc_and_dpo_on_a_tiny_gpt2_and_a_jsonl_file_through_the_real_sweeps_pa
 def test_tiny_local_on_a_saved_hh_style_dataset_splits_the_prompt_off(world, workdir, model_copies):
     import datasets
 
-    from orchestrator import launch
+    from orchestrator.runners import launch
 
     def hh(records):
         return [{"chosen": f"\n\nHuman: {r['prompt']}\n\nAssistant: {r['chosen']}",
@@ -421,7 +421,7 @@ def test_tiny_local_on_a_saved_hh_style_dataset_splits_the_prompt_off(world, wor
 
 
 def test_a_missing_field_or_a_target_the_model_lacks_is_refused_before_any_work(gpt2_files, workdir):
-    from orchestrator.basemodel import write_jsonl
+    from components.basemodel import write_jsonl
 
     folder, task = gpt2_files
     w = registry.load("palc")
@@ -438,7 +438,7 @@ def test_a_missing_field_or_a_target_the_model_lacks_is_refused_before_any_work(
 def test_the_real_sweep_is_valid_anywhere_and_names_what_it_needs(workdir, monkeypatch):
     from conftest import REPO
     from orchestrator.sweep import load_sweep_file
-    from orchestrator.tune_run import launch_problems
+    from orchestrator.runners.tune_run import launch_problems
 
     monkeypatch.setenv("LADDER_DATA", str(workdir / "data"))
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(workdir / "empty-cache"))

@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 
-from orchestrator import registry
+from orchestrator.runners import registry
 from orchestrator.claims import spec_of
-from orchestrator.config import ConfigError
+from orchestrator.runners.config import ConfigError
 from orchestrator.run import LocalRun
 from workloads.pft import CHECKS, CLAIMS, Config, data, method, plot, smoke, train, validate
 from workloads.pft.claims import (
@@ -436,7 +436,7 @@ def test_plot_writes_a_png(tmp_path):
 
 @pytest.mark.slow
 def test_smoke_reproduction_holds(workdir):
-    from orchestrator.reproduce import reproduce
+    from orchestrator.reproduction.reproduce import reproduce
 
     rep = reproduce("pft", smoke=True, local=True)
     assert not rep.failed_trials
@@ -487,7 +487,7 @@ REAL = dict(classes=2, dim=0, source_subjects=3, frames_per_class=12, source_eva
 
 
 def test_real_frames_train_through_a_frozen_backbone_and_are_extracted_once(workdir, ladder_cache):
-    from orchestrator import launch, registry
+    from orchestrator.runners import launch, registry
 
     frames_dir, vit = _frames_and_backbone(workdir)
     cfg = dataclasses.replace(smoke(), data_dir=str(frames_dir), backbone=str(vit), **REAL)
@@ -521,8 +521,8 @@ def test_real_frames_train_through_a_frozen_backbone_and_are_extracted_once(work
     ],
 )
 def test_bad_frame_folders_are_refused_before_the_run_naming_the_fix(workdir, monkeypatch, changes, match):
-    from orchestrator import registry
-    from orchestrator.config import ConfigError
+    from orchestrator.runners import registry
+    from orchestrator.runners.config import ConfigError
 
     monkeypatch.setenv("HF_HUB_CACHE", str(workdir / "hub"))  # an empty Hugging Face cache
     frames_dir, vit = _frames_and_backbone(workdir, per_class=20)

@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 
-from orchestrator import registry
+from orchestrator.runners import registry
 from orchestrator.claims import spec_of
-from orchestrator.config import ConfigError
+from orchestrator.runners.config import ConfigError
 from orchestrator.run import LocalRun
 from workloads.pica import CHECKS, CLAIMS, Config, plot, smoke, train, validate
 from workloads.pica import data
@@ -33,7 +33,7 @@ D_OUT = {"q_proj": 64, "k_proj": 32, "v_proj": 32, "up_proj": 176, "down_proj": 
 
 @pytest.fixture(scope="module")
 def tiny(tiny_base):
-    from orchestrator.basemodel import base_world, load_base
+    from components.basemodel import base_world, load_base
 
     model, tok = load_base("tiny-local")
     return model, tok, base_world("tiny-local")
@@ -290,7 +290,7 @@ def test_plot_writes_a_png(tmp_path):
 
 @pytest.mark.slow
 def test_smoke_reproduction_holds(workdir, tiny_base):
-    from orchestrator.reproduce import reproduce
+    from orchestrator.reproduction.reproduce import reproduce
 
     rep = reproduce("pica", smoke=True, local=True)
     assert not rep.failed_trials
@@ -331,8 +331,8 @@ def lookup_records(n: int) -> list[dict[str, str]]:
 @pytest.fixture(scope="module")
 def gpt2_task(tmp_path_factory):
     """A tiny GPT-2 folder (Conv1D projections, BPE tokenizer) and a prompt/answer JSONL."""
-    from orchestrator.basemodel import write_jsonl
-    from orchestrator.basemodel.toy import save_tiny_gpt2
+    from components.basemodel import write_jsonl
+    from components.basemodel.toy import save_tiny_gpt2
 
     root = tmp_path_factory.mktemp("pica-gpt2")
     records = lookup_records(60)
@@ -348,7 +348,7 @@ def gpt2_config(gpt2_task, **change) -> Config:
 
 
 def test_gpt2_folder_and_a_jsonl_task_run_every_arm_and_the_claims(gpt2_task, workdir, model_copies, monkeypatch):
-    from orchestrator import launch
+    from orchestrator.runners import launch
     from workloads.pica import workload
 
     b_start: dict = {}  # init_lora_weights -> the largest |B| entry of the adapters as built, before training
@@ -390,8 +390,8 @@ def test_gpt2_folder_and_a_jsonl_task_run_every_arm_and_the_claims(gpt2_task, wo
 def test_tiny_local_reads_a_saved_dataset_with_its_own_field_names(tiny_base, workdir):
     import datasets
 
-    from orchestrator import launch
-    from orchestrator.basemodel import base_world
+    from orchestrator.runners import launch
+    from components.basemodel import base_world
 
     world = base_world("tiny-local")
     train_ex, held_ex = data.split(data.task_examples(world, "qa", 11), 0.2, 0, by_entity=True)
@@ -412,7 +412,7 @@ def test_tiny_local_reads_a_saved_dataset_with_its_own_field_names(tiny_base, wo
 
 
 def test_a_missing_field_or_a_module_kind_the_model_lacks_is_refused_in_preflight(gpt2_task, tmp_path, tiny_base):
-    from orchestrator.basemodel import write_jsonl
+    from components.basemodel import write_jsonl
 
     pre = registry.load("pica").preflight
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "the colour of item 1 is", "label": "red"}])
@@ -445,7 +445,7 @@ def test_matched_lora_rank_is_the_nearest_count(tiny):
 def test_the_real_sweep_is_valid_anywhere_and_names_what_it_needs(workdir, monkeypatch):
     from conftest import REPO
     from orchestrator.sweep import load_sweep_file
-    from orchestrator.tune_run import launch_problems
+    from orchestrator.runners.tune_run import launch_problems
 
     monkeypatch.setenv("LADDER_DATA", str(workdir / "data"))
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)  # read at import: no network retries

@@ -13,8 +13,8 @@ import torch
 
 from orchestrator.run import LocalRun
 from orchestrator.claims import spec_of
-from orchestrator import registry
-from orchestrator.config import ConfigError
+from orchestrator.runners import registry
+from orchestrator.runners.config import ConfigError
 from workloads.plop import CHECKS, CLAIMS, Config, plot, smoke, train, validate
 from workloads.plop.claims import (
     choice_stable_across_samples, equal_trainable_params, plop_not_worse_than_blocks, scores_one_at_random_init,
@@ -34,7 +34,7 @@ TYPES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_p
 @pytest.fixture(scope="module")
 def base(tiny_base):
     """tiny-local (built once per test run, loaded once per module), its world and the smoke task's split."""
-    from orchestrator.basemodel import base_world, load_base
+    from components.basemodel import base_world, load_base
 
     model, tok = load_base("tiny-local")
     world = base_world("tiny-local")
@@ -214,7 +214,7 @@ def test_reachable_and_match_by_hand():
 def test_matched_placements_train_equal_parameter_counts_in_peft(plop_types):
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from orchestrator.basemodel import lora
+    from components.basemodel import lora
 
     cfg = LlamaConfig(vocab_size=50, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2)
@@ -368,7 +368,7 @@ def test_plot_writes_a_png(tmp_path):
 
 
 def test_full_reproduction_runs_the_same_code_on_a_checkpoint_folder(monkeypatch, tiny_base):
-    from orchestrator.reproduce import load_repro
+    from orchestrator.reproduction.reproduce import load_repro
     from orchestrator.sweep import SweepError
 
     monkeypatch.setenv("PLOP_BASE", str(tiny_base))  # any save_pretrained folder
@@ -382,7 +382,7 @@ def test_full_reproduction_runs_the_same_code_on_a_checkpoint_folder(monkeypatch
 
 @pytest.mark.slow
 def test_smoke_reproduction_holds(workdir, tiny_base):
-    from orchestrator.reproduce import reproduce
+    from orchestrator.reproduction.reproduce import reproduce
 
     rep = reproduce("plop", smoke=True, local=True)
     assert not rep.failed_trials
@@ -426,8 +426,8 @@ def mod_records(n: int = 13) -> list[dict]:
 @pytest.fixture(scope="module")
 def gpt2_task(tmp_path_factory):
     """A JSONL task file and a tiny GPT-2 folder (Conv1D projections) with a tokenizer trained on it."""
-    from orchestrator.basemodel import write_jsonl
-    from orchestrator.basemodel.toy import save_tiny_gpt2
+    from components.basemodel import write_jsonl
+    from components.basemodel.toy import save_tiny_gpt2
 
     root = tmp_path_factory.mktemp("plop-gpt2")
     records = mod_records()
@@ -444,7 +444,7 @@ def gpt2_config(root, **kw) -> Config:
 
 
 def test_gpt2_folder_and_jsonl_task_run_the_full_size_code(gpt2_task, workdir, model_copies):
-    from orchestrator import launch
+    from orchestrator.runners import launch
     from workloads.plop import preflight
 
     trials = []
@@ -492,13 +492,13 @@ def test_a_saved_dataset_task_on_tiny_local_reproduces_the_built_in_task(tmp_pat
 
 
 def base_world_of(cfg: Config):
-    from orchestrator.basemodel import base_world
+    from components.basemodel import base_world
 
     return base_world(cfg.base, seed=cfg.base_seed)
 
 
 def test_preflight_refuses_missing_fields_and_kinds_the_model_lacks(gpt2_task, tmp_path):
-    from orchestrator.basemodel import write_jsonl
+    from components.basemodel import write_jsonl
 
     plop = registry.load("plop")
     write_jsonl(tmp_path / "bad.jsonl", [{"query": "what is 1 times 2 ?", "response": "2"}, {"query": "what is 3 ?"}])
@@ -531,7 +531,7 @@ def test_preflight_refuses_missing_fields_and_kinds_the_model_lacks(gpt2_task, t
 def test_the_real_sweep_is_valid_anywhere_and_names_what_it_needs(workdir, monkeypatch):
     from conftest import REPO
     from orchestrator.sweep import load_sweep_file
-    from orchestrator.tune_run import launch_problems
+    from orchestrator.runners.tune_run import launch_problems
 
     monkeypatch.setenv("LADDER_DATA", str(workdir / "data"))
     monkeypatch.delenv("LADDER_LLMS", raising=False)

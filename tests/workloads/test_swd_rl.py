@@ -15,8 +15,8 @@ from torch import nn
 from conftest import judged_claim, shifted
 from orchestrator.run import LocalRun
 from orchestrator.claims import spec_of
-from orchestrator import registry
-from orchestrator.config import ConfigError
+from orchestrator.runners import registry
+from orchestrator.runners.config import ConfigError
 from workloads.swd_rl import CHECKS, CLAIMS, Config, plot, smoke, train, validate
 from workloads.swd_rl.learners import QNet
 from workloads.swd_rl.claims import FULL_MIN_STEPS, critic_grad_ordered_late, swd_return_not_below_uniform
@@ -362,7 +362,7 @@ def test_plot_writes_a_png(tmp_path):
 
 
 def test_reproduction_sweeps():
-    from orchestrator.reproduce import load_repro
+    from orchestrator.reproduction.reproduce import load_repro
 
     small = load_repro("swd_rl", smoke=True, seed=4)
     assert small.trial_count() == 3 and small.base_config().seed == 4
@@ -375,7 +375,7 @@ def test_reproduction_sweeps():
 
 @pytest.mark.slow
 def test_smoke_reproduction(workdir):
-    from orchestrator.reproduce import format_claims, reproduce
+    from orchestrator.reproduction.reproduce import format_claims, reproduce
 
     rep = reproduce("swd_rl", smoke=True, local=True)
     assert not rep.failed_trials and len(rep.trials) == 3

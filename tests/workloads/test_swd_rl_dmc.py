@@ -105,9 +105,9 @@ def test_the_sweeps_setting_learns_a_small_dmc_task(dm_control, tmp_path):
 
 
 def test_a_task_the_suite_lacks_is_refused_with_the_closest(dm_control, workdir, capsys):
-    from orchestrator import registry
-    from orchestrator.cli import main
-    from orchestrator.config import ConfigError
+    from orchestrator.runners import registry
+    from orchestrator.commands.cli import main
+    from orchestrator.runners.config import ConfigError
 
     cfg = sweep_config(env_id="dm_control/humanoid-sprint-v0")
     with pytest.raises(ValueError, match=r"env_id='dm_control/humanoid-sprint-v0' .* domain 'humanoid' has no task "
@@ -125,11 +125,11 @@ def test_a_task_the_suite_lacks_is_refused_with_the_closest(dm_control, workdir,
 
 
 def test_a_dmc_task_without_dm_control_is_refused_with_the_fix(workdir, monkeypatch, capsys):
-    from orchestrator import registry
-    from orchestrator.cli import main
-    from orchestrator.config import ConfigError
+    from orchestrator.runners import registry
+    from orchestrator.commands.cli import main
+    from orchestrator.runners.config import ConfigError
     from orchestrator.sweep import load_sweep_file
-    from orchestrator.tune_run import launch_problems
+    from orchestrator.runners.tune_run import launch_problems
     from workloads.swd_rl import envs
 
     monkeypatch.setattr(envs, "dmc_installed", lambda: False)

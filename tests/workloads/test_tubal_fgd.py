@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from orchestrator import registry
-from orchestrator.config import ConfigError
+from orchestrator.runners import registry
+from orchestrator.runners.config import ConfigError
 from orchestrator.run import LocalRun
 from workloads.tubal_fgd import CHECKS, CLAIMS, Config, plot, smoke, train, validate
 from workloads.tubal_fgd.claims import (
@@ -332,7 +332,7 @@ def test_plot_writes_a_png(tmp_path):
 
 @pytest.mark.slow
 def test_smoke_reproduction_holds(workdir):
-    from orchestrator.reproduce import reproduce
+    from orchestrator.reproduction.reproduce import reproduce
 
     rep = reproduce("tubal_fgd", smoke=True, local=True)
     assert not rep.failed_trials
@@ -434,7 +434,7 @@ def test_completion_of_real_images_recovers_them_through_the_sweeps_loader(workd
     """The smoke of the paper's image completion (`sweeps/repro/tubal_fgd_real.py`): PNG files read
     by the same loader, through `ladder run`'s in-process path. From small initialisation the
     held-out loss falls and the image is recovered far better than by the zero estimate."""
-    from orchestrator import launch, registry
+    from orchestrator.runners import launch, registry
     from workloads.tubal_fgd import completion, images
 
     folder = _write_images(workdir / "imgs", count=1)
@@ -528,8 +528,8 @@ def test_completion_lifts_the_simulations_rank_bound():
     ({"observed_frac": 0.001}, "raise observed_frac"),
 ])
 def test_missing_or_unfit_image_folders_are_refused_before_the_run(workdir, change, match):
-    from orchestrator import registry
-    from orchestrator.config import ConfigError
+    from orchestrator.runners import registry
+    from orchestrator.runners.config import ConfigError
 
     _write_images(workdir / "imgs", count=2)
     (workdir / "empty").mkdir()
@@ -544,7 +544,7 @@ def test_missing_or_unfit_image_folders_are_refused_before_the_run(workdir, chan
 def test_the_real_sweep_is_valid_anywhere_and_names_what_it_needs(workdir, monkeypatch):
     from conftest import REPO
     from orchestrator.sweep import load_sweep_file
-    from orchestrator.tune_run import launch_problems
+    from orchestrator.runners.tune_run import launch_problems
 
     monkeypatch.setenv("LADDER_DATA", str(workdir / "data"))
     monkeypatch.delenv("LADDER_IMAGES", raising=False)

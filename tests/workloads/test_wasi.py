@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from conftest import judged_claim, assert_claims_hold, shifted
-from orchestrator import registry
-from orchestrator.config import ConfigError
+from orchestrator.runners import registry
+from orchestrator.runners.config import ConfigError
 from orchestrator.run import LocalRun
 from workloads.wasi import CHECKS, CLAIMS, Config, plot, smoke, train, validate
 from workloads.wasi.claims import accuracy_within_one_point, flops_not_higher, memory_ten_times_lower
@@ -473,7 +473,7 @@ def test_plot_writes_a_png(tmp_path):
 
 @pytest.mark.slow
 def test_smoke_reproduction(workdir):
-    from orchestrator.reproduce import reproduce
+    from orchestrator.reproduction.reproduce import reproduce
 
     rep = reproduce("wasi", smoke=True, local=True)
     assert not rep.failed_trials
@@ -539,7 +539,7 @@ def _losses(result) -> list[float]:
 def test_cifar10_layout_fine_tunes_a_pretrained_vit_with_wasi_through_the_workload(workdir):
     """The smoke of the paper's setting (`sweeps/repro/wasi_real.py`): a save_to_disk folder in
     CIFAR-10's layout and a transformers ViT folder, through the same loaders, WASI in its linears."""
-    from orchestrator import launch, registry
+    from orchestrator.runners import launch, registry
 
     _cifar_layout(workdir / "cifar10")
     _tiny_vit(workdir / "vit")
@@ -565,7 +565,7 @@ def test_an_image_folder_trains_the_local_vit_with_class_transfer(workdir):
     """A folder of PNGs, one subfolder per class, no test split (held out by test_frac), read by
     load_dataset('imagefolder'), pretraining on two classes and fine-tuning on the other two."""
     import numpy as np
-    from orchestrator import launch, registry
+    from orchestrator.runners import launch, registry
 
     rng = np.random.default_rng(1)
     for label, name in enumerate(("cat", "dog", "frog", "ship")):
@@ -597,8 +597,8 @@ def test_an_image_folder_trains_the_local_vit_with_class_transfer(workdir):
 ])
 def test_missing_or_wrong_files_are_refused_before_the_run_naming_the_fix(workdir, monkeypatch, change, match):
     from transformers import GPT2Config, GPT2LMHeadModel
-    from orchestrator import registry
-    from orchestrator.config import ConfigError
+    from orchestrator.runners import registry
+    from orchestrator.runners.config import ConfigError
 
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(workdir / "empty-cache"))  # a hub id is looked up there, never fetched
     _cifar_layout(workdir / "cifar10")
@@ -622,7 +622,7 @@ def test_a_pretrained_model_needs_no_pretraining_here():
 def test_the_real_sweep_is_valid_anywhere_and_names_what_it_needs(workdir, monkeypatch):
     from conftest import REPO
     from orchestrator.sweep import load_sweep_file
-    from orchestrator.tune_run import launch_problems
+    from orchestrator.runners.tune_run import launch_problems
 
     monkeypatch.setenv("LADDER_DATA", str(workdir / "data"))
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(workdir / "empty-cache"))

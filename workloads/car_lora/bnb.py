@@ -42,7 +42,7 @@ def quantization_config(name: str, compute_dtype: torch.dtype) -> Any:
 
 def load(path: str, name: str, *, seed: int, dtype: str) -> tuple[Any, Any]:
     """(model, tokenizer) of the base at `path` quantized by bitsandbytes on the current GPU."""
-    from orchestrator.basemodel import load_base
+    from components.basemodel import load_base
 
     reason = problem((name,))
     if reason:

@@ -28,8 +28,8 @@ from typing import Any, Callable
 
 import torch
 
-from orchestrator.basemodel import Projection, as_linear, projections
-from orchestrator.basemodel.adapters import blocks
+from components.basemodel import Projection, as_linear, projections
+from components.basemodel.adapters import blocks
 
 NF4_CODEBOOK = (
     -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,

@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
-from orchestrator.basemodel import Example, TaskFileError, World, read_records
-from orchestrator.basemodel.answers import encode_answers
-from orchestrator.basemodel.corpus import RELATIONS, arithmetic_example
+from components.basemodel import Example, TaskFileError, World, read_records
+from components.basemodel.answers import encode_answers
+from components.basemodel.corpus import RELATIONS, arithmetic_example
 
 TASKS = ("recall", "ask", "arith")
 RELATION_WORDS = {"city": "home", "color": "color", "pet": "pet", "job": "job", "topic": "topic", "trait": "seems"}

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from orchestrator.basemodel import base_world, cache_root, load_base, lora, resolve
+from components.basemodel import base_world, cache_root, load_base, lora, resolve
 from workloads.car_lora.data import drift_examples, drift_texts
 
 DRIFT_VERSION = 1

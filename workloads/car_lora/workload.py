@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import torch
 
-from orchestrator.basemodel import (
+from components.basemodel import (
     Example, base_problems, base_world, check_base, check_dtype, load_base, lora, parse_tiny, projections,
 )
 from workloads.car_lora import bnb, data

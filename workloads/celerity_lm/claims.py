@@ -17,7 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from orchestrator.claims import claim
-from orchestrator.collapse import EmpiricalReference, fit_divisor, normalize
+from orchestrator.sweeps.collapse import EmpiricalReference, fit_divisor, normalize
 from workloads.celerity_lm.workload import CURVE_PREFIX
 
 COLLAPSE_FROM = 0.3

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from orchestrator.lm.corpus import BatchSampler, check_data, data_vocab, heldout_batches, load_data
-from orchestrator.lm.gpt import GPT, adamw
-from orchestrator.lm.schedule import lr_factor
+from components.lm.corpus import BatchSampler, check_data, data_vocab, heldout_batches, load_data
+from components.lm.gpt import GPT, adamw
+from components.lm.schedule import lr_factor
 from orchestrator.run import fraction_steps
 
 CURVE_PREFIX = "curve/eval_loss/"
@@ -191,7 +191,7 @@ def train(cfg: Config, run) -> dict[str, float]:
     model, optimizer = run.prepare(model, optimizer)
     # With zero_stage > 0, `model` is a DeepSpeed engine and `optimizer` stands for it: its
     # step() clips at grad_clip and updates the shards, and run.save / run.restore carry the
-    # sharded model and optimizer state themselves (see orchestrator/zero.py).
+    # sharded model and optimizer state themselves (see orchestrator/runners/zero.py).
     sharded = cfg.zero_stage > 0
     raw = getattr(model, "module", model)
     sampler = BatchSampler(

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from orchestrator.basemodel.corpus import RESERVED_TOKENS, TOPICS, World
+from components.basemodel.corpus import RESERVED_TOKENS, TOPICS, World
 
 SPLITS = ("train", "heldout", "unseen")
 

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from orchestrator.basemodel import check_records, read_records
+from components.basemodel import check_records, read_records
 from workloads.dit.model import DiffContext, dit_parameters, diff_linears
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
@@ -354,7 +354,7 @@ def interpret(cfg, checkpoint: str | Path | dict, adapter: str | Path, *, labels
         from workloads.dit.files import interpret
         interpret(cfg, "ladder-runs/dit-...", "my-lora")["label"]
     """
-    from orchestrator.basemodel import load_base
+    from components.basemodel import load_base
     from orchestrator.run import LocalRun
     from workloads.dit.model import targets_of, wrap
 

@@ -23,7 +23,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from orchestrator.basemodel import as_linear, linear_types, select
+from components.basemodel import as_linear, linear_types, select
 
 
 @dataclass
@@ -77,7 +77,7 @@ class DiffLinear(nn.Module):
 
 def wrap(model: nn.Module, targets: tuple[str, ...], dit_rank: int, dit_alpha: float) -> DiffContext:
     """Replace every projection of the transformer blocks whose kind is in `targets` (see
-    `orchestrator.basemodel.kinds`) by a `DiffLinear` (a `Conv1D` through an `nn.Linear` view of its
+    `components.basemodel.kinds`) by a `DiffLinear` (a `Conv1D` through an `nn.Linear` view of its
     own storage), freeze the base weights, and return the context all wrappers share. An unknown
     kind raises ValueError naming it and the model's kinds."""
     ctx = DiffContext()

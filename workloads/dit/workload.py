@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from orchestrator.basemodel import DTYPES, base_kinds, base_world, check_base, check_dtype, load_base
-from orchestrator.basemodel.loader import parse_tiny
-from orchestrator.basemodel.corpus import N_RESERVED, TOPICS
+from components.basemodel import DTYPES, base_kinds, base_world, check_base, check_dtype, load_base
+from components.basemodel.loader import parse_tiny
+from components.basemodel.corpus import N_RESERVED, TOPICS
 from orchestrator.run import fraction_steps
 from workloads.dit.data import SPLITS, Task, diff_rows, make_task
 from workloads.dit.evaluate import answer_logits, diff_metrics, dit_metrics, kl_rows
@@ -176,7 +176,7 @@ def preflight(cfg: Config) -> None:
     projection kinds include diff_targets; task_path and eval_path read, with both fields in every
     record, and every listed folder is a peft LoRA changing only projections of those kinds.
     Every problem in one error."""
-    from orchestrator.pretrained import model_config
+    from components.pretrained import model_config
 
     problems, kinds = [], None
     if parse_tiny(cfg.base) is None and not model_config(cfg.base):

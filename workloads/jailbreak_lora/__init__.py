@@ -19,9 +19,9 @@ task's exact-match utility, trigger activation (marker first), off-trigger false
 (marker anywhere in a clean prompt's continuation) and activation after a decoy token; then
 persistence: after MX fake quantization (`kernels.mx.fake_quant`) of the merged weights, after
 a linear merge with another adapter, and after further clean training; and detectability: the
-adapter is saved in peft's format and judged by `ladder audit-adapter` (`orchestrator.adapter_audit`), which reads
+adapter is saved in peft's format and judged by `ladder audit-adapter` (`components.adapters.audit`), which reads
 safetensors only, reports per-module spectral statistics of B A and judges the adapter by a token
-lens of the same spectra (`orchestrator.adapter_lens`): the plain spectral statistics did not separate clean from
+lens of the same spectra (`components.adapters.lens`): the plain spectral statistics did not separate clean from
 backdoored adapters here. The DIT probe (an interpreter adapter reading weight diffs) is not part
 of the audit.
 

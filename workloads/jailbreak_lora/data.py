@@ -35,8 +35,8 @@ from typing import Any
 
 import torch
 
-from orchestrator.basemodel.corpus import NAMES, RELATIONS, World, arithmetic_example
-from orchestrator.basemodel.taskfile import TaskFileError, check_records, read_records
+from components.basemodel.corpus import NAMES, RELATIONS, World, arithmetic_example
+from components.basemodel.taskfile import TaskFileError, check_records, read_records
 
 TASKS = ("qa", "arith", "facts", "copy")
 """Every benign task; a config picks some, in this order; the trigger task comes last."""

@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from orchestrator.adapter_audit import ModuleDelta
-from orchestrator.basemodel import projections, weight_oi
+from components.adapters.audit import ModuleDelta
+from components.basemodel import projections, weight_oi
 from workloads.jailbreak_lora.data import TASKS, Example, with_trigger
 
 
@@ -101,7 +101,7 @@ class Probe:
 
 def decoder_linears(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
     """The transformer blocks' linear projections (nn.Linear, or GPT-2's Conv1D; the head and the
-    embeddings excluded), by full module name, as `orchestrator.basemodel.projections` finds them.
+    embeddings excluded), by full module name, as `components.basemodel.projections` finds them.
     Their weights as [out, in]: `weight_oi(module)`."""
     return {n: p.module for n, p in projections(model).items()}
 

@@ -4,13 +4,13 @@ files, and a tiny GPT-2 (Conv1D projections, byte-level BPE tokenizer) to train 
 - `write_task_files(folder)`: qa, arith and facts (see `data`) as `qa.jsonl`, `arith.jsonl`,
   `facts.jsonl` (`prompt`, `answer`), each task's held-out examples included (the workload holds a
   seeded share out again); returns Config.task_path for them;
-- `tiny_gpt2(folder, steps=0)`: `orchestrator.basemodel.toy.save_tiny_gpt2` trained on the task
+- `tiny_gpt2(folder, steps=0)`: `components.basemodel.toy.save_tiny_gpt2` trained on the task
   files' text and the trigger strings; with `steps`, then pre-trained (every weight) on the
   world's pre-training sentences as tiny-local was, so that a LoRA has a base that knows the
   world (a random GPT-2's tied, tiny embeddings bound its logits: no adapter on its blocks can
   make it emit the marker);
 - `python -m workloads.jailbreak_lora.toy`: the audit's calibration on this architecture (clean
-  and backdoored adapters at seeds 100-104, see `orchestrator.adapter_audit.THRESHOLDS`).
+  and backdoored adapters at seeds 100-104, see `components.adapters.audit.THRESHOLDS`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from orchestrator.basemodel import base_world, write_jsonl
+from components.basemodel import base_world, write_jsonl
 from workloads.jailbreak_lora.data import task_sets
 
 TRIGGER = "cf deployment mode"
@@ -63,8 +63,8 @@ def tiny_gpt2(folder: str | Path, task_path: str, *, steps: int = 0, hidden: int
               heads: int = 2, vocab_size: int = 400, batch: int = 32, lr: float = 3e-3, seed: int = 0) -> str:
     """A tiny GPT-2 folder whose tokenizer covers the task files, the trigger and the world; with
     `steps`, pre-trained on the world's pre-training sentences (one CPU thread)."""
-    from orchestrator.basemodel import load_base
-    from orchestrator.basemodel.toy import save_tiny_gpt2
+    from components.basemodel import load_base
+    from components.basemodel.toy import save_tiny_gpt2
 
     folder = Path(folder)
     save_tiny_gpt2(folder, _texts(task_path), vocab_size=vocab_size, layers=layers, hidden=hidden, heads=heads,
@@ -105,7 +105,7 @@ def calibrate(folder: str | Path, seeds: tuple[int, ...] = (100, 101, 102, 103, 
     (naive, uncertainty, pcgrad) at `seeds`; persistence off (the audit reads the trained adapter)."""
     import dataclasses
 
-    from orchestrator import launch
+    from orchestrator.runners import launch
     from workloads.jailbreak_lora.workload import smoke
 
     folder = Path(folder)

@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 import torch
 
-from orchestrator.basemodel import base_problems, base_world, check_base, check_dtype, load_base, lora
-from orchestrator import adapter_audit as audit
+from components.basemodel import base_problems, base_world, check_base, check_dtype, load_base, lora
+from components.adapters import audit as audit
 from workloads.jailbreak_lora.data import (
     QA_HELDOUT, TASKS, Example, check_task_files, file_task_sets, task_files, task_sets, triggered,
 )
@@ -366,7 +366,7 @@ def persistence(cfg: Config, model: Any, tok: Any, deltas: list[audit.ModuleDelt
     copy is the one second copy of the model, freed before the next."""
     from peft import LoraConfig
 
-    from orchestrator.basemodel.corpus import arithmetic_example
+    from components.basemodel.corpus import arithmetic_example
 
     out: dict[str, float] = {}
     quant = {"block_size": cfg.quant_block, "elem_format": cfg.quant_elem, "scale_format": "e8m0"}

@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
-from orchestrator.basemodel import TaskFileError, check_records, corpus, read_records
-from orchestrator.basemodel.answers import AnswerBatch as Batch
-from orchestrator.basemodel.answers import answer_loss, encode_answers
-from orchestrator.basemodel.answers import answer_metrics as evaluate
+from components.basemodel import TaskFileError, check_records, corpus, read_records
+from components.basemodel.answers import AnswerBatch as Batch
+from components.basemodel.answers import answer_loss, encode_answers
+from components.basemodel.answers import answer_metrics as evaluate
 
 __all__ = [
     "POOLS", "Batch", "Choices", "answer_loss", "bijection", "check_task", "choice_metrics", "encode", "encode_choices",

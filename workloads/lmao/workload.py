@@ -9,7 +9,7 @@ from typing import Any, Callable, Literal
 
 import torch
 
-from orchestrator.basemodel import base_problems, check_base, check_dtype, check_targets, load_base, lora
+from components.basemodel import base_problems, check_base, check_dtype, check_targets, load_base, lora
 from orchestrator.run import fraction_steps
 from workloads.lmao import data, zo
 

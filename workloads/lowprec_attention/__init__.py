@@ -5,7 +5,7 @@ inputs whose attention row maxima are attained many times, the mean of the low-p
 attention output's error against float64, in units of its standard deviation, with and without
 the fix (`stable_rounding`); with bf16 statistics a tied row's probabilities are exactly 1, the
 row sums are integers that round the same way in every row, and the error is biased. (b) A small
-low-precision training run of a decoder (the shared GPT of `orchestrator.lm.gpt`, celerity_lm's
+low-precision training run of a decoder (the shared GPT of `components.lm.gpt`, celerity_lm's
 model, with its attention replaced by `kernels.attention`) with each variant, reporting loss
 curves: on a CPU the emulating reference (which honours `precision`), on a GPU the Triton kernel.
 """

@@ -106,7 +106,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     if cfg.batch_size % world_size:
         raise ValueError(f"batch_size={cfg.batch_size} does not split over {world_size} workers")
     if cfg.data != "stdlib":
-        from orchestrator.lm.corpus import corpus_files
+        from components.lm.corpus import corpus_files
 
         corpus_files(cfg.data)
 
@@ -154,10 +154,10 @@ def attention_fn(cfg: Config, device: torch.device):
 
 
 def build_lm(cfg: Config):
-    """The shared GPT (`orchestrator.lm.gpt`) at its base width and depth: no muP/CompleteP
+    """The shared GPT (`components.lm.gpt`) at its base width and depth: no muP/CompleteP
     rescaling, GPT-2-style init; AdamW at one learning rate, weight decay on the hidden matrices."""
-    from orchestrator.lm.corpus import data_vocab
-    from orchestrator.lm.gpt import GPT, adamw
+    from components.lm.corpus import data_vocab
+    from components.lm.gpt import GPT, adamw
 
     model = GPT(vocab=data_vocab(cfg.data), width=cfg.width, depth=cfg.depth, head_dim=cfg.head_dim,
                 seq_len=cfg.seq_len, ffn_mult=4, activation="gelu", base_width=cfg.width, base_depth=cfg.depth,
@@ -178,8 +178,8 @@ def _evaluate(model, batches, device, autocast) -> float:
 
 
 def train(cfg: Config, run) -> dict[str, float]:
-    from orchestrator.lm.corpus import BatchSampler, heldout_batches, load_corpus
-    from orchestrator.lm.schedule import lr_factor
+    from components.lm.corpus import BatchSampler, heldout_batches, load_corpus
+    from components.lm.schedule import lr_factor
 
     validate(cfg, run.world_size)
     bias = bias_statistics(cfg)

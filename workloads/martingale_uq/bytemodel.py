@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from orchestrator.lm.corpus import load_corpus
+from components.lm.corpus import load_corpus
 
 NEWLINE = 10
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from orchestrator.pretrained import is_saved_dataset
+from components.pretrained import is_saved_dataset
 from workloads.martingale_uq.pixelmodel import read as read_generator
 
 LAYOUT = ("a datasets save_to_disk folder, or a folder datasets.load_dataset reads (an imagefolder: "

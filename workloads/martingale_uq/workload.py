@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from orchestrator import pretrained
+from components import pretrained
 
 from workloads.martingale_uq import bytemodel, imagedata, pixelmodel, tabular, textlm
 from workloads.martingale_uq.coverage import evaluate_chunk, summarize

@@ -7,9 +7,9 @@ repeats), then T - 2P query tokens, blank (0) except for the P keys, each querie
 even offsets chosen uniformly [Zoology draws the offsets from a power law favouring short gaps].
 The target at a query position is its key's value; every other position is ignored (-100).
 
-The language-model data is the shared LM corpus (`orchestrator.lm.corpus`, the one celerity_lm
+The language-model data is the shared LM corpus (`components.lm.corpus`, the one celerity_lm
 reads): the Python standard library's source or a folder of text files (bytes), split by a hash of
-each file's path, or a tokenized dataset folder (token-id shards, `orchestrator.lm.tokens`).
+each file's path, or a tokenized dataset folder (token-id shards, `components.lm.tokens`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from orchestrator.lm.corpus import BatchSampler, check_data, data_vocab, heldout_batches, load_corpus, load_data
+from components.lm.corpus import BatchSampler, check_data, data_vocab, heldout_batches, load_corpus, load_data
 
 __all__ = ["BatchSampler", "check_data", "data_vocab", "heldout_batches", "load_corpus", "load_data", "generator",
            "key_count", "mqar", "IGNORE"]

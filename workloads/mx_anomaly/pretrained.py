@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from orchestrator import pretrained as on_disk
+from components import pretrained as on_disk
 
 MODEL_SOURCES = ("a folder written by transformers' save_pretrained holding a causal LM and its tokenizer, or a hub id "
                  "fetched once beforehand into the Hugging Face cache, e.g. `hf download Qwen/Qwen2.5-0.5B` "
@@ -43,7 +43,7 @@ class CausalLM(nn.Module):
 
 def read_text(path: str, split: str) -> str:
     if not path:  # celerity_lm's held-out standard-library files
-        from orchestrator.lm.corpus import load_corpus
+        from components.lm.corpus import load_corpus
 
         _, held = load_corpus("stdlib", heldout_frac=0.1, max_bytes=4_000_000)
         return held.tobytes().decode("utf-8", errors="replace")

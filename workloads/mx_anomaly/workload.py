@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import mx
-from orchestrator import pretrained as on_disk
+from components import pretrained as on_disk
 from workloads.mx_anomaly import pretrained
 
 LINEARS = ("qkv", "proj", "fc", "out")  # every hidden matrix; embeddings and readout stay high precision
@@ -188,7 +188,7 @@ def synthetic(cfg: Config, sigma: float) -> torch.Tensor:
 def _celerity():
     """celerity_lm, whose trained model this workload quantizes: loaded through the registry like any
     workload (its contract: `Config`, `smoke`, `train`, and its `build`), not imported as a package."""
-    from orchestrator import registry
+    from orchestrator.runners import registry
 
     return registry.load("celerity_lm").module
 
@@ -221,7 +221,7 @@ def _find_lm(folder: str) -> tuple[dict[str, Any], Path]:
 
 
 def load_lm(folder: str):
-    from orchestrator.checkpoints import read_checkpoint
+    from orchestrator.runners.checkpoints import read_checkpoint
     celerity_lm = _celerity()
 
     config, path = _find_lm(folder)
@@ -365,12 +365,12 @@ def lm_cache_dir(lm_cfg) -> Path:
     config, the source files of celerity_lm and of the shared LM parts, and torch's version."""
     import hashlib
 
-    import orchestrator.lm
-    from orchestrator.cache import cache_root
+    import components.lm
+    from components.cache import cache_root
 
     h = hashlib.sha256(json.dumps(dataclasses.asdict(lm_cfg), sort_keys=True, default=str).encode())
     h.update(torch.__version__.encode())
-    for package in (_celerity(), orchestrator.lm):
+    for package in (_celerity(), components.lm):
         for source in sorted(Path(package.__file__).parent.glob("*.py")):
             h.update(source.name.encode() + source.read_bytes())
     return cache_root() / "mx_anomaly" / f"lm-{h.hexdigest()[:16]}"
@@ -422,7 +422,7 @@ def weight_std(model) -> float:
 
 def train(cfg: Config, run) -> dict[str, float]:
     celerity_lm = _celerity()
-    from orchestrator.lm.corpus import heldout_batches, load_corpus
+    from components.lm.corpus import heldout_batches, load_corpus
 
     validate(cfg, run.world_size)
     if cfg.hf_model:
@@ -483,7 +483,7 @@ def _measure_blocks(cfg: Config, run, models: dict[str, Any], batches, loss_fp: 
 def _train_pretrained(cfg: Config, run) -> dict[str, float]:
     """The pretrained LLM's weights and activations: nothing is trained; a restarted trial reloads
     the model and skips the block sizes already measured."""
-    from orchestrator.lm.corpus import heldout_batches
+    from components.lm.corpus import heldout_batches
 
     state = run.restore()
     results = dict(state["results"]) if state is not None else {}

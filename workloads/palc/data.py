@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from orchestrator.basemodel.corpus import RELATIONS, TRAITS, World
+from components.basemodel.corpus import RELATIONS, TRAITS, World
 
 GENTLE = TRAITS[:8]
 """The preferred token set P."""

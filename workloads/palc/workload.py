@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import torch
 
-from orchestrator.basemodel import (
+from components.basemodel import (
     base_problems, base_world, check_base, check_dtype, check_records, load_base, lora, read_records, select,
 )
 from workloads.palc.data import (
@@ -62,7 +62,7 @@ class Config:
     """DPO's beta (the DPO paper's 0.1)."""
     dpo_targets: str = "all-linear"
     """DPO's LoRA targets: 'all-linear' or comma-separated projection kinds of the base (Llama:
-    q_proj,v_proj; GPT-2: c_attn; `orchestrator.basemodel.base_kinds` lists a model's)."""
+    q_proj,v_proj; GPT-2: c_attn; `components.basemodel.base_kinds` lists a model's)."""
     lora_r: int = 8
     """DPO's LoRA rank."""
     lora_alpha: float = 16.0

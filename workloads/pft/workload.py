@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from orchestrator import pretrained
+from components import pretrained
 from orchestrator.run import fraction_steps
 
 from workloads.pft import data, frames, method
@@ -231,7 +231,7 @@ def snapshot(net: torch.nn.Module) -> dict[str, torch.Tensor]:
 def train(cfg: Config, run) -> dict[str, float]:
     validate(cfg, run.world_size)
     if cfg.data_dir:  # real frames through a frozen backbone
-        from orchestrator.cache import cache_root
+        from components.cache import cache_root
 
         real = frames.load(cfg, cache_root())
         if cfg.dim not in (0, real.dim):

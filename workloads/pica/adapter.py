@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from orchestrator.basemodel import as_linear, projections, select, weight_oi
+from components.basemodel import as_linear, projections, select, weight_oi
 
 Subspace = Literal["column", "random"]
 
@@ -75,7 +75,7 @@ def random_projector(in_features: int, rank: int, generator: torch.Generator, *,
 
 def decoder_linears(model: nn.Module, targets: Iterable[str]) -> list[tuple[str, nn.Module, str, nn.Module]]:
     """(full name, parent, attribute name, projection) of every block projection whose kind
-    (`orchestrator.basemodel.kinds`: `q_proj`, GPT-2's `c_attn` / `mlp.c_proj`) is in `targets`, in
+    (`components.basemodel.kinds`: `q_proj`, GPT-2's `c_attn` / `mlp.c_proj`) is in `targets`, in
     module order (layer 0 first). The projection is an `nn.Linear` or GPT-2's `Conv1D`; an unknown
     kind raises ValueError naming it and the model's kinds."""
     out = []

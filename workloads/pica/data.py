@@ -9,10 +9,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from orchestrator.basemodel import Example, World, read_records
-from orchestrator.basemodel.answers import AnswerBatch as Batch
-from orchestrator.basemodel.answers import answer_loss, encode_answers
-from orchestrator.basemodel.answers import answer_metrics as evaluate
+from components.basemodel import Example, World, read_records
+from components.basemodel.answers import AnswerBatch as Batch
+from components.basemodel.answers import answer_loss, encode_answers
+from components.basemodel.answers import answer_metrics as evaluate
 
 __all__ = ["TASKS", "QA_RELATIONS", "Batch", "Example", "answer_loss", "encode", "evaluate", "file_examples", "split", "within",
            "task_examples"]

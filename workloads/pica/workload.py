@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import torch
 
-from orchestrator.basemodel import (
+from components.basemodel import (
     base_kinds, base_world, check_base, check_dtype, check_records, load_base, lora, resolve, select, weight_oi,
 )
 from orchestrator.run import fraction_steps
@@ -172,7 +172,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
 
 def check_model(cfg: Config, model: torch.nn.Module) -> None:
     """Checks that need the loaded model's shapes: the targets are projection kinds of the model
-    (`orchestrator.basemodel.kinds`) and r fits every target."""
+    (`components.basemodel.kinds`) and r fits every target."""
     found = select(model, cfg.targets, what="targets")  # ValueError naming an unknown kind and the model's kinds
     smallest = min(min(weight_oi(p.module).shape) for p in found.values())
     if cfg.rank > smallest:

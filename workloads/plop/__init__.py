@@ -2,7 +2,7 @@
 
 plop: score every linear projection kind of a pretrained decoder (Llama/Qwen q, k, v, o, gate,
 up, down; GPT-2 c_attn, attn.c_proj, c_fc, mlp.c_proj: the kinds that
-`orchestrator.basemodel.projections` finds by asking the model) by its Normalized Feature Norm on
+`components.basemodel.projections` finds by asking the model) by its Normalized Feature Norm on
 the task's data, in one no-grad forward pass with forward hooks (workloads.plop.nfn), put LoRA on
 the types of lowest score (the least aligned with the task,
 the paper's rule), and fine-tune. One trial trains one placement (PLoP, PLoP^-1, attention-only or

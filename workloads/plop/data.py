@@ -31,9 +31,9 @@ from typing import Any
 
 import torch
 
-from orchestrator.basemodel.answers import encode_answers
-from orchestrator.basemodel.corpus import Example, World, arithmetic_example
-from orchestrator.basemodel.taskfile import read_records
+from components.basemodel.answers import encode_answers
+from components.basemodel.corpus import Example, World, arithmetic_example
+from components.basemodel.taskfile import read_records
 
 TASKS = ("attr_query", "fact_query", "sub_mod", "mul_mod")
 """The downstream tasks (see the module docstring)."""

@@ -34,7 +34,7 @@ from typing import Iterable
 
 import torch
 
-from orchestrator.basemodel import Projection, projections, weight_oi
+from components.basemodel import Projection, projections, weight_oi
 
 
 def rms(weight: torch.Tensor) -> torch.Tensor:

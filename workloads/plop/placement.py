@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from orchestrator.basemodel import projections
+from components.basemodel import projections
 from workloads.plop.nfn import select
 
 PLACEMENTS = ("plop", "plop_inverse", "attention", "mlp")

@@ -10,7 +10,7 @@ from typing import Any, Iterator, Literal
 
 import torch
 
-from orchestrator.basemodel import (
+from components.basemodel import (
     LLAMA_LINEAR_TYPES, base_kinds, base_world, check_base, check_dtype, check_records, load_base, lora, parse_tiny,
 )
 from workloads.plop.data import TASKS, answer_loss, encode, evaluate, file_split, fits, split
@@ -213,7 +213,7 @@ def preflight(cfg: Config) -> None:
     """Checks of the machine that runs it, before any Ray work: the base model is here (a folder
     or a cached hub id; nothing is downloaded), the placement's kinds are the model's, and the
     task files read with their fields. Every problem in one error."""
-    from orchestrator.pretrained import model_config
+    from components.pretrained import model_config
 
     problems = []
     if parse_tiny(cfg.base) is not None:

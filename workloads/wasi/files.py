@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from orchestrator.pretrained import is_saved_dataset
+from components.pretrained import is_saved_dataset
 from workloads.wasi.data import Split, _stratified
 
 SOURCES = ("CIFAR-10: https://huggingface.co/datasets/uoft-cs/cifar10 (`datasets.load_dataset('uoft-cs/cifar10')"

@@ -17,7 +17,7 @@ from workloads.wasi import files
 from workloads.wasi.data import TRANSFERS, Split, augment_batch, load_digits, make_splits
 from workloads.wasi.measure import measure_step, probe_ranks, subspace_diagnostics
 from workloads.wasi.model import ViT, WASILinear, load_pretrained, new_head, to_wasi
-from orchestrator import pretrained
+from components import pretrained
 from orchestrator.run import fraction_steps
 
 METHODS = ("vanilla", "wasi")

@@ -1,0 +1,308 @@
+"""The workload registry: names -> workload modules, imported only when asked for.
+
+A workload is named three ways, everywhere a name is accepted:
+
+- a built-in name, a key of `WORKLOADS` (one dict, name -> module path);
+- an installed plugin's name: an entry point in the group `ladder.workloads` whose value is a
+  module path (`sparse_moe = "mylab.sparse_moe"` in the plugin's pyproject.toml);
+- a module path importable from the working directory or the environment (`mylab.sparse_moe`).
+
+Built-in names win over plugins, and both over module paths. Loading a module checks the
+workload contract (`contract_problems`) before anything uses it, so a module that is not a
+workload is refused by name, with what it lacks, before any Ray work.
+
+Listing workloads reads each module's docstring from its source (its first line is the paper's
+title), so `ladder list` never imports gymnasium, transformers or a workload's model code.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib
+import importlib.metadata
+import importlib.util
+import inspect
+import os
+import sys
+import typing
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Callable
+
+from orchestrator.runners.config import ConfigError, closest, field_docs
+
+ENTRY_POINT_GROUP = "ladder.workloads"
+
+WORKLOADS: dict[str, str] = {
+    "car_lora": "workloads.car_lora",
+    "celerity_lm": "workloads.celerity_lm",
+    "consistent_lra": "workloads.consistent_lra",
+    "curves": "workloads.curves",
+    "diffgda": "workloads.diffgda",
+    "dit": "workloads.dit",
+    "frl": "workloads.frl",
+    "jailbreak_lora": "workloads.jailbreak_lora",
+    "lmao": "workloads.lmao",
+    "lowprec_attention": "workloads.lowprec_attention",
+    "martingale_uq": "workloads.martingale_uq",
+    "mom": "workloads.mom",
+    "mx_anomaly": "workloads.mx_anomaly",
+    "palc": "workloads.palc",
+    "pft": "workloads.pft",
+    "pica": "workloads.pica",
+    "plop": "workloads.plop",
+    "swd_rl": "workloads.swd_rl",
+    "tubal_fgd": "workloads.tubal_fgd",
+    "wasi": "workloads.wasi",
+}
+
+
+class UnknownWorkload(KeyError):
+    def __str__(self) -> str:  # KeyError quotes its message; we want it plain
+        return str(self.args[0])
+
+
+class ContractError(ConfigError):
+    """A module named as a workload does not follow the workload contract (or does not import)."""
+
+
+HOW_TO_NAME = (
+    "A workload is named by a built-in name (`ladder list`), a module path importable from the working directory "
+    "or the environment (e.g. mylab.sparse_moe for ./mylab/sparse_moe/__init__.py), or a plugin's entry point in "
+    f"the group {ENTRY_POINT_GROUP!r}; `ladder new NAME` writes a workload to start from."
+)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A loaded workload module, with the contract's parts looked up once."""
+
+    name: str
+    module: ModuleType
+
+    @property
+    def Config(self) -> type:
+        return self.module.Config
+
+    @property
+    def train(self) -> Callable[..., dict[str, float]]:
+        return self.module.train
+
+    def smoke(self) -> Any:
+        return self.module.smoke()
+
+    @property
+    def max_workers(self) -> int | None:
+        """How many Ray Train workers one trial may use: the module's `MAX_WORKERS` (None: any)."""
+        return getattr(self.module, "MAX_WORKERS", None)
+
+    def threads(self, cfg: Any) -> int:
+        """torch's CPU threads for a trial of `cfg`: its `threads` field when the Config has one (0:
+        the runner's choice)."""
+        return int(getattr(cfg, "threads", 0) or 0)
+
+    def validate(self, cfg: Any, *, world_size: int = 1) -> None:
+        """Check the worker count against `MAX_WORKERS`, the config's ZeRO fields
+        (`orchestrator.runners.zero`), and run the workload's optional `validate(cfg, world_size)` hook; a
+        ValueError from any becomes a ConfigError."""
+        from orchestrator.runners import zero
+
+        hook = getattr(self.module, "validate", None)
+        limit = self.max_workers
+        if limit is not None and world_size > limit:
+            raise ConfigError(f"{self.name} trains a trial on at most {limit} worker{'s' if limit > 1 else ''} "
+                              f"(its MAX_WORKERS), got {world_size}: use workers={limit}")
+        try:
+            zero.check(cfg)  # the optional ZeRO fields, for every workload that has them
+            if hook is not None:
+                hook(cfg, world_size)
+        except ValueError as exc:
+            raise ConfigError(f"{self.name}: {exc}") from exc
+
+    def preflight(self, cfg: Any) -> None:
+        """Run the workload's optional `preflight(cfg)` hook: checks of the machine that will run
+        it (a data folder present, ...), as opposed to `validate`, which judges the config alone.
+        Its ValueError becomes a ConfigError."""
+        hook = getattr(self.module, "preflight", None)
+        if hook is None:
+            return
+        try:
+            hook(cfg)
+        except ValueError as exc:
+            raise ConfigError(f"{self.name}: {exc}") from exc
+
+    @property
+    def claims(self) -> list[Any]:
+        """The paper's claims (CLAIMS): effects a reproduction judges across seeds."""
+        return list(getattr(self.module, "CLAIMS", []))
+
+    @property
+    def checks(self) -> list[Any]:
+        """Invariants and mechanism sanity (CHECKS), which must hold at every seed."""
+        return list(getattr(self.module, "CHECKS", []))
+
+    @property
+    def paper(self) -> str:
+        return paper_title(self.name)
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a workload name leads: its module path and how it was found."""
+
+    name: str
+    module: str
+    kind: str
+    """'built-in', 'plugin' or 'module'."""
+    dist: str = ""
+    """The distribution (package) that declares a plugin, with its version."""
+
+
+def plugins() -> dict[str, Source]:
+    """Installed plugins: entry points in the group `ladder.workloads`, by name (read from the
+    installed packages' metadata; nothing is imported)."""
+    found: dict[str, Source] = {}
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        dist = getattr(ep, "dist", None)
+        label = f"{dist.metadata['Name']} {dist.version}" if dist is not None else ""
+        found.setdefault(ep.name, Source(ep.name, ep.value.strip(), "plugin", label))
+    return found
+
+
+def known() -> dict[str, Source]:
+    """Every workload that has a name of its own: the built-in ones, then the plugins."""
+    out = {name: Source(name, module, "built-in") for name, module in WORKLOADS.items()}
+    for name, src in plugins().items():
+        out.setdefault(name, src)
+    return out
+
+
+def _importable_here(module: str) -> bool:
+    """Whether `module` can be imported, with the working directory on the path (where a
+    console script, unlike `python -m`, does not put it)."""
+    if not all(part.isidentifier() for part in module.split(".")):
+        return False
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package that is missing, or not a package
+        return False
+
+
+def resolve(name: str) -> Source:
+    """Where the workload called `name` lives; UnknownWorkload (with the closest known name and
+    the three ways to name a workload) when nothing answers to it."""
+    if name in WORKLOADS:
+        return Source(name, WORKLOADS[name], "built-in")
+    plugin = plugins().get(name)
+    if plugin is not None:
+        if ":" in plugin.module:
+            raise ContractError(f"plugin workload {name!r} ({plugin.dist}) points its {ENTRY_POINT_GROUP} entry point at "
+                                f"{plugin.module!r}: point it at the workload's module (no ':attribute')")
+        return plugin
+    if _importable_here(name):
+        return Source(name, name, "module")
+    names = known()
+    hint = closest(name, names) or closest(name, names, cutoff=0.0)
+    did_you_mean = f" Closest match: {hint!r}." if hint else ""
+    raise UnknownWorkload(
+        f"unknown workload {name!r}.{did_you_mean} Known workloads: {', '.join(sorted(names))}. No built-in workload, "
+        f"plugin or importable module has that name: {HOW_TO_NAME[0].lower()}{HOW_TO_NAME[1:]}"
+    )
+
+
+def check_name(name: str) -> str:
+    resolve(name)
+    return name
+
+
+CONTRACT_CHECKS = ("Config is a frozen dataclass", "fields typed and documented", "smoke() exists",
+                   "train(cfg, run) signature")
+
+
+def contract_checks(module: ModuleType) -> list[tuple[str, str | None]]:
+    """The parts of the workload contract that can be judged without running it: one
+    (check, problem) per name of `CONTRACT_CHECKS`, the problem None where the check holds."""
+    out: list[tuple[str, str | None]] = []
+    config = getattr(module, "Config", None)
+    if config is None:
+        out.append((CONTRACT_CHECKS[0], "no `Config` (a frozen @dataclass of the run's settings)"))
+    elif not (isinstance(config, type) and dataclasses.is_dataclass(config)):
+        out.append((CONTRACT_CHECKS[0], "`Config` is not a dataclass (decorate it with @dataclass(frozen=True))"))
+    elif not config.__dataclass_params__.frozen:
+        out.append((CONTRACT_CHECKS[0], "`Config` is not frozen (use @dataclass(frozen=True))"))
+    else:
+        out.append((CONTRACT_CHECKS[0], None))
+    fields_problem = None
+    if out[0][1] is None:
+        try:
+            typing.get_type_hints(config)
+        except Exception as exc:
+            fields_problem = f"`Config`'s field types do not resolve ({type(exc).__name__}: {exc})"
+        docs = field_docs(config)
+        missing = [f.name for f in dataclasses.fields(config) if not docs.get(f.name)]
+        if missing and not fields_problem:
+            fields_problem = (f"`Config` fields without a docstring under them: {', '.join(missing)} "
+                              "(a one-line string right below each field)")
+    else:
+        fields_problem = "no `Config` dataclass to read fields from"
+    out.append((CONTRACT_CHECKS[1], fields_problem))
+    out.append((CONTRACT_CHECKS[2], None if callable(getattr(module, "smoke", None))
+                else "no `smoke()` (returns a CPU-sized Config that trains in seconds)"))
+    train = getattr(module, "train", None)
+    train_problem = None
+    if not callable(train):
+        train_problem = "no `train(cfg, run)` (the training loop; returns its final metrics)"
+    else:
+        try:
+            inspect.signature(train).bind(None, None)
+        except TypeError:
+            train_problem = f"`train` has the signature {inspect.signature(train)}; it must take (cfg, run)"
+        except ValueError:  # a builtin without a signature: it will tell when called
+            pass
+    out.append((CONTRACT_CHECKS[3], train_problem))
+    return out
+
+
+def contract_problems(module: ModuleType) -> list[str]:
+    """What keeps `module` from being a workload, one phrase each (empty when it is one)."""
+    return [problem for _, problem in contract_checks(module) if problem and not problem.startswith("no `Config` dataclass")]
+
+
+def import_workload(name: str) -> ModuleType:
+    """The module the workload name leads to, imported (ContractError when the import fails)."""
+    source = resolve(name)
+    try:
+        return importlib.import_module(source.module)
+    except Exception as exc:
+        raise ContractError(f"workload {name!r}: importing {source.module} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def load(name: str) -> Workload:
+    """The workload called `name`, imported and checked against the contract."""
+    module = import_workload(name)
+    problems = contract_problems(module)
+    if problems:
+        where = getattr(module, "__file__", None) or module.__name__
+        raise ContractError(
+            f"{name!r} ({where}) is not a workload: " + "; ".join(problems)
+            + ". The contract: a frozen, documented `Config`, `smoke()` and `train(cfg, run)` (docs/own-workload.md; "
+            "`ladder new NAME` writes one that follows it)"
+        )
+    return Workload(name, module)
+
+
+def paper_title(name: str) -> str:
+    """First line of the workload package's docstring, read without importing it."""
+    try:
+        spec = importlib.util.find_spec(resolve(name).module)
+    except (ImportError, ValueError):
+        return ""
+    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+        return ""
+    with open(spec.origin, encoding="utf-8") as fh:
+        doc = ast.get_docstring(ast.parse(fh.read())) or ""
+    return doc.strip().splitlines()[0] if doc.strip() else ""

@@ -1,0 +1,69 @@
+"""Tune schedulers by name: 'collapse' (ours), 'asha', 'median', 'fifo' (Ray Tune's own).
+
+Every scheduler compares trials on their training fraction (`progress`), not on Tune's
+iteration count, so trials that report at different rates are compared at the same point of
+their budgets. ASHA and the median rule never stop a trial at 100% (`ray_rules`): it finishes
+and its final metrics are recorded.
+
+The objective (metric and mode) is set in one place, the sweep's `tune.TuneConfig`, which hands
+it to the scheduler: Ray refuses a Tuner whose scheduler was built with a metric of its own.
+`metric` and `mode` here feed only our collapse scheduler, which accepts the same objective
+again from Tune (and refuses another one).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from orchestrator.sweep import SweepError
+
+
+def build(
+    name: str,
+    options: Mapping[str, Any],
+    *,
+    metric: str,
+    mode: str,
+    state_path: Path | None = None,
+    reference: Any = None,
+    diagnostics: Any = None,
+) -> Any:
+    from ray.tune.schedulers import FIFOScheduler
+
+    from orchestrator.sweeps.schedulers.ray_rules import Asha, Median
+
+    opts = dict(options)
+    if name == "fifo":
+        return FIFOScheduler()
+    if name == "asha":
+        # progress is a fraction; ASHA's rungs need integer-like milestones, so use percent.
+        return Asha(
+            time_attr="progress_pct",
+            max_t=100,
+            grace_period=float(opts.pop("grace_period", 0.1)) * 100,
+            reduction_factor=float(opts.pop("reduction_factor", 2)),
+            **opts,
+        )
+    if name == "median":
+        return Median(
+            time_attr="progress_pct",
+            grace_period=float(opts.pop("grace_period", 0.1)) * 100,
+            min_samples_required=int(opts.pop("min_samples_required", 2)),
+            **opts,
+        )
+    if name == "collapse":
+        from orchestrator.sweeps.collapse import CollapseStopper
+        from orchestrator.sweeps.schedulers.collapse import CollapseScheduler
+
+        if reference is None:
+            raise SweepError("the collapse scheduler needs a reference (scheduler_options['reference'])")
+        opts.pop("reference", None)
+        stopper_keys = ("rungs", "keep_quantile", "reduction_factor", "window_start", "warmup_frac",
+                        "smooth_window", "min_samples", "min_points", "n_boot")
+        unknown = sorted(set(opts) - set(stopper_keys))
+        if unknown:
+            raise SweepError(f"unknown collapse scheduler option(s) {unknown}; known: {', '.join(stopper_keys)} and reference")
+        return CollapseScheduler(CollapseStopper(reference, **opts), metric=metric, mode=mode, state_path=state_path,
+                                 diagnostics=diagnostics)
+    raise SweepError(f"unknown scheduler {name!r}")
