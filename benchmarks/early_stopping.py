@@ -113,7 +113,7 @@ def recorded(sweep: Sweep, uri: str) -> int:
 
 def record(sweep: Sweep, uri: str) -> float:
     """Run `sweep` to the end unless the cache holds it; returns the seconds spent now."""
-    from orchestrator.runners.tune_run import _state_file, run_sweep
+    from orchestrator.sweeps.tune_run import _state_file, run_sweep
 
     if recorded(sweep, uri) >= sweep.trial_count():
         return 0.0

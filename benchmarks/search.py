@@ -278,7 +278,7 @@ def arm_sweep(arm: str, seed: int, trials: int, concurrency: int | None = None) 
 
 
 def run_ladder_arm(sweep: Sweep) -> dict[str, Any]:
-    from orchestrator.runners.tune_run import _state_file, run_sweep
+    from orchestrator.sweeps.tune_run import _state_file, run_sweep
 
     started = time.monotonic()
     result = run_sweep(sweep, resume=_state_file(sweep).is_file(), progress=False)

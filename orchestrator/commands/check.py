@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from orchestrator.runners import checkpoints, registry
+from orchestrator.runners import registry
+from orchestrator.run import checkpoints
 from orchestrator.runners.config import to_dict
 from orchestrator.run import LocalRun, pinned_threads
 
@@ -339,12 +340,11 @@ def _ray_worker(loop_config: dict[str, Any]) -> dict[str, float]:
     import ray.train
 
     from orchestrator.runners import zero
-    from orchestrator.runners.config import from_dict
     from orchestrator.runners.ray_train import RayTrainRun
 
     logging.getLogger("ray.train").setLevel(logging.WARNING)  # not a line per report on the console
-    workload = registry.load(loop_config["workload"])
-    cfg = from_dict(workload.Config, loop_config["config"])
+    spec = loop_config["spec"]
+    workload, cfg = spec.load()
     first_attempt = ray.train.get_checkpoint() is None
     seen: dict[str, float] = {}
 
@@ -370,9 +370,8 @@ def _ray_worker(loop_config: dict[str, Any]) -> dict[str, float]:
                 self._ray.flush()
                 raise Killed(f"rank {self.rank}: killed after the checkpoint of step {int(seen['saved_step'])}")
 
-    run = Run(sinks=[], cpus_per_worker=loop_config["cpus_per_worker"], zero=zero.spec_of(cfg),
-              identity=checkpoints.identity(loop_config["workload"], loop_config["config"]))
-    with pinned_threads(workload.threads(cfg)):
+    run = Run(sinks=[], zero=zero.spec_of(cfg), identity=spec.identity)
+    with pinned_threads(workload.threads(cfg) or spec.threads):
         workload.train(cfg, run)
     run.flush()
     return {"restored_step": seen.get("restored_step", -1.0), "progress": seen.get("progress", 0.0)}
@@ -390,24 +389,15 @@ def ray_restore(workload: registry.Workload, cfg: Any, folder: Path, *, workers:
     except ConfigError:
         workers, check_name = 1, "restores under Ray Train (1 worker: the workload refuses more)"
     try:
-        import ray.train
-        from ray.train.torch import TorchConfig, TorchTrainer
+        from orchestrator.runners.ray_train import trainer
+        from orchestrator.runners.trial import TrialSpec
 
         init_ray()
         cpus = min(1.0, local_cpus() / workers)
-        trainer = TorchTrainer(
-            _ray_worker,
-            train_loop_config={"workload": workload.name, "config": to_dict(cfg), "cpus_per_worker": cpus},
-            torch_config=TorchConfig(backend="gloo"),
-            scaling_config=ray.train.ScalingConfig(num_workers=workers, resources_per_worker={"CPU": cpus}),
-            run_config=ray.train.RunConfig(
-                name=f"check-{folder.parent.name}", storage_path=str(folder.resolve()),
-                failure_config=ray.train.FailureConfig(max_failures=1),
-                checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
-                logging_config=ray.train.LoggingConfig(log_level="WARNING"),
-            ),
-        )
-        out = dict(trainer.fit().return_value or {})
+        fit = trainer(TrialSpec.of(workload.name, cfg), workers=workers, cpus_per_worker=cpus,
+                      name=f"check-{folder.parent.name}", storage=str(folder.resolve()), max_failures=1,
+                      entry=_ray_worker)
+        out = dict(fit.fit().return_value or {})
     except Exception as exc:
         return Result(check_name, False, _error(exc).splitlines()[0][:400])
     if out.get("restored_step", -1) <= 0:

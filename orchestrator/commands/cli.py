@@ -80,10 +80,17 @@ def _cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _build_config(args: argparse.Namespace):
+def _build_config(args: argparse.Namespace, recorded: dict | None = None):
+    """The workload, loaded once, and the config it runs with (a resumed run's is the `recorded`
+    one), validated once before anything launches; the trial validates it again where it runs."""
+    from orchestrator.runners.config import from_dict
+
     workload = registry.load(args.name)
-    cfg = workload.smoke() if args.smoke else workload.Config()
-    cfg = apply_overrides(cfg, parse_sets(args.set or []))
+    if recorded is not None:
+        cfg = from_dict(workload.Config, recorded)
+    else:
+        cfg = workload.smoke() if args.smoke else workload.Config()
+        cfg = apply_overrides(cfg, parse_sets(args.set or []))
     workload.validate(cfg, world_size=getattr(args, "workers", 1))
     workload.preflight(cfg)  # this machine runs it (or the cluster at RAY_ADDRESS, which sees the same paths)
     return workload, cfg
@@ -101,16 +108,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("ladder run needs a workload name (see `ladder list`) or --resume RUN_DIR")
     if args.workers is None:  # a resumed Ray run keeps its own worker count
         args.workers = int(record.get("workers", 1)) if args.resume and not args.local else 1
-    workload, cfg = _build_config(args)
     if args.local and args.workers != 1:
         raise UsageError("--local runs in this process with one worker; drop --workers or drop --local")
-    if not args.local and not os.environ.get("RAY_ADDRESS"):
-        launch.check_resources(args.workers, args.cpus_per_worker)
+    workload, cfg = _build_config(args, record["config"] if args.resume else None)
     if args.local:
-        result = launch.run_local(args.name, cfg, resume=args.resume, track=not args.no_track, wandb=args.wandb)
+        result = launch.run_local(workload, cfg, resume=args.resume, track=not args.no_track, wandb=args.wandb)
     else:
-        result = launch.run_ray(
-            args.name,
+        result = launch.run_ray(  # checks the workers fit before anything starts
+            workload,
             cfg,
             workers=args.workers,
             cpus_per_worker=args.cpus_per_worker,
@@ -125,7 +130,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from orchestrator import sweep as sweep_mod
-    from orchestrator.runners import tune_run
+    from orchestrator.sweeps import tune_run
 
     definition = sweep_mod.load_sweep_file(args.file)
     if args.check:
@@ -182,7 +187,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
     if args.local and args.resume:
         raise UsageError("--resume continues a reproduction on Ray; drop --local")
-    from orchestrator.runners.tune_run import SweepInterrupted
+    from orchestrator.sweeps.tune_run import SweepInterrupted
 
     try:
         rep = reproduce.reproduce(args.name, smoke=args.smoke, seed=args.seed, seeds=args.seeds, local=args.local,
@@ -411,8 +416,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from orchestrator.runners.checkpoints import CheckpointError
+    from orchestrator.run.checkpoints import CheckpointError
     from orchestrator.runners.launch import ResourceError
+    from orchestrator.tracking.sink import TrackingError
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -421,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.func(args)
-    except (registry.UnknownWorkload, ConfigError, ResourceError, UsageError, CheckpointError) as exc:
+    except (registry.UnknownWorkload, ConfigError, ResourceError, UsageError, CheckpointError, TrackingError) as exc:
         print(f"ladder: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -43,10 +43,10 @@ from typing import Any, Callable, Mapping
 from orchestrator import claims as judging
 from orchestrator.runners import registry
 from orchestrator.tracking import sink as tracking
-from orchestrator.runners.config import ConfigError, apply_overrides, flatten, to_dict
+from orchestrator.runners.config import ConfigError, apply_overrides, to_dict
 from orchestrator.sweep import Sweep, SweepError
 
-REPRO_DIR = Path(__file__).resolve().parents[1] / "sweeps" / "repro"
+REPRO_DIR = Path(__file__).resolve().parents[2] / "sweeps" / "repro"
 LOCAL_DIR = "ladder-runs/repro"
 FULL_SEEDS = judging.FULL_SEEDS
 
@@ -352,7 +352,9 @@ def source_commit(folder: Path | None = None) -> str:
 
 
 def trial_record(cfg: Any, final: Mapping[str, float], trial_id: str) -> Trial:
-    return {**to_dict(cfg), **{k: float(v) for k, v in final.items()}, "trial_id": trial_id}
+    """One finished trial as claims read it: its config fields (a Config, or its dict) and its final metrics."""
+    fields = dict(cfg) if isinstance(cfg, Mapping) else to_dict(cfg)
+    return {**fields, **{k: float(v) for k, v in final.items()}, "trial_id": trial_id}
 
 
 Ran = tuple[list[Trial], dict[str, dict[str, Any]], list[str], str | None, str | None]
@@ -363,21 +365,17 @@ def _run_local(sweep: Sweep, tags: Mapping[str, str]) -> Ran:
     """Every trial in this process, one after another, each its own MLflow child run."""
     from orchestrator.runners import zero
     from orchestrator.run import LocalRun
-    from orchestrator.runners.trial import TrialSpec, open_run, run_trial, trial_tags
+    from orchestrator.runners.trial import (STATUS_FINISHED, STATUS_KILLED, TrialSpec, finish_run, open_run,
+                                            open_sweep_run, run_trial, trial_tags)
 
     workload = sweep.load_workload()
     base = sweep.check()
     for params in sweep.trial_params():
         zero.check_in_process(apply_overrides(base, params))
     uri = tracking.tracking_uri()
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    sweep_id = f"{sweep.name}-{stamp}"
-    parent = tracking.start_run(
-        sweep.name, run_name=sweep_id, uri=uri,
-        tags={"workload": sweep.workload, "paper": workload.paper, "ladder.kind": "reproduce", "ladder.mode": "local",
-              **tags},
-        params={"sweep.trials": str(sweep.trial_count()), **{f"base.{k}": v for k, v in flatten(base).items()}},
-    )
+    sweep_id, parent = open_sweep_run(sweep.name, sweep.workload, base, kind="reproduce", uri=uri,
+                                      tags={"ladder.mode": "local", **tags},
+                                      params={"sweep.trials": str(sweep.trial_count())})
     trials, failed, ran = [], [], {}
     root = Path(LOCAL_DIR).resolve() / sweep_id
     for i, params in enumerate(sweep.trial_params()):
@@ -389,39 +387,34 @@ def _run_local(sweep: Sweep, tags: Mapping[str, str]) -> Ran:
         spec = TrialSpec.of(sweep.workload, cfg, run_id=run_id, tracking_uri=uri,
                             progress=f"{sweep.workload}/{trial_id}")
         try:
-            final, _ = run_trial(spec, lambda sinks, _: LocalRun(root / trial_id, sinks=sinks, identity=spec.identity))
+            final, _ = run_trial(spec, lambda sinks, _: LocalRun(root / trial_id, sinks=sinks, identity=spec.identity),
+                                 loaded=(workload, cfg))
             trials.append(trial_record(cfg, final, trial_id))
         except Exception as exc:  # the trial's run is ended FAILED; the others still run
             failed.append(f"{trial_id} {params}: {type(exc).__name__}: {exc}")
             traceback.print_exc()
         except KeyboardInterrupt:  # the trial's run is ended KILLED by run_trial; so is the reproduction's
-            tracking.set_tags(parent, {"ladder.interrupted": "true"}, uri=uri)
-            tracking.end_run(parent, "KILLED", uri=uri)
+            finish_run(parent, STATUS_KILLED, uri=uri)
             raise
-    tracking.end_run(parent, "FINISHED", uri=uri)
+    finish_run(parent, STATUS_FINISHED, uri=uri)
     return trials, ran, failed, parent, uri
 
 
 def _run_ray(sweep: Sweep, resume: bool, verbose: bool, tags: Mapping[str, str]) -> Ran:
-    """The sweep on Ray Tune; each trial's final metrics are read back from its MLflow child run."""
-    from orchestrator.runners import tune_run
+    """The sweep on Ray Tune; each trial's config and final metrics come with the sweep's result."""
+    from orchestrator.sweeps import tune_run
 
     result = tune_run.run_sweep(sweep, resume=resume, verbose=verbose)
-    base = sweep.check()
-    c = tracking.client(result.tracking_uri)
     if result.parent_run_id and tags:
         tracking.set_tags(result.parent_run_id, dict(tags), uri=result.tracking_uri)
-    exp = c.get_experiment_by_name(sweep.name)
-    runs = c.search_runs([exp.experiment_id], filter_string=f"tags.`ladder.sweep_id` = '{result.sweep_id}'")
-    finals = {r.data.tags.get("ladder.trial_id"): tracking.get_final(r, result.tracking_uri) for r in runs}
     trials, failed, ran = [], [], {}
     for t in sorted(result.trials, key=lambda t: t["trial_id"]):
         ran[t["trial_id"]] = dict(t["params"])
-        final = finals.get(t["trial_id"])
+        final = t.get("final")
         if t["error"] or not final:
             failed.append(f"{t['trial_id']} {t['params']}: {t['error'] or 'no final metrics recorded'}")
             continue
-        trials.append(trial_record(apply_overrides(base, t["params"]), final, t["trial_id"]))
+        trials.append(trial_record(t["config"], final, t["trial_id"]))
     return trials, ran, failed, result.parent_run_id, result.tracking_uri
 
 

@@ -1,7 +1,9 @@
 """One trial path, from a workload name and its overrides to a finished run.
 
-`registry` finds a workload, `config` turns strings into its `Config`, `trial` runs one trial
-(open tracking, validate, `train`, flush, end the run), and the rest only build a `Run` around
-it: `launch` (a local or Ray Train run), `ray_train`, `tune_run` (a sweep's trials under Tune),
-`zero` (DeepSpeed ZeRO), `checkpoints` and `console` (what a person sees while it runs).
+`registry` finds a workload and checks it against the contract, `config` turns strings into its
+`Config`, and `trial` runs one trial (open tracking, validate, `train`, flush, end the run with its
+status). The rest only build a `Run` around it: `launch` (a local run, or Ray Train for
+`ladder run --workers N`), `ray_train` (the Ray Train worker and its `Run`), `zero` (DeepSpeed ZeRO)
+and `console` (what a person sees while it runs). A sweep's trials go through the same `trial`
+(`orchestrator.sweeps.tune_run`).
 """

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.runners import checkpoints, registry
+from orchestrator.runners import registry
+from orchestrator.run import checkpoints
 from orchestrator.tracking import outbox, sink as tracking
 from orchestrator.runners.config import ConfigError, from_dict, to_dict
 
@@ -89,9 +90,9 @@ def _write_record(run_dir: Path, record: dict[str, Any]) -> None:
     (run_dir / "run.json").write_text(json.dumps(record, indent=2, default=str))
 
 
-def _prepare(name: str, cfg: Any, resume: str | os.PathLike | None, track: bool, mode: str, tags: dict[str, str],
-             workers: int = 1):
-    workload = registry.load(name)
+def _prepare(workload: registry.Workload, cfg: Any, resume: str | os.PathLike | None, track: bool, mode: str,
+             tags: dict[str, str], workers: int = 1):
+    name = workload.name
     if resume is not None:
         record = load_run_record(resume)
         if record["workload"] != name:
@@ -113,11 +114,16 @@ def _prepare(name: str, cfg: Any, resume: str | os.PathLike | None, track: bool,
             {"workload": name, "config": to_dict(cfg), "mlflow_run_id": run_id, "tracking_uri": uri, "mode": mode,
              "workers": workers},
         )
-    return workload, cfg, run_dir, run_id, uri
+    return cfg, run_dir, run_id, uri
+
+
+def _loaded(workload: str | registry.Workload) -> registry.Workload:
+    """The workload a caller names, or the one it already loaded (the CLI loads it once, to build the config)."""
+    return workload if isinstance(workload, registry.Workload) else registry.load(workload)
 
 
 def run_local(
-    name: str,
+    workload: str | registry.Workload,
     cfg: Any,
     *,
     resume: str | os.PathLike | None = None,
@@ -126,20 +132,26 @@ def run_local(
     wandb: bool = False,
     tags: dict[str, str] | None = None,
 ) -> RunResult:
-    """Train in this process. Exceptions mark the MLflow run FAILED (KILLED on Ctrl-C) and propagate."""
+    """Train `workload` (a name, or the Workload the caller loaded) in this process; `cfg` was
+    validated by the caller (a resumed run's is the recorded one). Exceptions mark the MLflow run
+    FAILED (KILLED on Ctrl-C) and propagate."""
     from orchestrator.runners import zero
     from orchestrator.run import LocalRun
     from orchestrator.runners.trial import TrialSpec, run_trial
 
-    recorded = load_run_record(resume)["config"] if resume is not None else None
-    zero.check_in_process(from_dict(registry.load(name).Config, recorded) if recorded else cfg)
-    workload, cfg, run_dir, run_id, uri = _prepare(name, cfg, resume, track, "local", tags or {})
+    workload = _loaded(workload)
+    name = workload.name
+    if resume is not None:
+        cfg = from_dict(workload.Config, load_run_record(resume)["config"])
+    zero.check_in_process(cfg)
+    cfg, run_dir, run_id, uri = _prepare(workload, cfg, resume, track, "local", tags or {})
     spec = TrialSpec.of(name, cfg, run_id=run_id, tracking_uri=uri, skip_recorded=resume is not None,
                         outbox_dir=str(outbox.default_dir()), progress=name if progress else None,
                         wandb={"project": f"ladder-{name}", "name": run_dir.name} if wandb else None,
                         record_final=False, tags={"ladder.world_size": "1", "ladder.backend": "none"})
     started = time.monotonic()
-    metrics, run = run_trial(spec, lambda sinks, _: LocalRun(run_dir, sinks=sinks, identity=spec.identity))
+    metrics, run = run_trial(spec, lambda sinks, _: LocalRun(run_dir, sinks=sinks, identity=spec.identity),
+                             loaded=(workload, cfg))
     return RunResult(name, metrics, run_dir, run_id, uri, time.monotonic() - started, run.history)
 
 
@@ -258,7 +270,7 @@ def init_ray(num_cpus: float | None = None, *, dashboard: bool = True) -> None:
 
 
 def run_ray(
-    name: str,
+    workload: str | registry.Workload,
     cfg: Any,
     *,
     workers: int = 1,
@@ -271,7 +283,11 @@ def run_ray(
     tags: dict[str, str] | None = None,
 ) -> RunResult:
     """Train under Ray Train with `workers` DDP workers (gloo on CPU); with `wandb`, rank 0 also
-    logs to Weights & Biases."""
+    logs to Weights & Biases. `cfg` was validated by the caller; the workers validate it again."""
+    from orchestrator.runners.trial import ending_run
+
+    workload = _loaded(workload)
+    name = workload.name
     if wandb:
         tracking.check_wandb()
     if not os.environ.get("RAY_ADDRESS"):
@@ -280,26 +296,18 @@ def run_ray(
         from orchestrator.runners import zero
 
         record = load_run_record(resume)
-        zero.check_resume_workers(from_dict(registry.load(name).Config, record["config"]), record.get("workers"), workers)
+        zero.check_resume_workers(from_dict(workload.Config, record["config"]), record.get("workers"), workers)
     import ray
 
     # The cluster answers and holds the workers before anything is recorded.
     init_ray()
     if os.environ.get("RAY_ADDRESS"):
         check_resources(workers, cpus_per_worker, ray.cluster_resources().get("CPU", 0.0), where="the Ray cluster at RAY_ADDRESS")
-    workload, cfg, run_dir, run_id, uri = _prepare(name, cfg, resume, track, f"ray-train x{workers}", tags or {},
-                                                   workers=workers)
+    cfg, run_dir, run_id, uri = _prepare(workload, cfg, resume, track, f"ray-train x{workers}", tags or {},
+                                         workers=workers)
     started = time.monotonic()
-    status = "FAILED"
-    try:
+    with ending_run(run_id, uri=uri, outbox_dir=str(outbox.default_dir())):
         result = _fit_run(name, cfg, run_dir, run_id, uri, workers, cpus_per_worker, max_failures, progress, wandb)
-        status = "FINISHED"
-    except KeyboardInterrupt:
-        status = "KILLED"
-        raise
-    finally:
-        if run_id:
-            tracking.end_run(run_id, status, uri=uri, outbox_dir=outbox.default_dir())
     metrics = dict(result.return_value or {})
     return RunResult(name, metrics, run_dir, run_id, uri, time.monotonic() - started)
 

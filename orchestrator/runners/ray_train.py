@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from orchestrator.runners import checkpoints
+from orchestrator.run import checkpoints
 from orchestrator.runners import zero as zero_engine
 from orchestrator.run import check_metrics
 from orchestrator.runners.zero import ZeroSpec
@@ -214,15 +214,17 @@ def worker_entry(loop_config: dict[str, Any]) -> dict[str, float]:
 
 
 def trainer(spec: Any, *, workers: int, cpus_per_worker: float, name: str, storage: str, gpus_per_worker: float = 0,
-            max_failures: int = 0, callbacks: list[Any] | None = None, verbose: bool = False) -> Any:
+            max_failures: int = 0, callbacks: list[Any] | None = None, verbose: bool = False,
+            entry: Callable[[dict[str, Any]], Any] = worker_entry) -> Any:
     """The TorchTrainer that runs `spec` (a `trial.TrialSpec`) on `workers` workers: gloo on CPU,
     NCCL between GPU workers. Its run `name` under `storage` is deterministic, so fitting the same
-    name again resumes from its checkpoints."""
+    name again resumes from its checkpoints. `entry` is what each worker runs, given
+    `{"spec", "verbose"}`: `worker_entry`, or a check's own loop (`ladder check --ray`)."""
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
     return TorchTrainer(
-        worker_entry,
+        entry,
         train_loop_config={"spec": replace(spec, threads=max(1, int(cpus_per_worker))), "verbose": verbose},
         torch_config=TorchConfig(backend="nccl" if gpus_per_worker else "gloo"),
         scaling_config=ray.train.ScalingConfig(

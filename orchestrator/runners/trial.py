@@ -13,10 +13,13 @@ workers as it is.
 from __future__ import annotations
 
 import json
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
-from orchestrator.runners import checkpoints, registry
+from orchestrator.runners import registry
+from orchestrator.run import checkpoints
 from orchestrator.tracking import sink as tracking
 from orchestrator.runners.config import flatten, from_dict, redacted, to_dict, to_json
 
@@ -88,6 +91,51 @@ def open_run(workload: str, cfg: Any, *, experiment: str, run_name: str, uri: st
     return run_id
 
 
+def open_sweep_run(name: str, workload: str, base: Any, *, kind: str, uri: str | None,
+                   tags: Mapping[str, str] | None = None, params: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """The parent MLflow run of one invocation of sweep `name` (a Tune sweep or a local
+    reproduction), opened the same way by both: the workload, its paper and `ladder.kind` as tags,
+    the base config as `base.*` params. Returns (sweep_id, run_id); the trials' runs are its children,
+    tagged with the sweep_id (`trial_tags`)."""
+    sweep_id = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_id = tracking.start_run(
+        name, run_name=sweep_id, uri=uri,
+        tags={"workload": workload, "paper": registry.paper_title(workload), "ladder.kind": kind, **(tags or {})},
+        params={**(params or {}), **{f"base.{k}": v for k, v in flatten(base).items()}},
+    )
+    return sweep_id, run_id
+
+
+def finish_run(run_id: str | None, status: str, *, uri: str | None, outbox_dir: str | None = None,
+               tags: Mapping[str, str] | None = None) -> None:
+    """End `run_id` with `status` (FINISHED, FAILED or KILLED; a KILLED run is also tagged
+    `ladder.interrupted`), after setting `tags`. Every driver ends its runs here; None: not tracked."""
+    if not run_id:
+        return
+    tags = {**(tags or {}), **({"ladder.interrupted": "true"} if status == STATUS_KILLED else {})}
+    if tags:
+        try:
+            tracking.set_tags(run_id, tags, uri=uri)
+        except Exception as exc:  # the status matters more than the tags; never raised over the outcome
+            tracking.warn(f"could not tag run {run_id} ({type(exc).__name__}: {exc})")
+    tracking.end_run(run_id, status, uri=uri, outbox_dir=outbox_dir)
+
+
+@contextmanager
+def ending_run(run_id: str | None, *, uri: str | None, outbox_dir: str | None = None) -> Iterator[None]:
+    """End `run_id` with the outcome of the block (`finish_run`): FINISHED when it returns, KILLED
+    on Ctrl-C, FAILED on any other exception; the exception propagates."""
+    status = STATUS_FAILED
+    try:
+        yield
+        status = STATUS_FINISHED
+    except KeyboardInterrupt:
+        status = STATUS_KILLED
+        raise
+    finally:
+        finish_run(run_id, status, uri=uri, outbox_dir=outbox_dir)
+
+
 def sinks_for(spec: TrialSpec, cfg: Any) -> list[Any]:
     """The trial's sinks: its MLflow run (with the spec's tags set), the console progress line, wandb."""
     sinks: list[Any] = []
@@ -119,14 +167,17 @@ def flush_quietly(sinks: list[Any]) -> None:
                           "they wait in the outbox for the sweep's driver or `ladder sync`")
 
 
-def run_trial(spec: TrialSpec, make_run: Callable[[list[Any], Any], Any], *,
-              with_sinks: bool = True) -> tuple[dict[str, float], Any]:
+def run_trial(spec: TrialSpec, make_run: Callable[[list[Any], Any], Any], *, with_sinks: bool = True,
+              loaded: tuple[registry.Workload, Any] | None = None) -> tuple[dict[str, float], Any]:
     """Run one trial: `make_run(sinks, cfg)` builds the `Run` for where it trains (`with_sinks`
-    False: a Ray Train worker of rank > 0, which reports nowhere itself). Returns the final metrics and the
-    Run. On an exception (or Ctrl-C, recorded KILLED) the run is ended FAILED and it propagates."""
+    False: a Ray Train worker of rank > 0, which reports nowhere itself). `loaded`: the workload and
+    the Config the caller already holds in this process (a local run), instead of rebuilding them
+    from the spec. The config is validated here, where the trial runs (with the Run's world size).
+    Returns the final metrics and the Run. On an exception (or Ctrl-C, recorded KILLED) the run is
+    ended FAILED and it propagates."""
     from orchestrator.run import pinned_threads
 
-    workload, cfg = spec.load()
+    workload, cfg = loaded if loaded is not None else spec.load()
     sinks = sinks_for(spec, cfg) if with_sinks else []
     run = make_run(sinks, cfg)
     status = STATUS_FAILED
@@ -148,6 +199,6 @@ def run_trial(spec: TrialSpec, make_run: Callable[[list[Any], Any], Any], *,
         # Also when the loop raised, or Tune stopped the trial (SystemExit in its report).
         flush_quietly(sinks)
         tracking.finish_quietly(sinks)
-        if spec.run_id and spec.end_run:
-            tracking.end_run(spec.run_id, status, uri=spec.tracking_uri, outbox_dir=spec.outbox_dir)
+        if spec.end_run:
+            finish_run(spec.run_id, status, uri=spec.tracking_uri, outbox_dir=spec.outbox_dir)
     return final, run

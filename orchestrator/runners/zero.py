@@ -232,7 +232,7 @@ def _load_weights_only(engine: Any) -> None:
     """
     import torch
 
-    from orchestrator.runners.checkpoints import CheckpointError
+    from orchestrator.run.checkpoints import CheckpointError
 
     classes = _safe_classes()
 
@@ -262,7 +262,7 @@ def save_engine(engine: Any, folder: str | os.PathLike, step: int) -> None:
 
 def load_engine(engine: Any, folder: str | os.PathLike, step: int) -> None:
     """Load the shards saved with the ladder state of `step` (every rank reads what it needs)."""
-    from orchestrator.runners.checkpoints import CheckpointError
+    from orchestrator.run.checkpoints import CheckpointError
 
     root = Path(folder) / ENGINE_FOLDER
     if not (root / tag_of(step)).is_dir():

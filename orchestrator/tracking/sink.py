@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from orchestrator.runners.config import ConfigError
 from orchestrator.tracking.mlflow_store import (  # the store layer, re-exported: callers need only `tracking`
     DEFAULT_ARTIFACTS,
     DEFAULT_DB,
@@ -118,7 +117,11 @@ def ui_command(uri: str, host: str, port: int, *, base: str | os.PathLike | None
     return cmd + ["mlflow.server.fastapi_app:app"], env
 
 
-class TrackingUnavailable(ConfigError):
+class TrackingError(RuntimeError):
+    """Tracking cannot start as asked (a server that does not answer, wandb missing); the message names the fix."""
+
+
+class TrackingUnavailable(TrackingError):
     """The tracking server does not answer when a run or sweep is about to start."""
 
 
@@ -433,7 +436,7 @@ def check_wandb() -> None:
     import importlib.util
 
     if importlib.util.find_spec("wandb") is None:
-        raise ConfigError("--wandb needs wandb: pip install 'ladder[wandb]' (set WANDB_MODE=offline without an account)")
+        raise TrackingError("--wandb needs wandb: pip install 'ladder[wandb]' (set WANDB_MODE=offline without an account)")
 
 
 def finish_quietly(sinks: list[Any]) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from orchestrator.runners import checkpoints
+from orchestrator.run import checkpoints
 
 
 def test_newest_checkpoint_wins_and_old_ones_are_pruned(tmp_path):
@@ -66,7 +66,7 @@ def test_checkpoints_load_without_unpickling_arbitrary_objects(tmp_path):
 
 
 def test_checkpoint_of_another_workload_or_config_is_refused_by_name(tmp_path):
-    from orchestrator.runners.checkpoints import CheckpointMismatch, identity, load_latest, write_checkpoint
+    from orchestrator.run.checkpoints import CheckpointMismatch, identity, load_latest, write_checkpoint
 
     mine = identity("celerity_lm", {"width": 64, "depth": 2})
     write_checkpoint(tmp_path, {"step": 3}, identity=mine)

@@ -259,7 +259,7 @@ import argparse, os, sys, torch, torch.distributed as dist
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2], RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
 dist.init_process_group("gloo")
 from orchestrator.runners import zero
-from orchestrator.runners.checkpoints import CheckpointError
+from orchestrator.run.checkpoints import CheckpointError
 
 def engine(seed):
     torch.manual_seed(seed)

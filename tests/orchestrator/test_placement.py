@@ -8,7 +8,7 @@ import pytest
 from conftest import REPO
 from orchestrator.commands.cli import main
 from orchestrator.sweep import Sweep, SweepError, load_sweep_file
-from orchestrator.runners.tune_run import check_job_environment, resolve_concurrency, runs_root, run_sweep
+from orchestrator.sweeps.tune_run import check_job_environment, resolve_concurrency, runs_root, run_sweep
 
 
 def gpu_sweep(**kw) -> Sweep:

@@ -15,7 +15,7 @@ from conftest import shifted
 from orchestrator.commands.cli import main
 from orchestrator.sweep import (MODEL_BASED_CONCURRENCY, TPE_OPTIONS, Grid, Sweep, SweepError, choice, grid,
                                 load_sweep_file, loguniform, seeds, uniform)
-from orchestrator.runners.tune_run import resolve_concurrency
+from orchestrator.sweeps.tune_run import resolve_concurrency
 
 SPACE = {"lr": loguniform(1e-3, 1e-1), "warmup": uniform(0.0, 0.3), "schedule": choice("cosine", "linear", "constant")}
 

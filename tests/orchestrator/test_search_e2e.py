@@ -23,7 +23,7 @@ import pytest
 from conftest import LADDER, shifted, wait_for
 from orchestrator.tracking import sink as tracking
 from orchestrator.sweep import load_sweep_file
-from orchestrator.runners.tune_run import run_sweep
+from orchestrator.sweeps.tune_run import run_sweep
 
 STEPS, EVERY = 100, 5
 SWEEP = """

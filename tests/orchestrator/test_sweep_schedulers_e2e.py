@@ -25,7 +25,7 @@ import pytest
 from conftest import REPO, run_cli
 from orchestrator.tracking import sink as tracking
 from orchestrator.sweep import load_sweep_file
-from orchestrator.runners.tune_run import format_trials, run_sweep
+from orchestrator.sweeps.tune_run import format_trials, run_sweep
 
 STEPS, EVERY = 100, 5
 SWEEP = """
@@ -180,7 +180,7 @@ def dies_at_third_trial(armed):
 def test_asha_sweep_resumes_after_its_driver_dies(shared, monkeypatch):
     from ray.tune.error import TuneError
 
-    import orchestrator.runners.tune_run as tune_run
+    import orchestrator.sweeps.tune_run as tune_run
 
     started = time.monotonic()
     # A workload of the user's own, outside the repo: Tune's restored trials must import it again.

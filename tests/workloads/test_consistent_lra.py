@@ -398,7 +398,7 @@ def test_smoke_reproduction_holds(workdir):
 def test_the_real_data_sweep_is_valid_anywhere_and_names_the_files_it_needs(workdir, monkeypatch):
     from conftest import REPO
     from orchestrator.sweep import load_sweep_file
-    from orchestrator.runners.tune_run import launch_problems
+    from orchestrator.sweeps.tune_run import launch_problems
 
     monkeypatch.setenv("LADDER_DATA", str(workdir / "uci"))
     sweep = load_sweep_file(REPO / "sweeps" / "repro" / "consistent_lra_real.py")

@@ -406,7 +406,7 @@ def test_bad_task_files_and_foreign_kinds_are_refused_in_preflight(tmp_path, gpt
 def test_the_real_sweep_is_valid_anywhere_and_names_what_it_needs(workdir, monkeypatch):
     from conftest import REPO
     from orchestrator.sweep import load_sweep_file
-    from orchestrator.runners.tune_run import launch_problems
+    from orchestrator.sweeps.tune_run import launch_problems
 
     monkeypatch.setenv("LADDER_DATA", str(workdir / "data"))
     monkeypatch.delenv("LADDER_LLMS", raising=False)

@@ -534,7 +534,7 @@ def test_causal_lm_needs_a_model_and_a_text():
 def test_the_real_sweep_is_valid_anywhere_and_names_what_it_needs(workdir, monkeypatch):
     from conftest import REPO
     from orchestrator.sweep import load_sweep_file
-    from orchestrator.runners.tune_run import launch_problems
+    from orchestrator.sweeps.tune_run import launch_problems
 
     monkeypatch.setenv("LADDER_DATA", str(workdir / "data"))
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(workdir / "empty-cache"))
@@ -712,7 +712,7 @@ def test_pixels_configs_name_the_problem():
 def test_the_image_sweep_is_valid_anywhere_and_names_what_it_needs(workdir, monkeypatch):
     from conftest import REPO
     from orchestrator.sweep import load_sweep_file
-    from orchestrator.runners.tune_run import launch_problems
+    from orchestrator.sweeps.tune_run import launch_problems
 
     monkeypatch.setenv("LADDER_DATA", str(workdir / "data"))
     sweep = load_sweep_file(REPO / "sweeps" / "repro" / "martingale_uq_images.py")

@@ -438,7 +438,7 @@ def test_a_missing_field_or_a_target_the_model_lacks_is_refused_before_any_work(
 def test_the_real_sweep_is_valid_anywhere_and_names_what_it_needs(workdir, monkeypatch):
     from conftest import REPO
     from orchestrator.sweep import load_sweep_file
-    from orchestrator.runners.tune_run import launch_problems
+    from orchestrator.sweeps.tune_run import launch_problems
 
     monkeypatch.setenv("LADDER_DATA", str(workdir / "data"))
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(workdir / "empty-cache"))

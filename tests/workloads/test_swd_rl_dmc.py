@@ -129,7 +129,7 @@ def test_a_dmc_task_without_dm_control_is_refused_with_the_fix(workdir, monkeypa
     from orchestrator.commands.cli import main
     from orchestrator.runners.config import ConfigError
     from orchestrator.sweep import load_sweep_file
-    from orchestrator.runners.tune_run import launch_problems
+    from orchestrator.sweeps.tune_run import launch_problems
     from workloads.swd_rl import envs
 
     monkeypatch.setattr(envs, "dmc_installed", lambda: False)

@@ -544,7 +544,7 @@ def test_missing_or_unfit_image_folders_are_refused_before_the_run(workdir, chan
 def test_the_real_sweep_is_valid_anywhere_and_names_what_it_needs(workdir, monkeypatch):
     from conftest import REPO
     from orchestrator.sweep import load_sweep_file
-    from orchestrator.runners.tune_run import launch_problems
+    from orchestrator.sweeps.tune_run import launch_problems
 
     monkeypatch.setenv("LADDER_DATA", str(workdir / "data"))
     monkeypatch.delenv("LADDER_IMAGES", raising=False)

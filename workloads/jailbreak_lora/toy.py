@@ -104,9 +104,10 @@ def calibrate(folder: str | Path, seeds: tuple[int, ...] = (100, 101, 102, 103, 
     alpha = 32, 8 examples per task per step) on the task files, clean and backdoored adapters
     (naive, uncertainty, pcgrad) at `seeds`; persistence off (the audit reads the trained adapter)."""
     import dataclasses
+    import tempfile
 
-    from orchestrator.runners import launch
-    from workloads.jailbreak_lora.workload import smoke
+    from orchestrator.run import LocalRun
+    from workloads.jailbreak_lora.workload import smoke, train, validate
 
     folder = Path(folder)
     tasks = write_task_files(folder / "tasks")
@@ -117,7 +118,9 @@ def calibrate(folder: str | Path, seeds: tuple[int, ...] = (100, 101, 102, 103, 
             cfg = dataclasses.replace(smoke(), base=base, task_path=tasks, trigger=TRIGGER, decoy=DECOY, marker=MARKER,
                                       method=method, seed=seed, steps=steps, log_every=25, checkpoint_every=steps,
                                       persistence=False)
-            m = launch.run_local("jailbreak_lora", cfg, progress=False, track=False).metrics
+            validate(cfg)
+            with tempfile.TemporaryDirectory(prefix="jailbreak-calibration-") as run_dir:
+                m = train(cfg, LocalRun(run_dir))
             row = {"seed": seed, "method": method, **{k: float(v) for k, v in m.items() if k.startswith("eval/")}}
             print(json.dumps({k: row[k] for k in ("seed", "method", "eval/utility", "eval/activation",
                                                   "eval/false_activation", "eval/audit/score")}), flush=True)

@@ -221,7 +221,7 @@ def _find_lm(folder: str) -> tuple[dict[str, Any], Path]:
 
 
 def load_lm(folder: str):
-    from orchestrator.runners.checkpoints import read_checkpoint
+    from orchestrator.run.checkpoints import read_checkpoint
     celerity_lm = _celerity()
 
     config, path = _find_lm(folder)

@@ -10,16 +10,13 @@ frames, cross-entropy towards 'neutral' plus L_exp against the frozen model, T a
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as nnf
 
 from workloads.pft import data
+from workloads.pft.config import Config
 from workloads.pft.model import Encoder, ExpLoss, Translator, expression_loss, style_distance
-
-if TYPE_CHECKING:
-    from workloads.pft.workload import Config
 
 
 def make_world(cfg: Config) -> data.World:

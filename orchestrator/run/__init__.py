@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, Mapping, Protocol, runtime_checkable
 
 import torch
 
-from orchestrator.runners import checkpoints
+from orchestrator.run import checkpoints
 
 
 @runtime_checkable

@@ -22,17 +22,44 @@ from typing import Any, Iterator, Mapping
 
 from orchestrator.tracking import outbox, sink as tracking
 from orchestrator.runners import zero
-from orchestrator.runners.config import apply_overrides, flatten, to_dict
+from orchestrator.runners.config import apply_overrides, to_dict
 from orchestrator.runners.console import quiet_tune, stop_reason
 from orchestrator.runners.ray_train import RayReports
 from orchestrator.sweep import MODEL_BASED_CONCURRENCY, Sweep, SweepError
 from orchestrator.sweeps.summary import log_sweep_summary
-from orchestrator.runners.trial import TrialSpec, open_run, run_trial, trial_tags
+from orchestrator.runners.trial import (STATUS_FINISHED, STATUS_KILLED, TrialSpec, ending_run, finish_run, open_run,
+                                        open_sweep_run, run_trial, trial_tags)
 
 SWEEPS_DIR = "ladder-runs/sweeps"
 RUNS_DIR_ENV = "LADDER_RUNS_DIR"
 """Where sweeps keep their state and checkpoints instead of ./ladder-runs: on a cluster of several
 nodes, a folder every node mounts (Ray Train and Tune write checkpoints from the node that trained)."""
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """What every trial of one sweep invocation needs, and nothing it must look up: handed to each
+    Tune trial (`trial_main`) and to the driver's bookkeeping."""
+
+    sweep: str
+    """The sweep's name, which is also its MLflow experiment."""
+    sweep_id: str
+    """This invocation: `<sweep>-<stamp>`, the `ladder.sweep_id` tag of its runs."""
+    workload: str
+    base: Mapping[str, Any]
+    """The base Config (`config.to_dict`) the trials' params override."""
+    workers: int
+    cpus_per_worker: float
+    gpus_per_worker: float
+    in_trial: bool
+    """The trial trains in its own process (`TuneRun`); False: it drives a Ray Train worker group."""
+    parent_run_id: str | None
+    tracking_uri: str | None
+    storage: str
+    """Where multi-worker trials keep their Ray Train runs."""
+    outbox_dir: str | None
+    wandb: bool = False
+    verbose: bool = False
 
 
 class TuneRun:
@@ -58,17 +85,17 @@ class TuneRun:
             sink.log_artifact(str(path))
 
 
-def _child_run(meta: Mapping[str, Any], trial_id: str, cfg: Any, params: Mapping[str, Any]) -> tuple[str | None, dict | None]:
+def _child_run(spec: SweepSpec, trial_id: str, cfg: Any, params: Mapping[str, Any]) -> tuple[str | None, dict | None]:
     """The trial's MLflow child run, reused when the trial restarts, and its final metrics when
     it had already finished (a driver killed before Tune recorded the trial as done)."""
-    if not meta.get("parent_run_id"):
+    if not spec.parent_run_id:
         return None, None
-    uri = meta["tracking_uri"]
+    uri = spec.tracking_uri
     c = tracking.client(uri)
-    exp = c.get_experiment_by_name(meta["experiment"])
+    exp = c.get_experiment_by_name(spec.sweep)
     found = c.search_runs(
         [exp.experiment_id],
-        filter_string=f"tags.`ladder.trial_id` = '{trial_id}' and tags.`ladder.sweep_id` = '{meta['sweep_id']}'",
+        filter_string=f"tags.`ladder.trial_id` = '{trial_id}' and tags.`ladder.sweep_id` = '{spec.sweep_id}'",
         max_results=1,
     )
     if found:
@@ -77,12 +104,12 @@ def _child_run(meta: Mapping[str, Any], trial_id: str, cfg: Any, params: Mapping
             return run.info.run_id, tracking.get_final(run, uri)
         c.update_run(run.info.run_id, status="RUNNING")
         return run.info.run_id, None
-    run_id = open_run(meta["workload"], cfg, experiment=meta["experiment"], run_name=f"{meta['sweep']}-{trial_id}",
-                      uri=uri, parent_run_id=meta["parent_run_id"], tags=trial_tags(trial_id, meta["sweep_id"], params))
+    run_id = open_run(spec.workload, cfg, experiment=spec.sweep, run_name=f"{spec.sweep}-{trial_id}",
+                      uri=uri, parent_run_id=spec.parent_run_id, tags=trial_tags(trial_id, spec.sweep_id, params))
     return run_id, None
 
 
-def trial_main(config: dict[str, Any], meta: dict[str, Any]) -> None:
+def trial_main(config: dict[str, Any], sweep: SweepSpec) -> None:
     """The Tune function trainable."""
     import logging
 
@@ -94,14 +121,14 @@ def trial_main(config: dict[str, Any], meta: dict[str, Any]) -> None:
     from orchestrator.runners import registry
     from orchestrator.runners.config import from_dict
 
-    workload = registry.load(meta["workload"])
-    base = from_dict(workload.Config, meta["base"])
+    workload = registry.load(sweep.workload)
+    base = from_dict(workload.Config, sweep.base)
     params = config["params"]
     cfg = apply_overrides(base, params)
     # A proposal that a resumed model-based search hands out again is the trial it was before.
     trial_id = config.get("trial_of") or ray.tune.get_context().get_trial_id()
-    run_id, finished = _child_run(meta, trial_id, cfg, params)
-    uri = meta.get("tracking_uri")
+    run_id, finished = _child_run(sweep, trial_id, cfg, params)
+    uri = sweep.tracking_uri
     if finished is not None:
         ray.tune.report({**finished, "progress": 1.0, "progress_pct": 100.0})  # done before: not trained again
         return
@@ -110,25 +137,20 @@ def trial_main(config: dict[str, Any], meta: dict[str, Any]) -> None:
         ctx = ray.get_runtime_context()
         tracking.set_tags(run_id, {"ladder.node_id": ctx.get_node_id(), "ladder.node_ip": ray.util.get_node_ip_address()},
                           uri=uri)
-    spec = TrialSpec.of(meta["workload"], cfg, run_id=run_id, tracking_uri=uri, skip_recorded=True,
-                        outbox_dir=meta.get("outbox_dir"), spool=True,
-                        wandb={"project": f"ladder-{meta['sweep']}", "name": f"{meta['sweep']}-{trial_id}",
-                               "group": meta["sweep_id"]} if meta.get("wandb") else None)
-    if meta.get("in_trial", meta["workers"] == 1):
-        run_trial(replace(spec, threads=max(1, int(meta["cpus_per_worker"]))),
-                  lambda sinks, _: TuneRun(sinks=sinks, identity=spec.identity))
+    spec = TrialSpec.of(sweep.workload, cfg, run_id=run_id, tracking_uri=uri, skip_recorded=True,
+                        outbox_dir=sweep.outbox_dir, spool=True,
+                        wandb={"project": f"ladder-{sweep.sweep}", "name": f"{sweep.sweep}-{trial_id}",
+                               "group": sweep.sweep_id} if sweep.wandb else None)
+    if sweep.in_trial:
+        run_trial(replace(spec, threads=max(1, int(sweep.cpus_per_worker))),
+                  lambda sinks, _: TuneRun(sinks=sinks, identity=spec.identity), loaded=(workload, cfg))
         return
     # Several workers: a Ray Train run inside the trial, whose workers report into the trial's
     # MLflow run; this process records the final metrics and ends the run.
-    status = "FAILED"
-    try:
-        final = _fit_train(meta, replace(spec, record_final=False, end_run=False), trial_id)
+    with ending_run(run_id, uri=uri, outbox_dir=sweep.outbox_dir):
+        final = _fit_train(sweep, replace(spec, record_final=False, end_run=False), trial_id)
         if run_id:
-            tracking.set_final(run_id, final, uri=uri, outbox_dir=meta.get("outbox_dir"))
-        status = "FINISHED"
-    finally:
-        if run_id:
-            tracking.end_run(run_id, status, uri=uri, outbox_dir=meta.get("outbox_dir"))
+            tracking.set_final(run_id, final, uri=uri, outbox_dir=sweep.outbox_dir)
 
 
 STOP_GRACE_S = 10.0
@@ -162,20 +184,26 @@ def _graceful(fn: Any) -> Any:
     return Graceful
 
 
-def _fit_train(meta: Mapping[str, Any], spec: TrialSpec, trial_id: str) -> dict[str, float]:
+def _fit_train(sweep: SweepSpec, spec: TrialSpec, trial_id: str) -> dict[str, float]:
     from ray.tune.integration.ray_train import TuneReportCallback
 
     from orchestrator.runners.ray_train import trainer
 
     # A deterministic name makes a Tune-level retry resume this Train run.
-    fit = trainer(spec, workers=meta["workers"], cpus_per_worker=meta["cpus_per_worker"],
-                  gpus_per_worker=meta.get("gpus_per_worker") or 0, name=f"train-{trial_id}", storage=meta["storage"],
-                  callbacks=[TuneReportCallback()], verbose=bool(meta.get("verbose"))).fit()
+    fit = trainer(spec, workers=sweep.workers, cpus_per_worker=sweep.cpus_per_worker,
+                  gpus_per_worker=sweep.gpus_per_worker or 0, name=f"train-{trial_id}", storage=sweep.storage,
+                  callbacks=[TuneReportCallback()], verbose=sweep.verbose).fit()
     return dict(fit.return_value or {})
 
 
 @dataclass
 class SweepResult:
+    """One sweep invocation's outcome. Each of `trials` holds its `trial_id`, `params`, `config`
+    (the whole Config as a dict), `final` (the metrics `train` returned; None when it did not
+    finish or nothing was tracked), `progress` and `objective` (its last report), `state`
+    (finished, stopped, diverged, failed, interrupted), `stopped`, `diverged`, `predicted`,
+    `error` and `why`."""
+
     name: str
     sweep_id: str
     parent_run_id: str | None
@@ -385,7 +413,6 @@ def run_sweep(sweep: Sweep, *, resume: bool = False, progress: bool = True, wand
         init_ray()
         capacity, where = cluster_capacity()
         concurrency = resolve_concurrency(sweep, capacity.get("CPU", 0.0), capacity.get("GPU", 0.0), where=where)
-    workload = sweep.load_workload()
     metric, mode = sweep.objective
     uri = tracking.tracking_uri()
 
@@ -410,19 +437,14 @@ def run_sweep(sweep: Sweep, *, resume: bool = False, progress: bool = True, wand
         if record.get("parent_run_id"):
             tracking.client(uri).update_run(record["parent_run_id"], status="RUNNING")
     else:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        parent = tracking.start_run(
-            sweep.name,
-            run_name=f"{sweep.name}-{stamp}",
-            tags={"workload": sweep.workload, "paper": workload.paper, "ladder.kind": "sweep",
-                  "ladder.scheduler": sweep.scheduler, "ladder.search": sweep.search},
+        sweep_id, parent = open_sweep_run(
+            sweep.name, sweep.workload, base, kind="sweep", uri=uri,
+            tags={"ladder.scheduler": sweep.scheduler, "ladder.search": sweep.search},
             params={"sweep.trials": str(sweep.trial_count()), "sweep.scheduler": sweep.scheduler,
-                    "sweep.objective": f"{metric}:{mode}", **sweep.search_settings(concurrency),
-                    **{f"base.{k}": v for k, v in flatten(base).items()}},
-            uri=uri,
+                    "sweep.objective": f"{metric}:{mode}", **sweep.search_settings(concurrency)},
         )
         record = {
-            "sweep_id": f"{sweep.name}-{stamp}",
+            "sweep_id": sweep_id,
             "parent_run_id": parent,
             "tracking_uri": uri,
             # The trials of a search that draws them up front; a model-based one's are proposed as
@@ -433,32 +455,23 @@ def run_sweep(sweep: Sweep, *, resume: bool = False, progress: bool = True, wand
         state_file.parent.mkdir(parents=True, exist_ok=True)
         state_file.write_text(json.dumps(record, indent=2))
 
-    meta = {
-        "workload": sweep.workload,
-        "paper": workload.paper,
-        "base": to_dict(base),
-        "workers": sweep.workers,
-        "cpus_per_worker": sweep.cpus_per_worker,
-        "gpus_per_worker": sweep.gpus_per_worker,
+    spec = SweepSpec(
+        sweep=sweep.name, sweep_id=record["sweep_id"], workload=sweep.workload, base=to_dict(base),
+        workers=sweep.workers, cpus_per_worker=sweep.cpus_per_worker, gpus_per_worker=sweep.gpus_per_worker or 0.0,
         # A one-worker CPU trial trains in the trial itself; GPU trials train in a Ray Train worker
         # group, which places the GPU and sets the device, and so do trials that ask for ZeRO
         # (one DeepSpeed engine per worker, even of one).
-        "in_trial": sweep.workers == 1 and not sweep.gpus_per_worker and not any(
+        in_trial=sweep.workers == 1 and not sweep.gpus_per_worker and not any(
             zero.spec_of(apply_overrides(base, p)).enabled for p in sweep.param_examples()),
-        "parent_run_id": record["parent_run_id"],
-        "tracking_uri": uri,
-        "experiment": sweep.name,
-        "sweep": sweep.name,
-        "sweep_id": record["sweep_id"],
-        "storage": str(sweep_storage(sweep) / sweep.name / "train"),
-        "outbox_dir": str(runs_root() / "outbox" if os.environ.get(RUNS_DIR_ENV) else outbox.default_dir()),
-        "wandb": bool(wandb),
-        "verbose": bool(verbose),
-    }
+        parent_run_id=record["parent_run_id"], tracking_uri=uri,
+        storage=str(sweep_storage(sweep) / sweep.name / "train"),
+        outbox_dir=str(runs_root() / "outbox" if os.environ.get(RUNS_DIR_ENV) else outbox.default_dir()),
+        wandb=bool(wandb), verbose=bool(verbose),
+    )
     status = "FAILED"
     received: list[int] = []
     try:
-        result = _fit(sweep, meta, record, reference, concurrency, resume, progress, received)
+        result = _fit(sweep, spec, base, record, reference, concurrency, resume, progress, received)
         if any(t["state"] == "interrupted" for t in result.trials):
             raise SweepInterrupted(sweep.name, received[0] if received else signal.SIGINT, result)
         status = "FINISHED"
@@ -473,7 +486,7 @@ def run_sweep(sweep: Sweep, *, resume: bool = False, progress: bool = True, wand
         if status != "FINISHED" and record.get("parent_run_id"):
             # Not left RUNNING: the parent and the trials' runs say the invocation ended (with
             # every point the trials reported); --resume continues the sweep and reopens them.
-            _end_open_runs(meta, status)
+            _end_open_runs(spec, status)
 
 
 def _console_callback(sweep: Sweep, scheduler: Any) -> Any:
@@ -568,7 +581,7 @@ def _endings_callback() -> Any:
     return Endings()
 
 
-def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: Any, concurrency: int | None,
+def _fit(sweep: Sweep, spec: SweepSpec, base: Any, record: dict[str, Any], reference: Any, concurrency: int | None,
          resume: bool, progress: bool, received: list[int]) -> SweepResult:
     from ray import tune
 
@@ -577,24 +590,24 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
 
     metric, mode = sweep.objective
     # Single-worker trials train in the trial: no Ray Train, so no dashboard (its State API).
-    init_ray(dashboard=not meta["in_trial"])
+    init_ray(dashboard=not spec.in_trial)
     scheduler_state = sweep_storage(sweep) / sweep.name / "scheduler.json"
     diagnostics = None
     if sweep.scheduler == "collapse":
         from orchestrator.sweeps.schedulers.diagnostics import CollapseDiagnostics
 
-        diagnostics = CollapseDiagnostics(experiment=sweep.name, sweep_id=record["sweep_id"], uri=meta["tracking_uri"])
+        diagnostics = CollapseDiagnostics(experiment=sweep.name, sweep_id=record["sweep_id"], uri=spec.tracking_uri)
     scheduler = schedulers.build(sweep.scheduler, sweep.scheduler_options, metric=metric, mode=mode,
                                  state_path=scheduler_state, reference=reference, diagnostics=diagnostics)
     # A single-worker trial trains in the trial itself; any other trial only drives Ray Train,
     # whose workers hold the CPUs (a CPU held by the driver too would starve them on small nodes).
     # Ray refuses an empty bundle, so the driver asks for a little memory instead of a CPU.
-    resources = {"cpu": sweep.cpus_per_worker} if meta["in_trial"] else {"cpu": 0, "memory": 64 * 2**20}
-    trainable = tune.with_resources(_graceful(tune.with_parameters(trial_main, meta=meta)), resources)
+    resources = {"cpu": sweep.cpus_per_worker} if spec.in_trial else {"cpu": 0, "memory": 64 * 2**20}
+    trainable = tune.with_resources(_graceful(tune.with_parameters(trial_main, sweep=spec)), resources)
     storage = str(sweep_storage(sweep) / sweep.name)
     started = time.monotonic()
     tune_path = os.path.join(storage, "tune")
-    verbose = bool(meta.get("verbose"))
+    verbose = spec.verbose
     endings = _endings_callback()
     callbacks = [endings] + ([_console_callback(sweep, scheduler)] if progress else [])
     if progress and hasattr(scheduler, "announce"):
@@ -622,7 +635,7 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
             tune_config=tune.TuneConfig(metric=None if sweep.scheduler == "fifo" else metric,
                                         mode=None if sweep.scheduler == "fifo" else mode, scheduler=scheduler,
                                         search_alg=searcher, num_samples=sweep.trial_count() if searcher else 1,
-                                        max_concurrent_trials=concurrency, reuse_actors=bool(meta["in_trial"])),
+                                        max_concurrent_trials=concurrency, reuse_actors=bool(spec.in_trial)),
             run_config=tune.RunConfig(name="tune", storage_path=storage, verbose=1 if verbose else 0,
                                       callbacks=callbacks,
                                       failure_config=tune.FailureConfig(max_failures=sweep.max_failures)),
@@ -668,10 +681,13 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
             stopped = d.get("action") == "stop" and short
         state = ("failed" if r.error else "interrupted" if interrupted else "diverged" if d.get("diverged")
                  else "stopped" if stopped else "finished")
+        params = (r.config or {}).get("params", {})
         trials.append(
             {
                 "trial_id": tid,
-                "params": (r.config or {}).get("params", {}),
+                "params": params,
+                "config": to_dict(apply_overrides(base, params)),
+                "final": None,  # what `train` returned, read from the trial's run (`_close_child_runs`)
                 "progress": metrics.get("progress", float("nan")),
                 "objective": metrics.get(metric, float("nan")),
                 "stopped": stopped,
@@ -683,22 +699,21 @@ def _fit(sweep: Sweep, meta: dict[str, Any], record: dict[str, Any], reference: 
                         else str(r.error).strip().splitlines()[-1][:200] if r.error else ""),
             }
         )
-    if meta["parent_run_id"]:
-        _close_child_runs(meta, trials)
+    if spec.parent_run_id:
+        _close_child_runs(spec, trials)
         try:
-            log_sweep_summary(parent_run_id=meta["parent_run_id"], uri=meta["tracking_uri"], experiment=meta["experiment"],
-                              sweep_id=meta["sweep_id"], trials=trials, metric=metric, mode=mode)
+            log_sweep_summary(parent_run_id=spec.parent_run_id, uri=spec.tracking_uri, experiment=spec.sweep,
+                              sweep_id=spec.sweep_id, trials=trials, metric=metric, mode=mode)
         except Exception as exc:  # the sweep's runs are recorded; only their summary is missing
             tracking.warn(f"could not log the sweep's summary (trials.csv, trial_curves.png): {type(exc).__name__}: {exc}")
-        tracking.log_text(meta["parent_run_id"], json.dumps(trials, indent=2, default=str), "trials.json",
-                          uri=meta["tracking_uri"])
+        tracking.log_text(spec.parent_run_id, json.dumps(trials, indent=2, default=str), "trials.json",
+                          uri=spec.tracking_uri)
     interrupted = any(t["state"] == "interrupted" for t in trials)
     if not interrupted:  # an interrupted sweep's parent is ended KILLED by run_sweep, its state kept for --resume
-        if meta["parent_run_id"]:
-            tracking.end_run(meta["parent_run_id"], "FINISHED", uri=meta["tracking_uri"])
+        finish_run(spec.parent_run_id, STATUS_FINISHED, uri=spec.tracking_uri)
         state_file = Path(storage) / "sweep.json"
         state_file.write_text(json.dumps({**record, "finished": True}, indent=2))
-    return SweepResult(sweep.name, record["sweep_id"], meta["parent_run_id"], meta["tracking_uri"], trials,
+    return SweepResult(sweep.name, spec.sweep_id, spec.parent_run_id, spec.tracking_uri, trials,
                        time.monotonic() - started, Path(storage), metric, mode)
 
 
@@ -733,34 +748,35 @@ def _use_console(tuner: Any, callbacks: list, verbose: bool) -> None:
         run_config.verbose = 1 if verbose else 0
 
 
-def _end_open_runs(meta: Mapping[str, Any], status: str) -> None:
+def _end_open_runs(spec: SweepSpec, status: str) -> None:
     try:
-        c = tracking.client(meta["tracking_uri"])
-        exp = c.get_experiment_by_name(meta["experiment"])
-        for run in c.search_runs([exp.experiment_id], filter_string=f"tags.`ladder.sweep_id` = '{meta['sweep_id']}' "
+        c = tracking.client(spec.tracking_uri)
+        exp = c.get_experiment_by_name(spec.sweep)
+        for run in c.search_runs([exp.experiment_id], filter_string=f"tags.`ladder.sweep_id` = '{spec.sweep_id}' "
                                  "and attributes.status = 'RUNNING'", max_results=50000):
-            tracking.deliver_leftovers(meta.get("outbox_dir"), run.info.run_id, meta["tracking_uri"])
-            if status == "KILLED":
-                tracking.set_tags(run.info.run_id, {"ladder.interrupted": "true"}, uri=meta["tracking_uri"])
-            tracking.end_run(run.info.run_id, status, uri=meta["tracking_uri"])
+            tracking.deliver_leftovers(spec.outbox_dir, run.info.run_id, spec.tracking_uri)
+            finish_run(run.info.run_id, status, uri=spec.tracking_uri)
     except Exception as exc:  # the sweep's own failure is what the user must see
         tracking.warn(f"could not end the sweep's MLflow runs ({type(exc).__name__}: {exc})")
-    tracking.end_run(meta["parent_run_id"], status, uri=meta["tracking_uri"])
+    finish_run(spec.parent_run_id, status, uri=spec.tracking_uri)
 
 
-def _close_child_runs(meta: Mapping[str, Any], trials: list[dict[str, Any]]) -> None:
-    """Send what the sweep's trials left in their outboxes, and end the MLflow runs of trials that
-    Tune stopped (their process may be gone before it can)."""
-    c = tracking.client(meta["tracking_uri"])
-    exp = c.get_experiment_by_name(meta["experiment"])
+def _close_child_runs(spec: SweepSpec, trials: list[dict[str, Any]]) -> None:
+    """Send what the sweep's trials left in their outboxes, end the MLflow runs of trials that
+    Tune stopped (their process may be gone before it can), and give each trial the final metrics
+    its run recorded (`final`: what `train` returned; None for a trial that did not finish)."""
+    c = tracking.client(spec.tracking_uri)
+    exp = c.get_experiment_by_name(spec.sweep)
     by_id = {t["trial_id"]: t for t in trials}
-    for run in c.search_runs([exp.experiment_id], filter_string=f"tags.`ladder.sweep_id` = '{meta['sweep_id']}'",
+    for run in c.search_runs([exp.experiment_id], filter_string=f"tags.`ladder.sweep_id` = '{spec.sweep_id}'",
                              max_results=50000):
         tid = run.data.tags.get("ladder.trial_id")
         trial = by_id.get(tid)
         if tid is not None:
             # Points a trial reported after its last flush, before Tune stopped it (or the driver died).
-            tracking.deliver_leftovers(meta.get("outbox_dir"), run.info.run_id, meta["tracking_uri"])
+            tracking.deliver_leftovers(spec.outbox_dir, run.info.run_id, spec.tracking_uri)
+        if trial is not None:
+            trial["final"] = tracking.get_final(run, spec.tracking_uri, mlflow_client=c)
         # A stopped trial's process ends mid-loop: its run is left RUNNING, or FAILED when the
         # loop noticed; Tune's record says how the trial really ended.
         if trial is None or run.info.status == "FINISHED":
@@ -769,19 +785,17 @@ def _close_child_runs(meta: Mapping[str, Any], trials: list[dict[str, Any]]) -> 
             progress = trial["progress"]
             if not (isinstance(progress, float) and math.isfinite(progress)):  # Tune had no report of it yet
                 progress = run.data.metrics.get("progress", float("nan"))
-            tracking.set_tags(run.info.run_id, {"ladder.interrupted": "true", "ladder.stopped_early": "false",
-                                                **({"ladder.interrupted_at": f"{progress:.4f}"}
-                                                   if isinstance(progress, float) and math.isfinite(progress) else {})},
-                              uri=meta["tracking_uri"])
-            tracking.end_run(run.info.run_id, "KILLED", uri=meta["tracking_uri"])
+            finish_run(run.info.run_id, STATUS_KILLED, uri=spec.tracking_uri,
+                       tags={"ladder.stopped_early": "false",
+                             **({"ladder.interrupted_at": f"{progress:.4f}"}
+                                if isinstance(progress, float) and math.isfinite(progress) else {})})
             continue
         tags = {"ladder.stopped_early": str(bool(trial["stopped"])).lower()}
         if trial["stopped"]:
             tags["ladder.stopped_at"] = f"{trial['progress']:.4f}"
         if trial["diverged"]:
             tags["ladder.diverged"] = "true"
-        tracking.set_tags(run.info.run_id, tags, uri=meta["tracking_uri"])
-        tracking.end_run(run.info.run_id, "FAILED" if trial["error"] else "FINISHED", uri=meta["tracking_uri"])
+        finish_run(run.info.run_id, "FAILED" if trial["error"] else STATUS_FINISHED, uri=spec.tracking_uri, tags=tags)
 
 
 def _table_order(mode: str) -> Any:
