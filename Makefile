@@ -10,7 +10,7 @@ STAMP := $(VENV)/.ladder-installed
 # Demo: celerity_lm on the local Ray with two DDP workers, tracked in ./mlruns.db.
 DEMO_SET := width=64 depth=3 head_dim=16 seq_len=128 batch_size=32 tpp=20 base_depth=3 max_bytes=8000000 log_every=10
 
-.PHONY: setup demo test test-numerics ui clean
+.PHONY: setup demo test test-durations test-numerics ui clean
 
 $(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,21 @@ demo: setup
 TEST_WORKERS ?= 2
 test: setup
 	$(VENV)/bin/pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder) --durations=25
+
+# The module weights behind that order, measured again: the suite run exactly as `make test` runs
+# it (its options reach it through PYTEST_ADDOPTS), with a JUnit report that tests/module_seconds.py
+# sums per module into tests/module_seconds.json (modules of DURATIONS_MIN=10 s or more, heaviest first). A run
+# with failures still rewrites it (their time counts too), and make still fails. TESTS="a.py b.py"
+# runs only those files: write their weights elsewhere then, DURATIONS_OUT=/tmp/w.json, or the
+# file keeps only the modules that ran. (-o $(STAMP): setup ran already, as this target's prerequisite.)
+DURATIONS_OUT ?= tests/module_seconds.json
+DURATIONS_XML ?= $(VENV)/test-durations.xml
+DURATIONS_MIN ?= 10
+test-durations: setup
+	rm -f $(DURATIONS_XML)
+	PYTEST_ADDOPTS="$$PYTEST_ADDOPTS --junitxml=$(DURATIONS_XML) -o junit_family=xunit1 $(TESTS)" \
+		$(MAKE) --no-print-directory -o $(STAMP) test; status=$$?; \
+		$(PY) tests/module_seconds.py $(DURATIONS_XML) --out $(DURATIONS_OUT) --min-seconds $(DURATIONS_MIN) && exit $$status
 
 # The numerically sensitive tests under other CPU kernel paths (tests/numerics.sh says which).
 test-numerics: setup

@@ -5,7 +5,7 @@ The public API, whose import paths users' workloads and sweep files rely on:
 - `orchestrator.run`: the `Run` protocol a workload's `train(cfg, run)` sees, `LocalRun` (to run
   a workload in a test), `fraction_steps`, `pinned_threads`, `MetricError`; `orchestrator.run.checkpoints`
   is the checkpoint format both runners write.
-- `orchestrator.claims`: `claim`, `spec`, `judge_effect`, `judge_rate` and the intervals a
+- `orchestrator.claims`: `claim`, `Spec`, `judge_effect`, `judge_rate` and the intervals a
   workload's `CLAIMS` are judged with.
 - `orchestrator.sweep`: `Sweep`, `grid`, `choice`, `uniform`, `loguniform`, `seeds`, `data_root`:
   what a sweep file builds.

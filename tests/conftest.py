@@ -232,24 +232,25 @@ NUMERICS = ("tests/workloads/", "tests/orchestrator/test_basemodel.py", "tests/t
 # the modules in this order (the Makefile turns off xdist's own reordering, which sorts by test
 # count and so left the heaviest few-test modules for last, one worker finishing alone): longest
 # first gives the two workers even finishing times. A stale figure only costs balance.
-MODULE_SECONDS = {
-    "tests/orchestrator/test_sweep_e2e.py": 214, "tests/orchestrator/test_deepspeed.py": 178,
-    "tests/orchestrator/test_faults.py": 161, "tests/orchestrator/test_load.py": 136,
-    "tests/orchestrator/test_resume.py": 125, "tests/test_conformance.py": 123,
-    "tests/workloads/test_mx_anomaly.py": 118, "tests/workloads/test_wasi.py": 80,
-    "tests/orchestrator/test_search_e2e.py": 75, "tests/workloads/test_jailbreak_lora.py": 71,
-    "tests/workloads/test_pft.py": 63, "tests/workloads/test_car_lora.py": 61,
-    "tests/workloads/test_celerity_lm.py": 55, "tests/workloads/test_frl.py": 53,
-    "tests/workloads/test_lmao.py": 50, "tests/workloads/test_swd_rl.py": 47, "tests/test_cluster_job.py": 46,
-    "tests/orchestrator/test_sweep_schedulers_e2e.py": 45, "tests/workloads/test_pica.py": 36,
-    "tests/workloads/test_dit.py": 35, "tests/orchestrator/test_tracking.py": 35,
-    "tests/workloads/test_mom.py": 32, "tests/workloads/test_diffgda.py": 31,
-    "tests/test_own_workload_doc.py": 24, "tests/test_infra.py": 22, "tests/kernels/test_attention.py": 20,
-    "tests/workloads/test_tubal_fgd.py": 20, "tests/workloads/test_martingale_uq.py": 18,
-    "tests/orchestrator/test_reproduce.py": 17, "tests/workloads/test_plop.py": 17,
-    "tests/kernels/test_mx_triton.py": 16, "tests/workloads/test_consistent_lra.py": 14,
-    "tests/workloads/test_swd_rl_dmc.py": 10,
-}
+# `make test-durations` measures them again into tests/module_seconds.json (tests/module_seconds.py).
+MODULE_SECONDS_FILE = REPO / "tests" / "module_seconds.json"
+
+
+def read_module_seconds(path: Path) -> dict[str, float]:
+    """{module path: seconds} from `path`; a missing or unreadable file gives {} (no order, never an
+    error: tests/test_suite_order.py is where a broken file fails)."""
+    import json
+
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(k): float(v) for k, v in data.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+MODULE_SECONDS = read_module_seconds(MODULE_SECONDS_FILE)
 
 
 def pytest_collection_modifyitems(config, items):

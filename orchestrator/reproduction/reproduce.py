@@ -370,6 +370,7 @@ def _run_local(sweep: Sweep, tags: Mapping[str, str]) -> Ran:
 
     workload = sweep.load_workload()
     base = sweep.check()
+    sweep.preflight()  # this machine runs every trial: data and base models present, as under Ray
     for params in sweep.trial_params():
         zero.check_in_process(apply_overrides(base, params))
     uri = tracking.tracking_uri()

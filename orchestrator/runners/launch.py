@@ -55,6 +55,14 @@ def load_run_record(run_dir: str | os.PathLike) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def _record_of(run_dir: str | os.PathLike, name: str) -> dict[str, Any]:
+    """The run record of `run_dir`, refused when it is another workload's run."""
+    record = load_run_record(run_dir)
+    if record["workload"] != name:
+        raise ConfigError(f"{run_dir} is a run of {record['workload']!r}, not {name!r}")
+    return record
+
+
 def local_cpus() -> float:
     return float(os.environ.get("LADDER_NUM_CPUS") or os.cpu_count() or 1)
 
@@ -69,10 +77,11 @@ def check_resources(workers: int, cpus_per_worker: float, available: float | Non
     need = workers * cpus_per_worker
     if need > available + 1e-9:
         fit = int(available // cpus_per_worker)
+        fix = (f"Use --workers {fit} or fewer, a smaller --cpus-per-worker," if fit >= 1
+               else f"Use --cpus-per-worker {available:g} or less,")
         raise ResourceError(
-            f"{workers} workers x {cpus_per_worker:g} CPU need {need:g} CPUs, but {where or 'this machine (local Ray)'} "
-            f"has {available:g}. Use --workers {max(fit, 1)} or fewer, a smaller --cpus-per-worker, "
-            "or point RAY_ADDRESS at a cluster with more CPUs."
+            f"{workers} worker{'s' if workers != 1 else ''} x {cpus_per_worker:g} CPU need {need:g} CPUs, but "
+            f"{where or 'this machine (local Ray)'} has {available:g}. {fix} or point RAY_ADDRESS at a cluster with more CPUs."
         )
 
 
@@ -94,9 +103,7 @@ def _prepare(workload: registry.Workload, cfg: Any, resume: str | os.PathLike | 
              tags: dict[str, str], workers: int = 1):
     name = workload.name
     if resume is not None:
-        record = load_run_record(resume)
-        if record["workload"] != name:
-            raise ConfigError(f"{resume} is a run of {record['workload']!r}, not {name!r}")
+        record = _record_of(resume, name)
         run_dir = Path(resume).resolve()
         cfg = from_dict(workload.Config, record["config"])
         # Refused here, before anything starts, rather than deep inside the restarted loop.
@@ -142,7 +149,7 @@ def run_local(
     workload = _loaded(workload)
     name = workload.name
     if resume is not None:
-        cfg = from_dict(workload.Config, load_run_record(resume)["config"])
+        cfg = from_dict(workload.Config, _record_of(resume, name)["config"])
     zero.check_in_process(cfg)
     cfg, run_dir, run_id, uri = _prepare(workload, cfg, resume, track, "local", tags or {})
     spec = TrialSpec.of(name, cfg, run_id=run_id, tracking_uri=uri, skip_recorded=resume is not None,
@@ -167,17 +174,37 @@ _TOKEN_HELP = ("set RAY_AUTH_MODE=token and give this machine the cluster's toke
                "a file named by RAY_AUTH_TOKEN_PATH, or the token itself in RAY_AUTH_TOKEN (docs/cluster.md, 'The token')")
 
 
+def check_address(address: str) -> None:
+    """Refuse, without a connection, a RAY_ADDRESS no driver can use: an http(s) URL is the
+    dashboard's, where `ray job submit` sends jobs (the variable `ray job submit` reads too), not a
+    cluster a driver joins; `ray.init` would fail on it with a traceback."""
+    from urllib.parse import urlsplit
+
+    scheme = address.split("://", 1)[0].lower() if "://" in address else ""
+    if scheme not in ("http", "https"):
+        return
+    host = urlsplit(address).hostname or "HEAD_IP"
+    raise ClusterUnreachable(
+        f"RAY_ADDRESS={address} is the Ray dashboard's address, where `ray job submit` sends jobs, not one a driver "
+        f"connects to. To run this command as a job on the cluster, unset RAY_ADDRESS here and submit it: `ray job "
+        f"submit --address {address} --working-dir . -- ladder ...` (docs/cluster.md). To run it from here as a "
+        f"driver, point RAY_ADDRESS at the head's GCS address, RAY_ADDRESS={host}:6379, or at its Ray Client "
+        f"server, RAY_ADDRESS=ray://{host}:10001")
+
+
 def check_cluster(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
     """Refuse a cluster address that `ray.init` could not use, within seconds and naming the fix.
 
     `ray.init` retries a GCS address where nothing listens for minutes, printing only "Failed to
     get cluster ID", and takes half a minute to refuse a client without the cluster's token. A
     plain TCP connect, then the GCS request `ray.init` starts with (sent with the token Ray would
-    send), answer both questions first. Addresses that are not host:port (auto, ray://) are left
-    to Ray; so is a GCS request this Ray cannot make (its private modules moved)."""
+    send), answer both questions first. An http(s) URL, the dashboard's, is refused outright
+    (`check_address`); other addresses that are not host:port (auto, ray://) are left to Ray; so
+    is a GCS request this Ray cannot make (its private modules moved)."""
     import socket
 
     shown = f"RAY_ADDRESS={address}"
+    check_address(address)
     if "://" in address or address in ("auto", "local") or ":" not in address:
         return
     host, _, port_text = address.rpartition(":")
@@ -295,7 +322,7 @@ def run_ray(
     if resume is not None:
         from orchestrator.runners import zero
 
-        record = load_run_record(resume)
+        record = _record_of(resume, name)
         zero.check_resume_workers(from_dict(workload.Config, record["config"]), record.get("workers"), workers)
     import ray
 

@@ -174,19 +174,24 @@ def run_trial(spec: TrialSpec, make_run: Callable[[list[Any], Any], Any], *, wit
     the Config the caller already holds in this process (a local run), instead of rebuilding them
     from the spec. The config is validated here, where the trial runs (with the Run's world size).
     Returns the final metrics and the Run. On an exception (or Ctrl-C, recorded KILLED) the run is
-    ended FAILED and it propagates."""
+    ended FAILED and it propagates. Only the process that owns the sinks (`with_sinks`) records the
+    final metrics and ends the run."""
     from orchestrator.run import pinned_threads
 
-    workload, cfg = loaded if loaded is not None else spec.load()
-    sinks = sinks_for(spec, cfg) if with_sinks else []
-    run = make_run(sinks, cfg)
+    owner = with_sinks  # a Ray Train worker of rank > 0 records nothing and ends nothing
+    sinks: list[Any] = []
     status = STATUS_FAILED
     try:
+        # Inside the try: a config, sink or Run that cannot be built ends the trial's run FAILED too.
+        workload, cfg = loaded if loaded is not None else spec.load()
+        if with_sinks:
+            sinks = sinks_for(spec, cfg)
+        run = make_run(sinks, cfg)
         workload.validate(cfg, world_size=run.world_size)  # MAX_WORKERS, enforced where the trial runs
         # The workload's own `threads` field wins over the runner's choice (its CPU reservation).
         with pinned_threads(workload.threads(cfg) or spec.threads):
             final = {k: float(v) for k, v in workload.train(cfg, run).items()}
-        if spec.run_id and spec.record_final:
+        if owner and spec.run_id and spec.record_final:
             # Before the last report reaches Ray: a scheduler may stop a Tune trial right there.
             tracking.set_final(spec.run_id, final, uri=spec.tracking_uri, outbox_dir=spec.outbox_dir)
         if hasattr(run, "flush"):
@@ -199,6 +204,6 @@ def run_trial(spec: TrialSpec, make_run: Callable[[list[Any], Any], Any], *, wit
         # Also when the loop raised, or Tune stopped the trial (SystemExit in its report).
         flush_quietly(sinks)
         tracking.finish_quietly(sinks)
-        if spec.end_run:
+        if owner and spec.end_run:
             finish_run(spec.run_id, status, uri=spec.tracking_uri, outbox_dir=spec.outbox_dir)
     return final, run

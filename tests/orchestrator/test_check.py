@@ -105,3 +105,13 @@ def test_a_module_path_runs_and_resumes_by_its_run_folder(tmp_path, monkeypatch,
     # --resume finds the workload from the run's record: the module path, resolved again.
     assert main(["run", "--resume", str(run_dir), "--local", "--no-track"]) == 0
     assert "lab.ck_resumed: finished" in capsys.readouterr().out
+
+
+def test_the_ray_check_kills_the_worker_group_and_sees_it_restore(tmp_path):
+    """`ladder check --ray`: its worker loop runs through `ray_train.trainer` (as `entry`, with the
+    TrialSpec every Ray Train run gets), every worker dies one report after the first checkpoint,
+    and the restarted group must continue from that checkpoint to progress 1."""
+    workload = registry.load("celerity_lm")
+    result = check.ray_restore(workload, workload.smoke(), tmp_path / "ray-check" / "run", workers=2)
+    assert result.holds is True, result.detail
+    assert result.detail.startswith("from step ") and int(result.detail.split()[-1]) > 0
