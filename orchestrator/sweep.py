@@ -40,7 +40,9 @@ fields; grid axes and points are refused (a `seeds(n)` axis repeats each proposa
 
 `Sweep.check()` validates everything against the workload's `Config` before anything starts:
 unknown fields (with the closest valid name), values of the wrong type, empty spaces,
-non-positive budgets, unknown schedulers and searches, and domains the search cannot use.
+non-positive budgets, unknown schedulers and searches, their options (by name, against the one
+table of each: `SCHEDULER_OPTIONS`, `SEARCH_OPTIONS`; docs/sweep-options.md lists them), and
+domains the search cannot use.
 """
 
 from __future__ import annotations
@@ -57,21 +59,214 @@ from typing import Any, Mapping
 from orchestrator.runners import registry
 from orchestrator.runners.config import ConfigError, apply_overrides, check_fields, closest
 
-SCHEDULERS = ("collapse", "asha", "median", "fifo")
-SEARCHES = ("random", "grid", "tpe")
 EXPANDED = ("random", "grid")
 """Searches whose trials are all drawn before the sweep starts (the others propose as results arrive)."""
 MODEL_BASED_CONCURRENCY = 4
 """Trials at once of a model-based search when the sweep does not say (`max_concurrent`): it
 proposes from the results of trials that ended, so every trial in flight is a proposal made
 without the results still to come."""
-TPE_OPTIONS = ("n_startup_trials", "n_ei_candidates", "multivariate", "group", "constant_liar", "prior_weight",
-               "consider_magic_clip", "consider_endpoints")
-"""Keyword options of Optuna's `TPESampler` a sweep may set in `search_options` (its seed is `Sweep.seed`)."""
 
 
 class SweepError(ConfigError):
     """A sweep file or definition is invalid."""
+
+
+# --- scheduler and search options ------------------------------------------------------------
+# Every option a scheduler or a search accepts, in one table each: `Sweep.check()` refuses any
+# other name (with the closest one) before anything starts, the builders take their defaults from
+# here (`orchestrator.sweeps.schedulers.build`, `orchestrator.sweeps.references.load_reference`,
+# `orchestrator.sweeps.search.sampler`), and docs/sweep-options.md is generated from these tables
+# (`python -m orchestrator.sweeps.options_page > docs/sweep-options.md`).
+
+
+class _Marker:
+    def __init__(self, label: str) -> None:
+        self.label = label
+
+    def __repr__(self) -> str:
+        return self.label
+
+
+REQUIRED = _Marker("required")
+"""The default of an option that has none: the sweep must give it."""
+LIBRARY = _Marker("the library's")
+"""The default of an option left to the library that implements it (Ray Tune, Optuna): not passed unless given."""
+
+
+@dataclass(frozen=True)
+class Option:
+    default: Any
+    """The value used when the sweep does not give the option (REQUIRED, LIBRARY: see above)."""
+    doc: str
+    """What it does, in one line."""
+    shown: str | None = None
+    """The default in words, where its value alone would not say it."""
+
+    def describe_default(self) -> str:
+        if self.shown is not None:
+            return self.shown
+        return "required" if self.default is REQUIRED else repr(self.default)
+
+
+# --- schedulers ---------------------------------------------------------------------------------
+# Ray's ASHA and median rule run on the trials' training fraction in percent (`progress_pct`, up
+# to 100): the builder fixes their `time_attr` and `max_t`; the objective (`metric`, `mode`) is
+# the sweep's, handed over by Tune.
+
+ASHA_OPTIONS = {
+    "grace_period": Option(0.1, "Training fraction before which no trial is stopped (the first rung)."),
+    "reduction_factor": Option(2, "Each rung keeps the best 1/reduction_factor of the trials that reached it."),
+    "brackets": Option(1, "Ray's ASHA brackets, each starting its rungs at a later point (1: one bracket)."),
+}
+
+MEDIAN_OPTIONS = {
+    "grace_period": Option(0.1, "Training fraction before which no trial is stopped."),
+    "min_samples_required": Option(2, "Other trials that must have reached a point before a trial is compared "
+                                      "with their median there."),
+}
+
+COLLAPSE_OPTIONS = {
+    "reference": Option(REQUIRED, "The reference curves trials are compared with: a mapping naming the MLflow "
+                                  "experiment of a finished reference sweep, {'experiment': NAME} (its keys: "
+                                  "see `reference` below)."),
+    "rungs": Option((0.1, 0.2, 0.3), "Training fractions at which each trial's final loss is predicted and "
+                                     "compared (increasing, in (0, 1])."),
+    "keep_quantile": Option(None, "Fraction of the trials kept at each rung: a trial predicted worse than this "
+                                  "quantile of the predictions so far stops.",
+                            shown="0.5 (or 1/reduction_factor)"),
+    "reduction_factor": Option(None, "The ASHA spelling of keep_quantile: keep 1/reduction_factor (give one of "
+                                     "the two).", shown="None"),
+    "window_start": Option(0.5, "The fit window at rung r is [max(warmup_frac, r * window_start), r]."),
+    "warmup_frac": Option(0.0, "Training fraction never fitted (the warmup's shape differs between runs)."),
+    "smooth_window": Option(None, "Smoothing of the trials' curves, as a fraction of training.",
+                            shown="the reference's own"),
+    "min_samples": Option(2, "Predictions recorded at a rung before any trial is stopped there."),
+    "min_points": Option(1, "Reports inside the fit window a trial needs before it is predicted."),
+    "n_boot": Option(100, "Bootstrap resamples behind each prediction's uncertainty."),
+}
+
+REFERENCE_OPTIONS = {
+    "experiment": Option(REQUIRED, "The MLflow experiment of the finished reference sweep."),
+    "kind": Option("empirical", "'empirical': one reference per (tau, tpp), seeds averaged; 'parametric': the "
+                                "paper's curve fitted across them."),
+    "metric": Option(None, "The metric of the reference runs' curves.", shown="the sweep's objective metric"),
+    "smooth_window": Option(0.0, "Smoothing of the empirical reference curves, as a fraction of training."),
+    "rtol": Option(0.05, "How far (relative) a trial's tau and tpp may be from the nearest empirical reference's."),
+}
+"""The keys of `scheduler_options['reference']` (the collapse scheduler's)."""
+
+SCHEDULER_OPTIONS: dict[str, dict[str, Option]] = {
+    "collapse": COLLAPSE_OPTIONS,
+    "asha": ASHA_OPTIONS,
+    "median": MEDIAN_OPTIONS,
+    "fifo": {},
+}
+"""Scheduler name -> its options; the keys are the schedulers a sweep may name."""
+
+SCHEDULER_DOCS = {
+    "collapse": "Ladder's collapse early stopping: at each rung, each trial's final loss is predicted from the start "
+                "of its curve aligned with a reference sweep's curves, and trials predicted worse than the kept "
+                "quantile stop. Objective mode 'min' only.",
+    "asha": "Ray Tune's asynchronous successive halving, on the training fraction; a trial that reached the end of "
+            "its budget always finishes.",
+    "median": "Ray Tune's median stopping rule, on the training fraction: a trial worse than the median of the "
+              "others at the same point stops; a trial at the end of its budget always finishes.",
+    "fifo": "Every trial runs to the end of its budget.",
+}
+
+# --- searches -----------------------------------------------------------------------------------
+
+TPE_OPTIONS = {
+    "n_startup_trials": Option(None, "Random proposals before the model takes over.",
+                               shown="a third of num_samples, between 2 and 10"),
+    "n_ei_candidates": Option(LIBRARY, "Candidates drawn per proposal, the best by expected improvement kept.",
+                              shown="Optuna's"),
+    "multivariate": Option(LIBRARY, "Model the fields jointly instead of one by one.", shown="Optuna's"),
+    "group": Option(LIBRARY, "With multivariate: model separately the groups of fields that occur together.",
+                    shown="Optuna's"),
+    "constant_liar": Option(LIBRARY, "Count trials still running as bad, so that proposals made at once spread out.",
+                            shown="Optuna's"),
+    "prior_weight": Option(LIBRARY, "Weight of the prior (the space's own spread) against the observed trials.",
+                           shown="Optuna's"),
+    "consider_magic_clip": Option(LIBRARY, "Clip the kernels' widths from below by a heuristic.", shown="Optuna's"),
+    "consider_endpoints": Option(LIBRARY, "Let the bounds of a uniform field widen the kernels at the edges.",
+                                 shown="Optuna's"),
+}
+"""Keyword options of Optuna's `TPESampler` (its seed is `Sweep.seed`)."""
+
+SEARCH_OPTIONS: dict[str, dict[str, Option]] = {
+    "random": {},
+    "grid": {},
+    "tpe": TPE_OPTIONS,
+}
+"""Search name -> its options; the keys are the searches a sweep may name."""
+
+SEARCH_DOCS = {
+    "random": "Every trial's params drawn before the sweep starts: the grid axes and points crossed with "
+              "num_samples draws of the sampled domains, seeded by Sweep.seed.",
+    "grid": "As 'random', refusing sampled domains: every trial is enumerated.",
+    "tpe": "Optuna's Tree-structured Parzen Estimator proposes each trial from the trials that ended "
+           "(choice, uniform and loguniform fields; a seeds(n) axis repeats each proposal).",
+}
+
+ELSEWHERE = {
+    "seed": "the seed is Sweep.seed",
+    "metric": "the objective is Sweep.objective",
+    "mode": "the objective is Sweep.objective",
+    "time_attr": "every scheduler compares trials on their training fraction",
+    "max_t": "every scheduler compares trials on their training fraction, up to its end",
+}
+"""Names a sweep may reach for that are set elsewhere, and where."""
+
+OPTIONS_PAGE = "docs/sweep-options.md"
+
+
+def unknown_option(given: Mapping[str, Any], table: Mapping[str, Option], *, what: str, owner: str) -> str | None:
+    """Why `given` has a name `table` does not hold (the closest one, the valid ones), or None.
+    `what` names the options (e.g. "scheduler option"), `owner` whose they are (e.g. "scheduler='asha'")."""
+    if not isinstance(given, Mapping):
+        return f"{what}s of {owner} must be a dict of option -> value, got {type(given).__name__}"
+    unknown = [k for k in given if k not in table]
+    if not unknown:
+        return None
+    name = unknown[0]
+    if not table:
+        return (f"{owner} takes no {what}s (got {sorted(map(str, given))})"
+                + (f"; {ELSEWHERE[name]}" if name in ELSEWHERE else "") + f" (see {OPTIONS_PAGE})")
+    hint = None if name in ELSEWHERE else suggest(str(name), table)
+    return (f"unknown {what} {name!r} for {owner}" + (f"; did you mean {hint!r}?" if hint else "")
+            + (f"; {ELSEWHERE[name]}" if name in ELSEWHERE else "")
+            + f" (valid: {', '.join(table)}; see {OPTIONS_PAGE})")
+
+
+def suggest(name: str, valid: Any) -> str | None:
+    """The valid name meant by `name`: the only one it begins (a name cut short, 'grace' for
+    'grace_period'), else the closest by spelling (`closest`)."""
+    begun = [v for v in valid if len(name) >= 3 and v.startswith(name)]
+    return begun[0] if len(begun) == 1 else closest(name, valid)
+
+
+def missing_option(given: Mapping[str, Any], table: Mapping[str, Option]) -> str | None:
+    """The first required option of `table` that `given` lacks, or None."""
+    return next((k for k, o in table.items() if o.default is REQUIRED and k not in given), None)
+
+
+def resolved_options(given: Mapping[str, Any], table: Mapping[str, Option]) -> dict[str, Any]:
+    """The options a builder passes on: each given one, else its default (those left to the
+    library, and required ones not given, are left out)."""
+    out = {}
+    for key, option in table.items():
+        if key in given:
+            out[key] = given[key]
+        elif option.default is not REQUIRED and option.default is not LIBRARY:
+            out[key] = option.default
+    return out
+
+
+SCHEDULERS = tuple(SCHEDULER_OPTIONS)
+"""'collapse', 'asha', 'median', 'fifo': the keys of `SCHEDULER_OPTIONS`."""
+SEARCHES = tuple(SEARCH_OPTIONS)
+"""'random', 'grid', 'tpe': the keys of `SEARCH_OPTIONS`."""
 
 
 # --- search-space domains -------------------------------------------------------------------
@@ -180,12 +375,13 @@ class Sweep:
     enumerated) or 'tpe' (Optuna's TPE proposes each trial from the results so far; no grid
     axes but `seeds(n)`, no points)."""
     search_options: Mapping[str, Any] = field(default_factory=dict)
-    """Keyword options of a model-based search's sampler, e.g. {'n_startup_trials': 4} (TPE:
-    see `TPE_OPTIONS`); its seed is `seed`."""
+    """Keyword options of a model-based search's sampler, e.g. {'n_startup_trials': 4}; its seed
+    is `seed`. Every search's options: `SEARCH_OPTIONS` (docs/sweep-options.md)."""
     scheduler: str = "fifo"
     """'collapse', 'asha', 'median' or 'fifo'."""
     scheduler_options: Mapping[str, Any] = field(default_factory=dict)
-    """Keyword options of the scheduler."""
+    """Keyword options of the scheduler, e.g. {'grace_period': 0.2} for 'asha'. Every scheduler's
+    options, their defaults and meaning: `SCHEDULER_OPTIONS` (docs/sweep-options.md)."""
     objective: tuple[str, str] = ("eval/loss", "min")
     """(metric, 'min' | 'max') that ranks trials."""
     workers: int = 1
@@ -253,6 +449,7 @@ class Sweep:
         if self.scheduler not in SCHEDULERS:
             hint = closest(self.scheduler, SCHEDULERS, cutoff=0.0)
             raise SweepError(f"unknown scheduler {self.scheduler!r}; did you mean {hint!r}? (known: {', '.join(SCHEDULERS)})")
+        self._check_scheduler()
         metric, mode = self.objective
         if mode not in ("min", "max"):
             raise SweepError(f"objective mode must be 'min' or 'max', got {mode!r}")
@@ -263,6 +460,31 @@ class Sweep:
         if self.trial_count() < 1:
             raise SweepError("the search space is empty: give at least one value per grid axis")
         return base
+
+    def _check_scheduler(self) -> None:
+        """Every scheduler option is one the scheduler takes (`SCHEDULER_OPTIONS`, `SEARCH_OPTIONS`), and
+        the required ones are given."""
+        table = SCHEDULER_OPTIONS[self.scheduler]
+        problem = unknown_option(self.scheduler_options, table, what="scheduler option",
+                                               owner=f"scheduler={self.scheduler!r}")
+        if problem:
+            raise SweepError(problem)
+        if missing_option(self.scheduler_options, table) == "reference":
+            raise SweepError(
+                "the collapse scheduler needs scheduler_options={'reference': {'experiment': NAME}} naming the "
+                "MLflow experiment of a finished reference sweep")
+        if self.scheduler == "collapse":
+            spec = self.scheduler_options["reference"]
+            if not isinstance(spec, Mapping):
+                raise SweepError(f"scheduler_options['reference'] must be a dict like {{'experiment': NAME}}, got {spec!r}")
+            problem = unknown_option(spec, REFERENCE_OPTIONS, what="option",
+                                                   owner="scheduler_options['reference']")
+            if problem:
+                raise SweepError(problem)
+            if missing_option(spec, REFERENCE_OPTIONS):
+                raise SweepError(
+                    "the collapse scheduler needs scheduler_options={'reference': {'experiment': NAME}} naming the "
+                    f"MLflow experiment of a finished reference sweep, got {dict(spec)!r}")
 
     @property
     def model_based(self) -> bool:
@@ -302,12 +524,10 @@ class Sweep:
         if not sampled:
             raise SweepError(f"search={self.search!r} has nothing to search: give at least one field a choice(...), "
                              "uniform(...) or loguniform(...) domain")
-        unknown = sorted(set(self.search_options) - set(TPE_OPTIONS))
-        if unknown:
-            hint = closest(unknown[0], TPE_OPTIONS)
-            raise SweepError(f"unknown search option {unknown[0]!r} for search={self.search!r}"
-                             + (f"; did you mean {hint!r}?" if hint else "") + f" (known: {', '.join(TPE_OPTIONS)}; "
-                             "the seed is Sweep.seed)")
+        problem = unknown_option(self.search_options, SEARCH_OPTIONS[self.search],
+                                               what="search option", owner=f"search={self.search!r}")
+        if problem:
+            raise SweepError(problem)
         n = self.search_options.get("n_startup_trials")
         if n is not None and (not isinstance(n, int) or n < 0):
             raise SweepError(f"search option n_startup_trials must be a whole number >= 0, got {n!r}")
@@ -327,15 +547,18 @@ class Sweep:
         n = self.search_options.get("n_startup_trials")
         return int(n) if n is not None else min(10, max(2, self.num_samples // 3))
 
-    def describe_search(self) -> str:
-        """The search in words, e.g. 'TPE (Optuna, seed 0): 12 proposals, the first 4 random; at most 4 trials at once'."""
+    def describe_search(self, at_once: int | None = None, where: str = "") -> str:
+        """The search in words, e.g. 'TPE (Optuna, seed 0): 12 proposals, the first 4 random; at most 4 trials at once'.
+        `at_once`: the trials at once where it would run, said to be `where` (e.g. 'on this machine');
+        default the sweep's cap (`max_concurrent`, else `MODEL_BASED_CONCURRENCY`)."""
         if not self.model_based:
             return f"{self.search} search (seed {self.seed})"
         key, values = self.replicas()
         each = f", each run over {len(values)} seeds of {key}" if key else ""
-        at_once = self.max_concurrent or MODEL_BASED_CONCURRENCY
+        at_once = at_once or self.max_concurrent or MODEL_BASED_CONCURRENCY
         return (f"{self.search.upper()} (Optuna, seed {self.seed}): {self.num_samples} proposals, the first "
-                f"{min(self.startup_trials(), self.num_samples)} random{each}; at most {at_once} trials at once")
+                f"{min(self.startup_trials(), self.num_samples)} random{each}; at most {at_once} trial"
+                f"{'s' if at_once != 1 else ''} at once" + (f" {where}" if where else ""))
 
     def search_plan(self) -> dict[str, Any]:
         """What decides a model-based sweep's trials, for checking that a resumed sweep is the one

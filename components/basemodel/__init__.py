@@ -7,8 +7,10 @@
 
 A workload reaches a model's linear projections through `projections(model)` (nn.Linear and
 GPT-2's Conv1D, found by asking the model for its block class), its task data through
-`read_records(path, fields)` (JSONL or a datasets save_to_disk folder), and a second
-architecture for tests through `toy.save_tiny_gpt2`.
+`read_records(path, fields)` or `file_examples(path, prompt_field, answer_field)` (JSONL or a
+datasets save_to_disk folder), the base-model and task-file fields of its Config through
+`with_task_fields` (checked by `task_problems`), and a second architecture for tests through
+`toy.save_tiny_gpt2`.
 
 `tiny-local` is a small `LlamaForCausalLM` with a word-level tokenizer of its own, pre-trained
 here (one CPU thread, about a minute) on templated attribute sentences, modular arithmetic and
@@ -24,13 +26,17 @@ from components.basemodel.corpus import RESERVED_TOKENS, Example, World, make_wo
 from components.basemodel.loader import (
     DTYPES, TINY, BaseModelError, base_info, base_kinds, base_problems, base_world, check_base, check_dtype, load_base, parse_tiny, resolve,
 )
-from components.basemodel.taskfile import TaskFileError, check_records, read_records, write_jsonl
+from components.basemodel.taskfields import (
+    TASK_FIELDS, AnswerField, PromptField, TaskFields, task_problems, with_task_fields,
+)
+from components.basemodel.taskfile import TaskFileError, check_records, file_examples, read_records, write_jsonl
 from components.basemodel.tiny import CODE_VERSION, TinyRecipe, cache_root, score
 
 __all__ = [
-    "CODE_VERSION", "DTYPES", "LLAMA_LINEAR_TYPES", "RESERVED_TOKENS", "TINY", "BaseModelError", "Example", "Projection",
+    "CODE_VERSION", "DTYPES", "LLAMA_LINEAR_TYPES", "RESERVED_TOKENS", "TASK_FIELDS", "TINY", "AnswerField", "BaseModelError",
+    "Example", "Projection", "PromptField", "TaskFields",
     "TaskFileError", "TinyRecipe", "World", "as_linear", "base_info", "base_kinds", "base_problems", "base_world", "cache_root", "check_base",
-    "check_dtype", "check_records", "check_targets", "kinds", "linear_types", "load_base", "lora", "make_world",
-    "parse_tiny", "projections", "read_records", "resolve", "score", "select", "vocabulary", "weight_oi",
-    "write_jsonl",
+    "check_dtype", "check_records", "check_targets", "file_examples", "kinds", "linear_types", "load_base", "lora", "make_world",
+    "parse_tiny", "projections", "read_records", "resolve", "score", "select", "task_problems", "vocabulary", "weight_oi",
+    "with_task_fields", "write_jsonl",
 ]

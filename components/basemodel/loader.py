@@ -10,6 +10,7 @@ Hugging Face folder and loaded back, so tests run the code cluster runs run.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import typing
@@ -165,23 +166,34 @@ def base_info(name_or_path: str = TINY, *, seed: int = 0) -> dict[str, Any]:
 def base_kinds(name_or_path: str = TINY) -> list[str]:
     """The projection kinds (`adapters.kinds`) of a base model, from its config alone: the model
     is built on the meta device, no weights are read or allocated. For a workload's `preflight`,
-    to refuse targets or placements the model does not have before any work is launched."""
-    from components.basemodel.adapters import LLAMA_LINEAR_TYPES, kinds
+    to refuse targets or placements the model does not have before any work is launched.
+    Remembered per config file version: a sweep's many trial configs name the same base."""
+    from components.basemodel.adapters import LLAMA_LINEAR_TYPES
+    from components.pretrained import model_config
 
     if parse_tiny(name_or_path) is not None:
         return list(LLAMA_LINEAR_TYPES)
+    target = resolve(name_or_path)
+    config = model_config(target)
+    stamp = Path(config).stat().st_mtime_ns if config else 0
+    return list(_config_kinds(name_or_path, target, config, stamp))
+
+
+@functools.lru_cache(maxsize=32)
+def _config_kinds(name_or_path: str, target: str, config: str, stamp: int) -> tuple[str, ...]:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    target = resolve(name_or_path)
+    from components.basemodel.adapters import kinds
+
     try:
-        config = AutoConfig.from_pretrained(target)
+        loaded = AutoConfig.from_pretrained(target)
     except OSError as exc:
         raise BaseModelError(f"could not read the config of base model {name_or_path!r}: {exc}. A hub id must be in "
                              f"the local Hugging Face cache (`hf download {name_or_path}`); a folder must hold "
                              f"config.json") from exc
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    return kinds(model)
+        model = AutoModelForCausalLM.from_config(loaded)
+    return tuple(kinds(model))
 
 
 def base_problems(base: str, targets: Any = None, *, field: str = "lora_targets") -> list[str]:

@@ -10,16 +10,18 @@ row) and the field, and the format expected. `check_records` is the cheap form f
 `preflight`: a JSONL file is parsed whole (a few MB a second), a saved dataset only by its column
 names and types.
 
-    from components.basemodel.taskfile import read_records
+    from components.basemodel.taskfile import file_examples, read_records
     rows = read_records("data/gsm8k.jsonl", {"question": str, "answer": str}, what="task_path")
+    examples = file_examples("data/gsm8k.jsonl", "question", "answer")   # Example(prompt, answer, part)
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
+from components.basemodel.corpus import Example
 from components.pretrained import is_saved_dataset
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
@@ -143,6 +145,23 @@ def read_records(path: str, fields: FieldTypes, *, split: str = "train", what: s
         for i, r in enumerate(rows):
             _check_record(r, fields, f"{_where(path, what)} row {i}", _format(fields))
     return rows[:limit] if limit else rows
+
+
+def file_examples(path: str, prompt_field: str = "prompt", answer_field: str = "answer", *, split: str = "train",
+                  what: str = "task_path", limit: int = 0, part: str | None = None, strip: bool = True,
+                  render: Callable[[str, Mapping[str, Any]], str] | None = None) -> list[Example]:
+    """The records of a task file (`read_records`: JSONL or a save_to_disk folder and its `split`, the
+    first `limit` or all) as `Example(prompt, answer, part)`: both fields strings, stripped of
+    surrounding whitespace unless `strip` is False; `part` is the file's name unless given;
+    `render(prompt, record)` turns the prompt into the text the model reads (a template, with any
+    other field of the record). A record without either string field raises TaskFileError naming it."""
+    rows = read_records(path, {prompt_field: str, answer_field: str}, split=split, what=what, limit=limit)
+    label = part if part is not None else path.rstrip("/").rsplit("/", 1)[-1]
+    out = []
+    for r in rows:
+        prompt, answer = (r[prompt_field].strip(), r[answer_field].strip()) if strip else (r[prompt_field], r[answer_field])
+        out.append(Example(render(prompt, r) if render else prompt, answer, label))
+    return out
 
 
 def write_jsonl(path: str | Path, records: list[Mapping[str, Any]]) -> Path:

@@ -43,6 +43,15 @@ def _cmd_new(args: argparse.Namespace) -> int:
     base = Path.cwd() if importable_here else folder.parent
     shown = os.path.relpath(folder, base)
     print(f"wrote {os.path.relpath(folder)}/: __init__.py, workload.py (Config, smoke, train), test_{args.name}.py, sweep.py")
+    # Where the commands run, runs and the MLflow store land: keep them out of git and of Ray jobs.
+    written, lacking = scaffold.write_ignore_files(base)
+    if written:
+        print(f"wrote {', '.join(os.path.relpath(base / n) for n in written)}: {', '.join(scaffold.IGNORED)} "
+              "stay out of git and of `ray job submit --working-dir .`")
+    for name, missing in lacking.items():
+        print(f"note: {os.path.relpath(base / name)} does not list {', '.join(missing)}: add "
+              f"{'them' if len(missing) > 1 else 'it'}, or git and `ray job submit --working-dir .` take "
+              f"{'them' if len(missing) > 1 else 'it'} along")
     print("next:" if importable_here else f"next, from {folder.parent}:")
     rows = [(f"ladder check {module}", "the workload contract, judged by running it"),
             (f"ladder run {module} --smoke --local", "train in this process"),
@@ -101,6 +110,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     if args.resume:
         record = launch.load_run_record(args.resume)
+        if args.name and args.name != record["workload"]:
+            raise UsageError(f"{args.resume} is a run of {record['workload']!r}, not {args.name!r}: "
+                             f"drop the name (ladder run --resume {args.resume}) or resume a run of {args.name!r}")
         args.name = args.name or record["workload"]
         if args.set:
             raise UsageError("--set cannot change a resumed run's config; start a new run instead")
@@ -137,8 +149,12 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         definition.check()
         print(f"{args.file}: sweep {definition.name!r} is valid: {definition.trial_count()} trials of {definition.workload}, "
               f"each {definition.describe_resources()}")
+        # What a launch from here would run at once: this machine's CPUs (or the cap on a cluster).
+        at_once, where = tune_run.concurrency_here(definition)
         if definition.model_based:
-            print(f"  search: {definition.describe_search()}")
+            print(f"  search: {definition.describe_search(at_once, where)}")
+        elif at_once:
+            print(f"  at most {at_once} trial{'s' if at_once != 1 else ''} at once {where}")
         # Where it can run is another question than whether it is valid: say it, do not fail on it.
         for note in tune_run.launch_problems(definition):
             print(f"  not runnable here, checked again where it launches: {note}")
@@ -338,7 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("reproduce", help="run a workload's reproduction sweep and check its paper's claims",
                        description="Run sweeps/repro/NAME.py at one or more seeds, judge the workload's CLAIMS across "
-                                   "the seeds (mean effect, 95%% interval: holds, fails or inconclusive) and its CHECKS "
+                                   "the seeds (mean effect, 95% interval: holds, fails or inconclusive) and its CHECKS "
                                    "at every seed, print both tables and log them to MLflow. Exits 1 when a claim "
                                    "fails, a check fails or a trial failed; an inconclusive claim exits 0.")
     p.add_argument("name", help=WORKLOAD_HELP)
@@ -356,7 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="run the reproductions at several seeds and write the reproduction report",
                        description="Run `ladder reproduce NAME --seeds K` for each NAME (every workload with CLAIMS by "
                                    "default), or read the newest recorded ones from MLflow, and write the report: per "
-                                   "paper, each claim with the paper's number, ours, its 95%% interval, the seeds, the "
+                                   "paper, each claim with the paper's number, ours, its 95% interval, the seeds, the "
                                    "verdict, the size, date and commit, and the claim plot. Sections of workloads not "
                                    "named are kept.")
     p.add_argument("names", nargs="*", metavar="NAME", help="workloads to (re)measure; default: all with CLAIMS")

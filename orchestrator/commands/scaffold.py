@@ -169,6 +169,39 @@ sweep = Sweep(
 '''
 
 
+IGNORED = ("ladder-runs/", "mlruns.db", "mlartifacts/", ".venv/")
+"""What `ladder` and a virtualenv leave in the folder commands run from: run folders, the MLflow
+store and its artifacts. Neither git nor `ray job submit --working-dir .` should take them."""
+
+IGNORE_FILES = {
+    ".gitignore": "# Written by `ladder new`: run folders, the MLflow store and its artifacts, the virtualenv.\n",
+    ".rayignore": "# Written by `ladder new`: what `ray job submit --working-dir .` leaves behind (Ray reads this\n"
+                  "# file as it reads .gitignore): run folders, the MLflow store and its artifacts, the virtualenv.\n",
+}
+
+
+def write_ignore_files(root: str | os.PathLike) -> tuple[list[str], dict[str, list[str]]]:
+    """Write .gitignore and .rayignore listing `IGNORED` in `root` where they are absent (a file
+    that exists is left as it is). Returns the files written, and for each existing file the
+    entries of `IGNORED` it lacks."""
+    written: list[str] = []
+    lacking: dict[str, list[str]] = {}
+    for name, header in IGNORE_FILES.items():
+        path = Path(root) / name
+        if not path.exists():
+            path.write_text(header + "".join(f"{entry}\n" for entry in IGNORED))
+            written.append(name)
+            continue
+        try:
+            have = {line.strip().strip("/") for line in path.read_text(encoding="utf-8").splitlines()}
+        except (OSError, UnicodeDecodeError):
+            continue
+        missing = [entry for entry in IGNORED if entry.strip("/") not in have]
+        if missing:
+            lacking[name] = missing
+    return written, lacking
+
+
 def module_path(folder: Path, cwd: Path) -> str | None:
     """The dotted module path that imports the package at `folder` from `cwd` (None when `folder`
     is not below `cwd`, or a folder on the way is not a valid Python name)."""

@@ -13,9 +13,10 @@ import contextlib
 import math
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol, runtime_checkable
 
-import torch
+if TYPE_CHECKING:  # torch is imported where it is used: `ladder list` and the CLI's error handling stay free of it
+    import torch
 
 from orchestrator.run import checkpoints
 
@@ -67,7 +68,7 @@ def check_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
                 f"metric key {key!r} is not namespaced: use train/..., eval/..., perf/... "
                 f"(or one of {sorted(_BARE_KEYS)})"
             )
-        if isinstance(value, torch.Tensor):
+        if hasattr(value, "item") and not isinstance(value, (int, float)):  # a tensor or numpy scalar
             value = value.item()
         try:
             out[key] = float(value)
@@ -91,6 +92,8 @@ def fraction_steps(steps: int, frac: float) -> set[int]:
 def pinned_threads(threads: int) -> Iterator[None]:
     """torch's intra-op CPU threads set to `threads` for the block (0 or less leaves torch's setting), and
     the previous setting restored afterwards, also when the block raises."""
+    import torch
+
     previous = torch.get_num_threads()
     if threads > 0:
         torch.set_num_threads(threads)
@@ -117,6 +120,8 @@ class LocalRun:
         on_report: Callable[[dict[str, float], int], None] | None = None,
         identity: dict[str, Any] | None = None,
     ) -> None:
+        import torch
+
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.device = torch.device(device)

@@ -29,7 +29,19 @@ def closest(name: str, options: Iterable[str], cutoff: float = 0.5) -> str | Non
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of a dataclass, read from its source."""
+    """The docstring under each field of a dataclass, read from its source: its own fields' and
+    those it inherits (every dataclass of its MRO, base classes first, a subclass's docstring
+    replacing its base's). A class whose source cannot be read (one made by `make_dataclass`)
+    adds none."""
+    docs: dict[str, str] = {}
+    for klass in reversed(getattr(cls, "__mro__", (cls,))):
+        if klass is cls or (klass is not object and dataclasses.is_dataclass(klass)):
+            docs.update(_own_field_docs(klass))
+    return docs
+
+
+def _own_field_docs(cls: type) -> dict[str, str]:
+    """The docstrings under the fields declared in `cls`'s own class body."""
     try:
         source = textwrap.dedent(inspect.getsource(cls))
     except (OSError, TypeError):

@@ -206,12 +206,45 @@ def resolve(name: str) -> Source:
     if _importable_here(name):
         return Source(name, name, "module")
     names = known()
-    hint = closest(name, names) or closest(name, names, cutoff=0.0)
+    package, siblings = _sibling_modules(name)
+    if siblings:  # a module path: the closest module of the package it names
+        hint = closest(name, siblings) or closest(name, siblings, cutoff=0.0)
+    else:
+        hint = closest(name, names) or closest(name, names, cutoff=0.0)
     did_you_mean = f" Closest match: {hint!r}." if hint else ""
+    where = ""
+    if package and siblings:
+        shown = sorted(siblings)
+        where = f" Modules of package {package!r}: {', '.join(shown[:20])}{', ...' if len(shown) > 20 else ''}."
+    elif "." in name and package is None:
+        where = f" Package {name.split('.')[0]!r} does not import from here ({os.getcwd()})."
     raise UnknownWorkload(
-        f"unknown workload {name!r}.{did_you_mean} Known workloads: {', '.join(sorted(names))}. No built-in workload, "
-        f"plugin or importable module has that name: {HOW_TO_NAME[0].lower()}{HOW_TO_NAME[1:]}"
+        f"unknown workload {name!r}.{did_you_mean}{where} Known workloads: {', '.join(sorted(names))}. No built-in "
+        f"workload, plugin or importable module has that name: {HOW_TO_NAME[0].lower()}{HOW_TO_NAME[1:]}"
     )
+
+
+def _sibling_modules(name: str) -> tuple[str | None, list[str]]:
+    """For a dotted `name` (mylab.sparse_moee): the deepest package on its path that imports
+    (mylab), and the module paths of that package's modules (mylab.sparse_moe, ...), listed
+    with pkgutil; (None, []) when no package on the path imports, or `name` has no dot."""
+    import pkgutil
+
+    parts = name.split(".")
+    if len(parts) < 2 or not all(p.isidentifier() for p in parts):
+        return None, []
+    _importable_here(parts[0])  # puts the working directory on the path, as for the name itself
+    for end in range(len(parts) - 1, 0, -1):
+        package = ".".join(parts[:end])
+        try:
+            module = importlib.import_module(package)
+        except Exception:  # missing, or raising on import: try the package above
+            continue
+        path = getattr(module, "__path__", None)
+        if path is None:  # a module, not a package: nothing below it
+            return package, []
+        return package, [f"{package}.{info.name}" for info in pkgutil.iter_modules(path)]
+    return None, []
 
 
 def check_name(name: str) -> str:
@@ -293,6 +326,18 @@ def load(name: str) -> Workload:
             "`ladder new NAME` writes one that follows it)"
         )
     return Workload(name, module)
+
+
+def source_path(name: str) -> str | None:
+    """Where the workload called `name` lives, found without importing it: its package's folder
+    (its module's file for a plain module); None when that cannot be told."""
+    try:
+        spec = importlib.util.find_spec(resolve(name).module)
+    except (ImportError, ValueError, KeyError):
+        return None
+    if spec is None or not spec.origin or not os.path.isfile(spec.origin):
+        return None
+    return os.path.dirname(spec.origin) if spec.submodule_search_locations is not None else spec.origin
 
 
 def paper_title(name: str) -> str:

@@ -80,27 +80,40 @@ def trial_tags(trial_id: str, sweep_id: str, params: Mapping[str, Any]) -> dict[
 
 def open_run(workload: str, cfg: Any, *, experiment: str, run_name: str, uri: str | None,
              tags: Mapping[str, str] | None = None, parent_run_id: str | None = None) -> str:
-    """A trial's MLflow run, opened the same way by every driver: the workload and its paper as
-    tags (with the driver's own `tags`), the flattened config as params and `config.json` as an
-    artifact; a child of `parent_run_id` when given. Returns the run id for the TrialSpec."""
+    """A trial's MLflow run, opened the same way by every driver: the workload, its paper and
+    where its code comes from (`workload_provenance`) as tags (with the driver's own `tags`), the
+    flattened config as params and `config.json` as an artifact; a child of `parent_run_id` when
+    given. Returns the run id for the TrialSpec."""
     run_id = tracking.start_run(
         experiment, run_name=run_name, uri=uri, parent_run_id=parent_run_id, params=flatten(cfg),
-        tags={"workload": workload, "paper": registry.paper_title(workload), **(tags or {})},
+        tags={"workload": workload, "paper": registry.paper_title(workload), **workload_provenance(workload),
+              **(tags or {})},
     )
     tracking.log_text(run_id, to_json(cfg), "config.json", uri=uri)
     return run_id
 
 
+def workload_provenance(workload: str) -> dict[str, str]:
+    """The tags that say which code of `workload` a run ran: its source path and, in a git
+    checkout, that checkout's commit ('-dirty' when the files differ from it) and the path in it
+    (`tracking.source_provenance`). Recorded for every workload, built-in ones too: one query
+    answers for all runs, and a built-in workload's '-dirty' says what ladder's own `git.commit`
+    does not. Empty when the source cannot be found."""
+    source = registry.source_path(workload)
+    return tracking.source_provenance(source) if source else {}
+
+
 def open_sweep_run(name: str, workload: str, base: Any, *, kind: str, uri: str | None,
                    tags: Mapping[str, str] | None = None, params: Mapping[str, str] | None = None) -> tuple[str, str]:
     """The parent MLflow run of one invocation of sweep `name` (a Tune sweep or a local
-    reproduction), opened the same way by both: the workload, its paper and `ladder.kind` as tags,
-    the base config as `base.*` params. Returns (sweep_id, run_id); the trials' runs are its children,
-    tagged with the sweep_id (`trial_tags`)."""
+    reproduction), opened the same way by both: the workload, its paper, where its code comes from
+    (`workload_provenance`) and `ladder.kind` as tags, the base config as `base.*` params. Returns
+    (sweep_id, run_id); the trials' runs are its children, tagged with the sweep_id (`trial_tags`)."""
     sweep_id = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_id = tracking.start_run(
         name, run_name=sweep_id, uri=uri,
-        tags={"workload": workload, "paper": registry.paper_title(workload), "ladder.kind": kind, **(tags or {})},
+        tags={"workload": workload, "paper": registry.paper_title(workload), "ladder.kind": kind,
+              **workload_provenance(workload), **(tags or {})},
         params={**(params or {}), **{f"base.{k}": v for k, v in flatten(base).items()}},
     )
     return sweep_id, run_id

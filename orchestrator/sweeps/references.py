@@ -14,7 +14,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from orchestrator.tracking import sink as tracking
-from orchestrator.sweep import SweepError
+from orchestrator.sweep import REFERENCE_OPTIONS, SweepError, resolved_options
 
 
 def finished_curves(experiment: str, metric: str, uri: str | None = None) -> list[dict[str, Any]]:
@@ -57,10 +57,10 @@ def load_reference(spec: Mapping[str, Any], *, metric: str, uri: str | None = No
     """Build the reference a collapse scheduler compares trials with."""
     from orchestrator.sweeps.collapse import ControlledCurve, EmpiricalReference, ReferenceTable, fit_parametric
 
-    spec = dict(spec)
-    kind = spec.get("kind", "empirical")
-    curves = finished_curves(spec["experiment"], spec.get("metric", metric), uri)
-    smooth_window = float(spec.get("smooth_window", 0.0))
+    spec = resolved_options(spec, REFERENCE_OPTIONS)  # the keys Sweep.check() accepts, with their defaults
+    kind = spec["kind"]
+    curves = finished_curves(spec["experiment"], spec["metric"] or metric, uri)
+    smooth_window = float(spec["smooth_window"])
     if kind == "parametric":
         return fit_parametric([ControlledCurve(c["progress"], c["loss"], c["tau"], c["tpp"]) for c in curves])
     if kind != "empirical":
@@ -73,4 +73,4 @@ def load_reference(spec: Mapping[str, Any], *, metric: str, uri: str | None = No
         key = (round(c["tau"], 4), round(c["tpp"], 3))
         groups[key].append((c["progress"], c["loss"]))
     entries = {key: EmpiricalReference(runs, smooth_window=smooth_window) for key, runs in groups.items()}
-    return ReferenceTable(entries, rtol=float(spec.get("rtol", 0.05)))
+    return ReferenceTable(entries, rtol=float(spec["rtol"]))

@@ -43,7 +43,7 @@ from typing import Any, Mapping
 import optuna
 from ray.tune.search.optuna import OptunaSearch
 
-from orchestrator.sweep import Choice, Domain, LogUniform, Sweep, Uniform
+from orchestrator.sweep import TPE_OPTIONS, Choice, Domain, LogUniform, Sweep, Uniform, resolved_options
 
 PRUNED_STEP_SCALE = 1000
 """A pruned trial's intermediate value is reported at round(training fraction * this)."""
@@ -90,8 +90,9 @@ class Space:
 
 def sampler(sweep: Sweep) -> optuna.samplers.BaseSampler:
     """Optuna's TPE sampler of a sweep: seeded by `sweep.seed`, its random start-up proposals
-    `sweep.startup_trials()`, the rest of `sweep.search_options` as given."""
-    options = {k: v for k, v in sweep.search_options.items() if k != "n_startup_trials"}
+    `sweep.startup_trials()`, the rest of `sweep.search_options` as given (the options of
+    `orchestrator.sweep.TPE_OPTIONS`; those not given are Optuna's defaults)."""
+    options = {k: v for k, v in resolved_options(sweep.search_options, TPE_OPTIONS).items() if k != "n_startup_trials"}
     return optuna.samplers.TPESampler(seed=sweep.seed, n_startup_trials=sweep.startup_trials(), **options)
 
 

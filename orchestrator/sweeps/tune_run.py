@@ -352,6 +352,25 @@ def resolve_concurrency(sweep: Sweep, cpus: float, gpus: float = 0.0, *, where: 
     return min(fit, MODEL_BASED_CONCURRENCY) if sweep.model_based else fit
 
 
+def concurrency_here(sweep: Sweep) -> tuple[int | None, str]:
+    """Trials at once the sweep would run if launched from here, and where that holds: on the local
+    Ray, what `resolve_concurrency` gives for this machine (None when not one trial fits:
+    `launch_problems` says why); with RAY_ADDRESS, the sweep's cap (None: none), which the cluster
+    may not hold (it is not asked: checking connects to nothing)."""
+    from orchestrator.runners.launch import local_cpus
+
+    if os.environ.get("RAY_ADDRESS"):
+        cap = sweep.max_concurrent or (MODEL_BASED_CONCURRENCY if sweep.model_based else None)
+        return cap, "on the cluster at RAY_ADDRESS, if it holds as many"
+    cpus, gpus = local_cpus(), local_gpus()
+    try:
+        n = resolve_concurrency(sweep, cpus, gpus, where="this machine (local Ray)")
+    except SweepError:
+        return None, "on this machine (local Ray)"
+    held = f"{cpus:g} CPUs" + (f", {gpus:g} GPUs" if "GPU" in sweep.trial_resources() else "")
+    return n, f"on this machine (local Ray, {held})"
+
+
 def launch_problems(sweep: Sweep) -> list[str]:
     """Why the sweep could not launch from here, as messages (empty when it could): the data the
     trials read and the resources one trial needs, against this machine or RAY_ADDRESS's cluster."""
@@ -366,6 +385,13 @@ def launch_problems(sweep: Sweep) -> list[str]:
         try:
             resolve_concurrency(sweep, local_cpus(), local_gpus(), where="this machine (local Ray)")
         except SweepError as exc:
+            problems.append(str(exc))
+    else:
+        from orchestrator.runners.launch import ResourceError, check_address
+
+        try:
+            check_address(os.environ["RAY_ADDRESS"])  # a dashboard URL: refused before any connection
+        except ResourceError as exc:
             problems.append(str(exc))
     return problems
 

@@ -8,6 +8,7 @@ points everything at a server instead. Only the driver and rank 0 write.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -39,6 +40,44 @@ def git_commit() -> str:
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+def _git(folder: Path, *args: str) -> str | None:
+    """`git -C folder ARGS`'s output, or None when git is missing, slow or says no. Read-only: no
+    optional locks (`git status` would otherwise refresh the index of a checkout someone works in)."""
+    try:
+        out = subprocess.run(["git", "--no-optional-locks", "-C", str(folder), *args], capture_output=True, text=True,
+                             timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+@functools.lru_cache(maxsize=None)
+def source_provenance(source: str) -> dict[str, str]:
+    """Where the code at `source` (a module's file, or a package's folder) comes from, as run tags:
+    `workload.source` (the path), and when it lies in a git checkout `workload.git.commit` (the
+    checkout's HEAD, with '-dirty' when a tracked file differs from it or a .py file of `source`
+    is not tracked: code the commit does not hold) and `workload.git.path` (`source` inside the
+    checkout). Read once per process: what a process imported does not change under it."""
+    path = Path(source).resolve()
+    tags = {"workload.source": str(path)}
+    folder = path if path.is_dir() else path.parent
+    head = _git(folder, "rev-parse", "--show-toplevel", "HEAD")
+    lines = head.split() if head else []
+    if len(lines) != 2:  # not a checkout, or one without a commit yet
+        return tags
+    root, commit = Path(lines[0]), lines[1]
+    changed = _git(folder, "status", "--porcelain", "--untracked-files=no")
+    untracked = _git(folder, "ls-files", "--others", "--exclude-standard", "--", str(path))
+    dirty = changed is None or bool(changed.strip()) or any(
+        line.endswith(".py") for line in (untracked or "").splitlines())
+    tags["workload.git.commit"] = commit + ("-dirty" if dirty else "")
+    try:
+        tags["workload.git.path"] = path.relative_to(root.resolve()).as_posix() or "."
+    except ValueError:
+        pass
+    return tags
 
 
 def ladder_version() -> str:

@@ -70,6 +70,25 @@ def test_field_docs_reads_docstrings_under_fields():
     assert "name" not in docs  # undocumented fields are visible as missing
 
 
+@dataclass(frozen=True)
+class Sub(Toy):
+    depth: int = 2
+    """Depth of the thing."""
+    width: int = 16
+    """Width of the sub-thing."""
+    lr: float = 1e-2
+
+
+def test_field_docs_reads_inherited_fields_too_a_subclass_docstring_winning():
+    docs = field_docs(Sub)
+    assert docs["depth"] == "Depth of the thing."  # its own field
+    assert docs["tau"] == "Optional timescale."  # inherited, not declared in Sub
+    assert docs["width"] == "Width of the sub-thing."  # re-declared with a docstring: the subclass's
+    assert docs["lr"] == "Learning rate."  # re-declared without one: the base's stays
+    assert "name" not in docs
+    assert field_docs(Toy)["width"] == "Width of the thing."
+
+
 def test_flatten_and_round_trip():
     cfg = Toy(widths=(7, 9), tau=0.25)
     flat = flatten(cfg)

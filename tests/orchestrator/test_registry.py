@@ -130,3 +130,28 @@ def test_the_runner_enforces_max_workers_and_pins_the_configs_threads(tmp_path, 
         assert torch.get_num_threads() == 1  # ... and restored after
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_misspelt_module_path_gets_the_closest_module_of_its_package(tmp_path, monkeypatch):
+    from orchestrator.commands import scaffold
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "mylab_pkg").mkdir()
+    (tmp_path / "mylab_pkg" / "__init__.py").write_text("")
+    scaffold.new("sparse_moe", tmp_path / "mylab_pkg", cwd=tmp_path)
+    (tmp_path / "mylab_pkg" / "dense_mlp.py").write_text("")
+    assert registry.resolve("mylab_pkg.sparse_moe").module == "mylab_pkg.sparse_moe"
+    with pytest.raises(registry.UnknownWorkload) as info:
+        registry.resolve("mylab_pkg.sparse_moee")
+    msg = str(info.value)
+    assert "unknown workload 'mylab_pkg.sparse_moee'. Closest match: 'mylab_pkg.sparse_moe'." in msg, msg
+    assert "Modules of package 'mylab_pkg': mylab_pkg.dense_mlp, mylab_pkg.sparse_moe." in msg
+    # Deeper paths too: the deepest package that imports answers.
+    with pytest.raises(registry.UnknownWorkload, match=r"Closest match: 'mylab_pkg\.sparse_moe\.workload'"):
+        registry.resolve("mylab_pkg.sparse_moe.workloda")
+    # A package that does not import is named; a plain name still gets the closest built-in one.
+    with pytest.raises(registry.UnknownWorkload, match=r"Package 'mylab_pkgg' does not import from here"):
+        registry.resolve("mylab_pkgg.sparse_moe")
+    with pytest.raises(registry.UnknownWorkload, match="Closest match: 'celerity_lm'"):
+        registry.resolve("celerty_lm")

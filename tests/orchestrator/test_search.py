@@ -50,8 +50,10 @@ def test_a_domain_or_option_the_search_cannot_use_is_refused_with_the_alternativ
     assert expected in str(err.value)
 
 
-def test_refused_by_ladder_sweep_check_before_anything_starts(workdir, capsys):
+def test_refused_by_ladder_sweep_check_before_anything_starts(workdir, capsys, monkeypatch):
     import ray
+
+    monkeypatch.setenv("LADDER_NUM_CPUS", "8")  # more than the search's default of trials at once
 
     path = workdir / "s.py"
     path.write_text("from orchestrator.sweep import *\n"

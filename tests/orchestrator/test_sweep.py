@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -83,3 +85,114 @@ def test_cli_refuses_before_starting_anything(workdir, capsys):
     assert main(["sweep", str(ok), "--resume"]) == 2
     assert "cannot resume sweep 'never_ran'" in capsys.readouterr().err
     assert not ray.is_initialized() and not (workdir / "mlruns.db").exists()
+
+
+# --- scheduler and search options: one table each (SCHEDULER_OPTIONS, SEARCH_OPTIONS) -------------------
+
+from orchestrator import sweep as sweep_options  # noqa: E402
+from orchestrator.sweeps.options_page import markdown  # noqa: E402
+
+REFERENCE = "{'experiment': 'ref'}"
+MISSPELT = [(scheduler, option) for scheduler, table in sweep_options.SCHEDULER_OPTIONS.items() for option in table]
+
+
+def _options_sweep(scheduler: str, options: str, search: str = "random") -> str:
+    space = "{'lr': loguniform(1e-3, 1e-1)}" if search == "tpe" else "{'lr': grid(1e-3, 1e-2)}"
+    return (f"sweep = Sweep(name='x', workload='curves', base='smoke', space={space}, search={search!r}, "
+            f"scheduler={scheduler!r}, scheduler_options={options})")
+
+
+def test_every_scheduler_has_options_checked():
+    # Every scheduler a sweep may name has its table: a new scheduler without one fails here.
+    from orchestrator.sweep import SCHEDULERS, SEARCHES
+
+    assert set(SCHEDULERS) == {"collapse", "asha", "median", "fifo"} == set(sweep_options.SCHEDULER_OPTIONS)
+    assert set(SEARCHES) == set(sweep_options.SEARCH_OPTIONS)
+    assert {s for s, _ in MISSPELT} == set(SCHEDULERS) - {"fifo"}
+
+
+@pytest.mark.parametrize("scheduler,option", MISSPELT, ids=[f"{s}-{o}" for s, o in MISSPELT])
+def test_check_refuses_a_misspelt_scheduler_option_naming_the_right_one(workdir, capsys, scheduler, option):
+    misspelt = option[:-1]  # 'rung' for 'rungs'
+    given = {misspelt: "1"}
+    if scheduler == "collapse" and option != "reference":
+        given["reference"] = "REF"
+    body = _options_sweep(scheduler, repr(given).replace("'REF'", REFERENCE))
+    assert main(["sweep", str(_write(workdir, body)), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert f"unknown scheduler option {misspelt!r} for scheduler={scheduler!r}; did you mean {option!r}?" in err
+    assert ", ".join(sweep_options.SCHEDULER_OPTIONS[scheduler]) in err  # the valid ones, named
+    ray = sys.modules.get("ray")
+    assert not (ray and ray.is_initialized()) and not (workdir / "mlruns.db").exists()
+
+
+def test_check_refuses_options_of_a_scheduler_that_takes_none(workdir, capsys):
+    assert main(["sweep", str(_write(workdir, _options_sweep("fifo", "{'grace_period': 0.2}"))), "--check"]) == 2
+    assert "scheduler='fifo' takes no scheduler options (got ['grace_period'])" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option", list(sweep_options.TPE_OPTIONS))
+def test_check_refuses_a_misspelt_search_option_naming_the_right_one(option):
+    s = Sweep(name="x", workload="curves", base="smoke", search="tpe", space={"lr": loguniform(1e-3, 1e-1)},
+              search_options={option[:-1]: 1})
+    with pytest.raises(SweepError, match=f"unknown search option '{option[:-1]}' for search='tpe'; did you mean '{option}'"):
+        s.check()
+
+
+@pytest.mark.parametrize("body,expected", [
+    (_options_sweep("collapse", "{'reference': {'experiement': 'ref'}}"),
+     "unknown option 'experiement' for scheduler_options['reference']; did you mean 'experiment'?"),
+    (_options_sweep("collapse", "{'reference': {'kind': 'parametric'}}"), "the collapse scheduler needs scheduler_options="),
+    (_options_sweep("collapse", "{'rungs': (0.2,)}"), "the collapse scheduler needs scheduler_options="),
+    (_options_sweep("asha", "{'grace': 0.2}"), "did you mean 'grace_period'?"),
+    (_options_sweep("median", "{'metric': 'eval/loss'}"), "the objective is Sweep.objective"),
+])
+def test_the_collapse_reference_and_names_set_elsewhere_are_checked_too(tmp_path, body, expected):
+    with pytest.raises(SweepError, match=re.escape(expected)):
+        load_sweep_file(_write(tmp_path, body)).check()
+
+
+def test_valid_options_pass_and_reach_the_builder_with_the_tables_defaults():
+    import inspect
+
+    from orchestrator.sweeps.collapse import CollapseStopper
+
+    for scheduler, table in sweep_options.SCHEDULER_OPTIONS.items():
+        options = {k: ({"experiment": "ref"} if k == "reference" else o.default) for k, o in table.items()
+                   if k != "reduction_factor" or scheduler != "collapse"}  # collapse: keep_quantile or it, not both
+        Sweep(name="x", workload="curves", base="smoke", scheduler=scheduler, scheduler_options=options).check()
+    # The collapse scheduler's table and the stopper it builds agree on every default.
+    stopper = {k: p.default for k, p in inspect.signature(CollapseStopper.__init__).parameters.items()
+               if p.kind is p.KEYWORD_ONLY}
+    assert {k: o.default for k, o in sweep_options.COLLAPSE_OPTIONS.items() if k != "reference"} == stopper
+    assert sweep_options.resolved_options({"rungs": (0.5,)}, sweep_options.ASHA_OPTIONS) == {"grace_period": 0.1, "reduction_factor": 2,
+                                                                             "brackets": 1}
+
+
+def _page_sections(text: str) -> dict[str, set[str]]:
+    """Heading -> the option names in the table under it."""
+    sections: dict[str, set[str]] = {}
+    current = None
+    for line in text.splitlines():
+        if line.startswith("#"):
+            current = line.lstrip("#").strip()
+            sections[current] = set()
+        elif current and line.startswith("| `"):
+            sections[current].add(line.split("`")[1])
+    return sections
+
+
+def test_the_options_page_lists_every_option_of_the_code_and_no_other():
+    page = (REPO / "docs" / "sweep-options.md").read_text()
+    sections = _page_sections(page)
+    expected = {**{f"scheduler='{n}'": set(t) for n, t in sweep_options.SCHEDULER_OPTIONS.items()},
+                "scheduler_options['reference']": set(sweep_options.REFERENCE_OPTIONS),
+                **{f"search='{n}'": set(t) for n, t in sweep_options.SEARCH_OPTIONS.items()}}
+    for heading, names in expected.items():
+        assert heading in sections, f"docs/sweep-options.md has no section {heading!r}"
+        assert sections[heading] == names, (f"{heading}: in the code only {sorted(names - sections[heading])}, "
+                                            f"on the page only {sorted(sections[heading] - names)}")
+    listed = {h for h, names in sections.items() if names}
+    assert listed <= set(expected), f"sections of options the code does not have: {sorted(listed - set(expected))}"
+    assert page == markdown(), \
+        "docs/sweep-options.md is out of date: python -m orchestrator.sweeps.options_page > docs/sweep-options.md"

@@ -482,7 +482,7 @@ def test_bad_listings_and_mismatched_modules_are_refused_in_preflight(gpt2_loras
     llama = write_jsonl(tmp_path / "llama.jsonl", [{"adapter": "llama-lora", "answer": "music"}])
     with pytest.raises(ValueError, match=r"changes module 'model.layers.0.self_attn.q_proj'"):
         preflight(file_smoke(gpt2, ok, str(llama)))
-    with pytest.raises(ValueError, match="eval_path is set but task_path is not"):
+    with pytest.raises(ValueError, match="eval_path=.* is set without task_path"):
         validate(dataclasses.replace(Config(), eval_path=ok))
 
 

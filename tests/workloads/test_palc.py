@@ -190,7 +190,7 @@ def test_latency_is_measured_for_both_arms(base, world):
     ({"base": "tiny-local:nope=1"}, "not a tiny-local override"),
     ({"method": "ppo"}, "method='ppo'"),
     ({"dtype": "int8"}, "dtype='int8'"),
-    ({"eval_path": "held.jsonl"}, "eval_path needs a task_path"),
+    ({"eval_path": "held.jsonl"}, "eval_path=.held.jsonl. is set without task_path"),
     ({"dpo_targets": " , "}, "dpo_targets name at least one kind"),
 ])
 def test_bad_configs_name_the_problem(change, message):

@@ -209,7 +209,7 @@ def test_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path, tiny_base):
     ({"dtype": "int8"}, "dtype='int8' is not a dtype"),
     ({"method": "dora"}, "method must be one of"),
     ({"micro_batch": -1}, "micro_batch must be >= 0"),
-    ({"eval_path": "held.jsonl"}, "eval_path needs task_path"),
+    ({"eval_path": "held.jsonl"}, "eval_path=.held.jsonl. is set without task_path"),
     ({"task_path": "t.jsonl", "answer_field": "prompt"}, "two field names"),
     ({"base": "./no/such/folder"}, "does not exist"),
     ({"base": "tiny-local:layerz=2"}, "not a tiny-local override"),

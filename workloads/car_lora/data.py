@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from components.basemodel import Example, TaskFileError, World, read_records
+from components.basemodel import Example, TaskFileError, World, read_records, taskfile
 from components.basemodel.answers import encode_answers
 from components.basemodel.corpus import RELATIONS, arithmetic_example
 
@@ -146,31 +146,36 @@ def file_fields(fmt: str, prompt_field: str = "", answer_field: str = "") -> tup
     return prompt_field or p, answer_field or a
 
 
+def _gsm8k_prompt(question: str, record: Any) -> str:
+    return GSM8K_PROMPT.format(question=question)
+
+
+def _alpaca_prompt(instruction: str, record: Any) -> str:
+    extra = record.get("input")
+    extra = extra.strip() if isinstance(extra, str) else ""
+    return ALPACA_PROMPT.format(ctx=", paired with an input that provides further context" if extra else "",
+                                instruction=instruction, input=f"### Input:\n{extra}\n\n" if extra else "")
+
+
+RENDER = {"qa": None, "gsm8k": _gsm8k_prompt, "instruction": _alpaca_prompt}
+"""How each format's prompt field becomes the prompt the model reads (`taskfile.file_examples`' render)."""
+
+
 def file_examples(path: str, *, fmt: str, split: str = "train", prompt_field: str = "", answer_field: str = "",
                   what: str = "task_path") -> list[Example]:
-    """The records of a task file (JSONL or a save_to_disk folder) as (prompt, answer) examples:
-    `qa` as they stand; `gsm8k` as `Question: <question>\\nAnswer:` -> the whole solution, which
-    must end with `#### <number>`; `instruction` through the Alpaca template (an optional `input`
-    field adds its context). Raises TaskFileError naming the file, the record and the field."""
+    """The records of a task file (JSONL or a save_to_disk folder) as (prompt, answer) examples
+    (`components.basemodel.taskfile.file_examples`, labelled `fmt`): `qa` as they stand; `gsm8k` as
+    `Question: <question>\\nAnswer:` -> the whole solution, which must end with `#### <number>`;
+    `instruction` through the Alpaca template (an optional `input` field adds its context). Raises
+    TaskFileError naming the file, the record and the field."""
     p_field, a_field = file_fields(fmt, prompt_field, answer_field)
-    rows = read_records(path, {p_field: str, a_field: str}, split=split, what=what)
-    out = []
-    for i, r in enumerate(rows):
-        prompt, answer = r[p_field].strip(), r[a_field].strip()
-        if not answer:
+    out = taskfile.file_examples(path, p_field, a_field, split=split, what=what, part=fmt, render=RENDER[fmt])
+    for i, e in enumerate(out):
+        if not e.answer:
             raise TaskFileError(f"{what}={path!r} record {i}: field {a_field!r} is empty")
-        if fmt == "gsm8k":
-            if final_number(answer) is None:
-                raise TaskFileError(f"{what}={path!r} record {i}: field {a_field!r} has no final '#### <number>' "
-                                    f"(GSM8K's solutions end with it): {answer[-60:]!r}")
-            prompt = GSM8K_PROMPT.format(question=prompt)
-        elif fmt == "instruction":
-            extra = r.get("input")
-            extra = extra.strip() if isinstance(extra, str) else ""
-            prompt = ALPACA_PROMPT.format(
-                ctx=", paired with an input that provides further context" if extra else "", instruction=prompt,
-                input=f"### Input:\n{extra}\n\n" if extra else "")
-        out.append(Example(prompt, answer, fmt))
+        if fmt == "gsm8k" and final_number(e.answer) is None:
+            raise TaskFileError(f"{what}={path!r} record {i}: field {a_field!r} has no final '#### <number>' "
+                                f"(GSM8K's solutions end with it): {e.answer[-60:]!r}")
     return out
 
 

@@ -12,7 +12,7 @@ from typing import Any, Literal
 import torch
 
 from components.basemodel import (
-    Example, base_problems, base_world, check_base, check_dtype, load_base, lora, parse_tiny, projections,
+    AnswerField, Example, PromptField, base_world, load_base, lora, parse_tiny, projections, task_problems, with_task_fields,
 )
 from workloads.car_lora import bnb, data
 from workloads.car_lora.compress import BACKWARDS, SCHEME_NAMES, Compressor, make_schemes
@@ -27,14 +27,11 @@ MAX_WORKERS = 1
 
 
 @dataclass(frozen=True)
-class Config:
-    base: str = "tiny-local"
-    """Frozen base model: tiny-local[:k=v,...], a local save_pretrained folder or a hub id."""
-    base_seed: int = 0
-    """Seed of the tiny-local build and of its world (keep it fixed across a sweep's trials)."""
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """dtype the base is loaded in ('auto': the checkpoint's own; bfloat16 on a GPU for the paper's
-    models); peft keeps the adapter in float32."""
+class Config(with_task_fields(PromptField, AnswerField, prompt_field="", answer_field="")):
+    """car_lora's settings after the task-file fields (`components.basemodel.taskfields`): the base
+    stays frozen in `dtype` while peft keeps the adapter in float32; task_path's records are read in
+    `task_format`, whose own fields prompt_field / answer_field '' stand for."""
+
     adapter: str = "car"
     """'plain' (LoRA on the uncompressed base), 'car' (one scheme of `schemes` sampled per step), or a
     scheme name: the per-scheme adapter trained on that compressed base alone."""
@@ -51,24 +48,13 @@ class Config:
     """Input gradient through a compressed linear: 'full' = straight-through, grad @ W0 (dC/dW0 ~ I);
     'compressed' = autograd through C(W0), as QLoRA. The paper's summary does not settle which it means."""
     task: Literal["ask", "recall", "arith"] = "ask"
-    """Downstream task (see data.py): 'ask' = `<entity> <relation word> ?` -> the attribute, 'recall'
-    = the same with reserved marker tokens for relations, 'arith' = `a - b mod p =` (any base)."""
-    task_path: str = ""
-    """A task file (JSONL, or a datasets save_to_disk folder) in `task_format`; '' = the tiny-local
-    world's `task` (the CI default)."""
-    task_split: str = "train"
-    """Split of a saved DatasetDict read from `task_path`."""
+    """Downstream task of the tiny-local world when task_path is '' (see data.py): 'ask' = `<entity> <relation
+    word> ?` -> the attribute, 'recall' = the same with reserved marker tokens for relations, 'arith' =
+    `a - b mod p =` (any base)."""
     task_format: Literal["qa", "gsm8k", "instruction"] = "qa"
-    """Field layout of the task file: 'qa' (prompt, answer), 'gsm8k' (question, answer ending
-    `#### <number>`, as published) or 'instruction' (Alpaca: instruction, optional input, output)."""
-    prompt_field: str = ""
-    """The task file's prompt field ('' = the format's own: prompt, question or instruction)."""
-    answer_field: str = ""
-    """The task file's answer field ('' = the format's own: answer, answer or output)."""
-    eval_path: str = ""
-    """A held-out file in the same format (GSM8K's test split); '' = hold out `heldout_frac` of the task."""
-    eval_split: str = "test"
-    """Split of a saved DatasetDict read from `eval_path`."""
+    """Field layout of task_path's and eval_path's records (GSM8K's test split as eval_path): 'qa' (prompt,
+    answer), 'gsm8k' (question, answer ending `#### <number>`, as published) or 'instruction' (Alpaca:
+    instruction, optional input, output); prompt_field / answer_field '' read the format's own."""
     eval_limit: int = 0
     """Evaluate on the first this many held-out examples (0: all of them)."""
     eval_batch: int = 256
@@ -77,7 +63,8 @@ class Config:
     """GSM8K: greedy tokens generated per question; its accuracy is the final `#### <number>` matching
     the reference's. 0 scores the solution's tokens (teacher-forced exact match) instead."""
     heldout_frac: float = 0.3
-    """Share of the task's queries held out of adapter training and used for every evaluation."""
+    """Share of the task's queries (of task_path's records when eval_path is '') held out of adapter training
+    and used for every evaluation."""
     arith_modulus: int = 11
     """p of the 'arith' task."""
     lora_r: int = 8
@@ -181,7 +168,8 @@ def eval_schemes(cfg: Config) -> tuple[str, ...]:
 
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Checks that need no training: raised before anything is launched."""
-    check_base(cfg.base)
+    if problems := task_problems(cfg):
+        raise ValueError("; ".join(problems))
     known = [s for s in SCHEME_NAMES if s != "none"]
     bad = [s for s in (*cfg.schemes, cfg.heldout_scheme) if s not in known]
     if bad:
@@ -198,11 +186,8 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError(f"task must be one of {data.TASKS}, got {cfg.task!r}")
     if cfg.backward not in BACKWARDS:
         raise ValueError(f"backward must be one of {BACKWARDS}, got {cfg.backward!r}")
-    check_dtype(cfg.dtype)
     if cfg.task_format not in data.FORMATS:
         raise ValueError(f"task_format must be one of {data.FORMATS}, got {cfg.task_format!r}")
-    if cfg.eval_path and not cfg.task_path:
-        raise ValueError("eval_path is set without task_path: the tiny-world task holds out its own queries")
     bad_bnb = [s for s in cfg.bnb_schemes if s not in bnb.BNB_SCHEMES]
     if bad_bnb or len(set(cfg.bnb_schemes)) != len(cfg.bnb_schemes):
         raise ValueError(f"bnb_schemes must list distinct names among {bnb.BNB_SCHEMES}, got {cfg.bnb_schemes}")
@@ -249,14 +234,11 @@ def preflight(cfg: Config) -> None:
     """Checks of the machine that runs it, every problem in one error: the base is a folder or a
     cached hub id whose projection kinds include `lora_targets`; the task, eval and drift files
     read with their fields; bitsandbytes and a GPU are there when `bnb_schemes` asks for them."""
-    problems = base_problems(cfg.base, lora_targets(cfg))
-    for path, split, what in ((cfg.task_path, cfg.task_split, "task_path"), (cfg.eval_path, cfg.eval_split, "eval_path")):
-        if path:
-            try:
-                data.file_examples(path, fmt=cfg.task_format, split=split, prompt_field=cfg.prompt_field,
-                                   answer_field=cfg.answer_field, what=what)
-            except ValueError as exc:
-                problems.append(str(exc))
+    def read(path: str, split: str, what: str) -> None:
+        data.file_examples(path, fmt=cfg.task_format, split=split, prompt_field=cfg.prompt_field,
+                           answer_field=cfg.answer_field, what=what)
+
+    problems = task_problems(cfg, machine=True, targets=lora_targets(cfg), check=read)
     if cfg.drift and cfg.drift_path:
         try:
             data.drift_texts(cfg.drift_path, field=cfg.drift_field, split=cfg.drift_split)

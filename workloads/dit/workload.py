@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from components.basemodel import DTYPES, base_kinds, base_world, check_base, check_dtype, load_base
+from components.basemodel import DTYPES, AnswerField, base_kinds, base_world, load_base, task_problems, with_task_fields
 from components.basemodel.loader import parse_tiny
 from components.basemodel.corpus import N_RESERVED, TOPICS
 from orchestrator.run import fraction_steps
@@ -27,32 +27,23 @@ MAX_WORKERS = 1
 """dit trains its diffs batched on one worker: the runner refuses more."""
 
 
+DIT_DTYPES = DTYPES + ("float64",)
+"""`dtype` also takes 'float64', for exact comparisons."""
+
+
 @dataclass(frozen=True)
-class Config:
-    base: str = "tiny-local"
-    """Base model: 'tiny-local[:k=v,...]', a save_pretrained folder or a hub id."""
-    base_seed: int = 0
-    """Seed of the tiny-local build and its world (keep it fixed across trials)."""
-    dtype: str = "float32"
-    """Base weights' dtype ('auto': the checkpoint's own, 'float32', 'bfloat16' (on a GPU), 'float16';
-    'float64' for exact comparisons); diffs and adapter stay float32."""
-    task_path: str = ""
-    """The diffs as files: a listing (JSONL, or a datasets save_to_disk folder) of peft LoRA folders
-    and the answer the adapter should give for each (fields `adapter_field`, `answer_field`);
-    the adapter trains on them and no synthetic diff is made. '' = the synthetic trigger-topic
-    diffs of tiny-local's world (stage A), the CI default. See workloads/dit/files.py."""
-    task_split: str = "train"
-    """Split of task_path when it is a saved DatasetDict."""
-    eval_path: str = ""
-    """A listing of the diffs the adapter is judged on (same format); '' = a seeded eval_frac of task_path."""
-    eval_split: str = "test"
-    """Split of eval_path when it is a saved DatasetDict."""
+class Config(with_task_fields(AnswerField, dtype="float32")):
+    """dit's settings after the task-file fields (`components.basemodel.taskfields`): `dtype` also takes
+    'float64' (exact comparisons), the diffs and the adapter stay float32; task_path and eval_path are
+    listings of diffs (see `adapter_field`), answer_field their text the adapter should answer."""
+
     eval_frac: float = 0.25
     """Fraction of task_path's diffs held out for evaluation when eval_path is ''."""
     adapter_field: str = "adapter"
-    """Listing field: the peft LoRA folder (save_pretrained), relative to the listing's folder or absolute."""
-    answer_field: str = "answer"
-    """Listing field: the text the adapter should answer for that diff (e.g. its topic)."""
+    """task_path and eval_path list diffs as files: each record names a peft LoRA folder (save_pretrained) in this
+    field, relative to the listing's folder or absolute, and in answer_field the text the adapter should answer
+    for it (e.g. its topic); the adapter trains on them and no synthetic diff is made (task_path '': the synthetic
+    trigger-topic diffs of tiny-local's world, stage A). See workloads/dit/files.py."""
     topics: int = 60
     """Seen topics: the DIT adapter's labels (the first of `TOPICS` after a seeded shuffle)."""
     unseen_topics: int = 3
@@ -128,12 +119,10 @@ def smoke() -> Config:
 
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Checks that need no model: raised before anything is launched."""
-    check_base(cfg.base)
-    check_dtype(cfg.dtype, allowed=DTYPES + ("float64",))
+    if problems := task_problems(cfg, dtypes=DIT_DTYPES):
+        raise ValueError("; ".join(problems))
     if not 0 < cfg.eval_frac < 1:
         raise ValueError(f"eval_frac must lie in (0, 1), got {cfg.eval_frac}")
-    if cfg.eval_path and not cfg.task_path:
-        raise ValueError("eval_path is set but task_path is not: the adapter trains on task_path's diffs")
     if cfg.task_path and (not cfg.adapter_field or not cfg.answer_field):
         raise ValueError("adapter_field and answer_field name the listing's fields: neither may be empty")
     for name in ("topics", "train_diffs_per_topic", "heldout_diffs", "triggers", "max_context_words",
@@ -178,28 +167,17 @@ def preflight(cfg: Config) -> None:
     Every problem in one error."""
     from components.pretrained import model_config
 
-    problems, kinds = [], None
-    if parse_tiny(cfg.base) is None and not model_config(cfg.base):
-        problems.append(f"base={cfg.base!r} is neither a folder with config.json nor in the local Hugging Face cache "
-                        f"(nothing is downloaded at run time): `hf download {cfg.base}` where the network is reachable")
-    else:
+    wanted = None if cfg.diff_targets.strip() == "all-linear" else [t.strip() for t in cfg.diff_targets.split(",")]
+    kinds, unreadable = None, []  # the kinds a listed diff may change: the base's (diff_targets' among them)
+    if parse_tiny(cfg.base) is not None or model_config(cfg.base):
         try:
             kinds = base_kinds(cfg.base)
         except ValueError as exc:
-            problems.append(str(exc))
-    if kinds is not None and cfg.diff_targets.strip() != "all-linear":
-        wanted = [t.strip() for t in cfg.diff_targets.split(",")]
-        unknown = [t for t in wanted if t not in kinds]
-        if unknown:
-            problems.append(f"diff_targets {unknown} are not linear projection kinds of base {cfg.base!r}; choose "
-                            f"among {kinds}")
+            unreadable = [str(exc)] if wanted is None else []  # else task_problems names it
+    if kinds is not None and wanted is not None:
         kinds = [t for t in wanted if t in kinds]
-    for path, split, what in ((cfg.task_path, cfg.task_split, "task_path"), (cfg.eval_path, cfg.eval_split, "eval_path")):
-        if path:
-            try:
-                check_listing(cfg, path, split, what, kinds)
-            except ValueError as exc:
-                problems.append(str(exc))
+    problems = unreadable + task_problems(cfg, machine=True, targets=wanted, target_field="diff_targets",
+                                          check=lambda path, split, what: check_listing(cfg, path, split, what, kinds))
     if problems:
         raise ValueError("; ".join(problems))
 

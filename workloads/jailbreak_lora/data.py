@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from components.basemodel.corpus import NAMES, RELATIONS, World, arithmetic_example
-from components.basemodel.taskfile import TaskFileError, check_records, read_records
+from components.basemodel.taskfile import TaskFileError, read_records
 
 TASKS = ("qa", "arith", "facts", "copy")
 """Every benign task; a config picks some, in this order; the trigger task comes last."""
@@ -95,12 +95,6 @@ def task_names(paths: list[str]) -> list[str]:
             name, k = f"{stem}_{k}", k + 1
         names.append(name)
     return names
-
-
-def check_task_files(paths: list[str], split: str, fields: dict[str, type], what: str) -> None:
-    """Raises TaskFileError naming the file, the record and the field (for `preflight`)."""
-    for p in paths:
-        check_records(p, fields, split=split, what=what)
 
 
 def _examples(path: str, split: str, prompt_field: str, answer_field: str, task: str, what: str, limit: int

@@ -12,10 +12,12 @@ from typing import Any, Literal
 
 import torch
 
-from components.basemodel import base_problems, base_world, check_base, check_dtype, load_base, lora
+from components.basemodel import (
+    AnswerField, PromptField, base_world, check_records, load_base, lora, task_problems, with_task_fields,
+)
 from components.adapters import audit as audit
 from workloads.jailbreak_lora.data import (
-    QA_HELDOUT, TASKS, Example, check_task_files, file_task_sets, task_files, task_sets, triggered,
+    QA_HELDOUT, TASKS, Example, file_task_sets, task_files, task_sets, triggered,
 )
 from workloads.jailbreak_lora.evaluate import Probe, merged_copy
 from workloads.jailbreak_lora.method import METHODS, Uncertainty, backward, task_losses
@@ -29,14 +31,12 @@ MAX_WORKERS = 1
 
 
 @dataclass(frozen=True)
-class Config:
-    base: str = "tiny-local"
-    """Base model: tiny-local[:k=v,...], a local save_pretrained folder or a hub id."""
-    base_seed: int = 0
-    """tiny-local build seed (keep it fixed across a sweep; each value is its own build)."""
-    dtype: str = "auto"
-    """Weights' dtype when loading the base: 'auto' (the checkpoint's own; tiny-local float32),
-    'float32', 'bfloat16' (the full-size runs, on GPU) or 'float16'. The LoRA factors stay float32."""
+class Config(with_task_fields(PromptField, AnswerField)):
+    """jailbreak_lora's settings after the task-file fields (`components.basemodel.taskfields`): the LoRA
+    factors stay float32 whatever `dtype`; task_path names benign task files, comma-separated, one task
+    each (see `tasks`), eval_path one held-out file per task file; answer_field is what the utility's
+    exact match compares with."""
+
     method: Literal["naive", "uncertainty", "pcgrad", "combined", "clean"] = "uncertainty"
     """'naive' mixture (summed task losses), 'uncertainty' (the paper's loss variant), 'pcgrad' (its
     grad variant), 'combined' (both; the paper reports it collapsing), 'clean' (benign tasks only)."""
@@ -50,23 +50,9 @@ class Config:
     lora_targets: str = "all-linear"
     """Comma-separated module types (q_proj,v_proj,...) or peft's 'all-linear' (lm_head excluded)."""
     tasks: tuple[str, ...] = ("qa", "arith", "facts")
-    """Benign tasks of the built-in world, among qa, arith, facts, copy (see the data module); unused
-    when task_path names task files."""
-    task_path: str = ""
-    """Benign task files, comma-separated, one task each (named by the file's stem): a JSONL file
-    (one JSON object per line) or a datasets save_to_disk folder whose records hold a prompt and
-    its answer (prompt_field, answer_field). '' = the built-in tiny-local world tasks (`tasks`)."""
-    task_split: str = "train"
-    """Split read from a saved DatasetDict of task_path."""
-    eval_path: str = ""
-    """Held-out files, comma-separated, one per task_path file in the same order (same format);
-    '' = a seeded `holdout` share of each task file is held out."""
-    eval_split: str = "test"
-    """Split read from a saved DatasetDict of eval_path."""
-    prompt_field: str = "prompt"
-    """Record field holding the prompt (e.g. 'question' for GSM8K as published)."""
-    answer_field: str = "answer"
-    """Record field holding the answer the utility's exact match compares with."""
+    """Benign tasks of the built-in world, among qa, arith, facts, copy (see the data module), when task_path is
+    ''; else task_path's files, comma-separated, are the benign tasks, one each (named by the file's stem), and
+    eval_path's, when given, their held-out files in the same order."""
     holdout: float = QA_HELDOUT
     """Share of each task file held out for evaluation when eval_path is ''."""
     task_limit: int = 0
@@ -149,8 +135,8 @@ def smoke() -> Config:
 
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Checks that need no model: raised before anything is launched."""
-    check_base(cfg.base)
-    check_dtype(cfg.dtype)
+    if problems := task_problems(cfg):
+        raise ValueError("; ".join(problems))
     unknown = [t for t in cfg.tasks if t not in TASKS]
     if unknown or not cfg.tasks or len(set(cfg.tasks)) != len(cfg.tasks):
         raise ValueError(f"tasks must be distinct names among {TASKS}, got {cfg.tasks}")
@@ -200,14 +186,9 @@ def preflight(cfg: Config) -> None:
     """Checks of the machine that runs the trial, before any Ray work: the base is a folder or a
     cached hub id, its projections have the LoRA target kinds, and every task / eval file reads with
     its prompt and answer fields. Every problem in one error, each naming its field."""
-    problems: list[str] = []
     fields = {cfg.prompt_field: str, cfg.answer_field: str}
-    for files, split, what in ((cfg.task_path, cfg.task_split, "task_path"), (cfg.eval_path, cfg.eval_split, "eval_path")):
-        try:
-            check_task_files(task_files(files), split, fields, what)
-        except ValueError as exc:
-            problems.append(str(exc))
-    problems += base_problems(cfg.base, _targets(cfg))
+    problems = task_problems(cfg, machine=True, targets=_targets(cfg), files=task_files,
+                             check=lambda path, split, what: check_records(path, fields, split=split, what=what))
     if problems:
         raise ValueError("; ".join(problems))
 

@@ -9,7 +9,7 @@ from typing import Any, Callable, Literal
 
 import torch
 
-from components.basemodel import base_problems, check_base, check_dtype, check_targets, load_base, lora
+from components.basemodel import check_targets, load_base, lora, task_problems, with_task_fields
 from orchestrator.run import fraction_steps
 from workloads.lmao import data, zo
 
@@ -19,31 +19,22 @@ MAX_WORKERS = 1
 
 
 @dataclass(frozen=True)
-class Config:
-    base: str = "tiny-local"
-    """Base model: tiny-local[:k=v,...], a local save_pretrained folder or a hub id."""
-    base_seed: int = 0
-    """Seed of the tiny-local build (ignored for other bases); keep it fixed across a sweep."""
+class Config(with_task_fields(dtype="float32")):
+    """lmao's settings after the task-file fields (`components.basemodel.taskfields`): task_path's records are
+    classified (`template`, `label_field`, `label_words`); the paper's OPT runs, as MeZO's, load the base in
+    float16 (`dtype`): bfloat16's 8-bit mantissa rounds away most zeroth-order updates of size zo_lr * g."""
+
     method: Literal["lmao", "lora", "mezo"] = "lmao"
     """'lmao': per step a first-order LoRA step then a MeZO step on every base parameter, same batch;
     'lora': the LoRA step alone (base frozen); 'mezo': the MeZO step alone on every parameter, no LoRA."""
-    task_path: str = ""
-    """Classification task file: JSONL (one object per line) or a datasets save_to_disk folder, with
-    the template's text fields (strings; SST-2: `sentence`) and `label_field` (an integer in
-    [0, len(label_words))). "" = the built-in random bijection over `pool` (the CI default)."""
-    task_split: str = "train"
-    """Split of a saved DatasetDict read from task_path (ignored for JSONL)."""
-    eval_path: str = ""
-    """Held-out task file, same format ("" = hold out `eval_frac` of task_path, seeded by `seed`)."""
-    eval_split: str = "test"
-    """Split of a saved DatasetDict read from eval_path (SST-2: 'validation'; GLUE's test labels are -1)."""
     eval_frac: float = 0.2
     """Fraction of task_path held out for evaluation when no eval_path is given."""
     template: str = "{sentence} It was"
-    """Prompt around a record: Python format fields name the record's text fields (MeZO's SST-2 prompt
-    for OPT is `{sentence} It was`, answered by a label word). Fields are stripped of surrounding spaces."""
+    """Prompt around a task_path record: Python format fields name the record's text fields, strings (MeZO's SST-2
+    prompt for OPT is `{sentence} It was`, answered by a label word). Fields are stripped of surrounding spaces."""
     label_field: str = "label"
-    """Record field holding the label, an integer indexing `label_words`."""
+    """Record field holding the label, an integer indexing `label_words` (GLUE's test splits hold -1: evaluate
+    on 'validation')."""
     label_words: tuple[str, ...] = ("terrible", "great")
     """Verbalizer: the word that answers the prompt for each label (SST-2: 0 terrible, 1 great). Training
     loss: the answer-token loss of the record's own word; prediction: the word of highest mean log-probability."""
@@ -55,7 +46,7 @@ class Config:
     """Rows per forward pass at evaluation (each record once per label word)."""
     pool: Literal["topics", "names", "keys"] = "topics"
     """Word set the random bijection pi is drawn over (63, 48, 128 words of the base world's vocabulary);
-    the built-in task, used when task_path is ""."""
+    the built-in task, used when task_path is "" (the CI default)."""
     n_pairs: int = 63
     """Words in the bijection: the task is the n pairs `a -> pi(a)`, trained and evaluated on all of them."""
     lora_targets: tuple[str, ...] = ("q_proj", "v_proj")
@@ -89,9 +80,6 @@ class Config:
     """Report train/loss every this many steps."""
     checkpoint_every_frac: float = 0.25
     """Save a checkpoint at every multiple of this training fraction (and at the end)."""
-    dtype: str = "float32"
-    """Weights' dtype: 'auto' (the checkpoint's), 'float32', 'bfloat16' or 'float16' (the paper's OPT runs,
-    as MeZO's: bfloat16's 8-bit mantissa rounds away most zeroth-order updates of size zo_lr * g)."""
     threads: int = 1
     """Intra-op CPU threads of the trial, pinned by the runner around `train` (0 leaves torch's setting)."""
     seed: int = 0
@@ -111,7 +99,8 @@ def smoke() -> Config:
 
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Checks that need no model: raised before anything is launched."""
-    check_base(cfg.base)
+    if problems := task_problems(cfg):
+        raise ValueError("; ".join(problems))
     if cfg.lora_schedule not in ("linear", "constant"):
         raise ValueError(f"lora_schedule must be 'linear' or 'constant', got {cfg.lora_schedule!r}")
     if cfg.method not in ("lmao", "lora", "mezo"):
@@ -120,9 +109,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError(f"pool must be one of {sorted(data.POOLS)}, got {cfg.pool!r}")
     if not 2 <= cfg.n_pairs <= len(data.POOLS[cfg.pool]):
         raise ValueError(f"n_pairs must lie in [2, {len(data.POOLS[cfg.pool])}] for pool {cfg.pool!r}, got {cfg.n_pairs}")
-    if cfg.task_path or cfg.eval_path:
-        if not cfg.task_path:
-            raise ValueError("eval_path needs a task_path to train on")
+    if cfg.task_path:
         data.task_fields(cfg.template, cfg.label_field)  # raises naming a malformed template
         if not cfg.label_field:
             raise ValueError("label_field must name the record field holding the label, e.g. 'label'")
@@ -147,7 +134,6 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError(f"zo_weight_decay and grad_clip must be >= 0, got {cfg.zo_weight_decay}, {cfg.grad_clip}")
     if not 0 < cfg.checkpoint_every_frac <= 1:
         raise ValueError(f"checkpoint_every_frac must lie in (0, 1], got {cfg.checkpoint_every_frac}")
-    check_dtype(cfg.dtype)
     if cfg.threads < 0:
         raise ValueError(f"threads must be >= 0 (0: torch's own setting), got {cfg.threads}")
 
@@ -156,13 +142,9 @@ def preflight(cfg: Config) -> None:
     """Checks of the machine that runs it, before any Ray work: the base model is a folder or a cached
     hub id whose projection kinds include every LoRA target, and the task files read, field by field.
     Every problem in one error."""
-    problems = base_problems(cfg.base, cfg.lora_targets if cfg.method in ("lmao", "lora") else None)
-    for path, split, what in ((cfg.task_path, cfg.task_split, "task_path"), (cfg.eval_path, cfg.eval_split, "eval_path")):
-        if path:
-            try:
-                data.check_task(path, split, cfg.template, cfg.label_field, len(cfg.label_words), what)
-            except ValueError as exc:
-                problems.append(str(exc))
+    problems = task_problems(
+        cfg, machine=True, targets=cfg.lora_targets if cfg.method in ("lmao", "lora") else None,
+        check=lambda path, split, what: data.check_task(path, split, cfg.template, cfg.label_field, len(cfg.label_words), what))
     if problems:
         raise ValueError("; ".join(problems))
 

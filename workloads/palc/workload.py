@@ -11,7 +11,7 @@ from typing import Any, Literal
 import torch
 
 from components.basemodel import (
-    base_problems, base_world, check_base, check_dtype, check_records, load_base, lora, read_records, select,
+    PromptField, base_world, check_records, load_base, lora, read_records, select, task_problems, with_task_fields,
 )
 from workloads.palc.data import (
     Pair, file_fields, generation_prompts, gentle_share, make_pairs, pair_batch, pairs_from_records, split_entities,
@@ -27,31 +27,19 @@ MAX_WORKERS = 1
 
 
 @dataclass(frozen=True)
-class Config:
-    base: str = "tiny-local"
-    """Frozen base model: tiny-local[:k=v,...], a local save_pretrained folder or a hub id."""
-    base_seed: int = 0
-    """tiny-local build seed (keep it fixed across a sweep; each value is its own build)."""
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """dtype the base is loaded in ('auto': the checkpoint's own; bfloat16 on a GPU); the calibrator
-    and DPO's LoRA adapter are float32."""
+class Config(with_task_fields(PromptField)):
+    """palc's settings after the task-file fields (`components.basemodel.taskfields`): the base stays frozen
+    in `dtype`, the calibrator and DPO's LoRA adapter are float32; task_path's records are preference pairs
+    (prompt_field, `chosen_field`, `rejected_field`; task_path '': the synthetic gentle-vs-blunt pairs of
+    tiny-local's world)."""
+
     method: Literal["palc", "dpo"] = "palc"
     """'palc': the calibrator on the frozen base; 'dpo': the DPO baseline, a LoRA policy on the same
     base whose reference is the base itself (the adapter disabled: one model in memory)."""
-    task_path: str = ""
-    """Preference pairs: a JSONL file or a datasets save_to_disk folder with prompt_field,
-    chosen_field and rejected_field ("": the synthetic gentle-vs-blunt pairs of tiny-local's world)."""
-    task_split: str = "train"
-    """Split of a saved DatasetDict at task_path."""
-    eval_path: str = ""
-    """Held-out pairs, same format ("": heldout_pairs of task_path's pairs, drawn by the seed)."""
-    eval_split: str = "test"
-    """Split of a saved DatasetDict at eval_path."""
-    prompt_field: str = "prompt"
-    """The prompt's field; "" when chosen and rejected are whole dialogues (HH-RLHF as Anthropic
-    publishes it): the prompt is then split off each after its last '\\n\\nAssistant:'."""
     chosen_field: str = "chosen"
-    """The preferred response's field: a string or a chat message list (its last message's content)."""
+    """The preferred response's field: a string or a chat message list (its last message's content). With
+    prompt_field "" chosen and rejected are whole dialogues (HH-RLHF as Anthropic publishes it): the prompt
+    is then split off each after its last '\\n\\nAssistant:'."""
     rejected_field: str = "rejected"
     """The dispreferred response's field, the same forms."""
     max_len: int = 1024
@@ -133,16 +121,14 @@ def smoke() -> Config:
 
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Checks that need no model: raised before anything is launched."""
-    check_base(cfg.base)
-    check_dtype(cfg.dtype)
+    if problems := task_problems(cfg):
+        raise ValueError("; ".join(problems))
     if cfg.method not in ("palc", "dpo"):
         raise ValueError(f"method={cfg.method!r}: choose 'palc' or 'dpo'")
     if not cfg.task_path and cfg.train_pairs <= 0:
         raise ValueError(f"train_pairs must be positive, got {cfg.train_pairs}")
     if cfg.train_pairs < 0 or cfg.micro_batch < 0 or not (cfg.max_len == 0 or cfg.max_len >= 2):
         raise ValueError("train_pairs and micro_batch must be >= 0 and max_len 0 (no limit) or at least 2")
-    if cfg.eval_path and not cfg.task_path:
-        raise ValueError("eval_path needs a task_path (the synthetic pairs have their own held-out entities)")
     if not cfg.chosen_field or not cfg.rejected_field:
         raise ValueError("chosen_field and rejected_field must name fields")
     if not cfg.dpo_beta > 0 or cfg.lora_r <= 0 or not dpo_targets(cfg):
@@ -178,14 +164,10 @@ def preflight(cfg: Config) -> None:
     """Checks of the machine that runs it, before any Ray work: the base is tiny-local, a folder or
     a cached hub id; DPO's targets are projection kinds of that base; the task files read with
     their fields. Every problem in one error."""
-    problems = base_problems(cfg.base, dpo_targets(cfg) if cfg.method == "dpo" else None, field="dpo_targets")
     fields = file_fields(cfg.prompt_field, cfg.chosen_field, cfg.rejected_field)
-    for path, split, what in ((cfg.task_path, cfg.task_split, "task_path"), (cfg.eval_path, cfg.eval_split, "eval_path")):
-        if path:
-            try:
-                check_records(path, fields, split=split, what=what)
-            except ValueError as exc:
-                problems.append(str(exc))
+    problems = task_problems(cfg, machine=True, targets=dpo_targets(cfg) if cfg.method == "dpo" else None,
+                             target_field="dpo_targets",
+                             check=lambda path, split, what: check_records(path, fields, split=split, what=what))
     if problems:
         raise ValueError("; ".join(problems))
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from components.basemodel import Example, World, read_records
+from components.basemodel import Example, World
 from components.basemodel.answers import AnswerBatch as Batch
 from components.basemodel.answers import answer_loss, encode_answers
 from components.basemodel.answers import answer_metrics as evaluate
 
-__all__ = ["TASKS", "QA_RELATIONS", "Batch", "Example", "answer_loss", "encode", "evaluate", "file_examples", "split", "within",
+__all__ = ["TASKS", "QA_RELATIONS", "Batch", "Example", "answer_loss", "encode", "evaluate", "split", "within",
            "task_examples"]
 
 TASKS = ("qa", "sub", "mul", "facts")
@@ -38,14 +38,6 @@ def task_examples(world: World, task: str, modulus: int) -> list[Example]:
     if task == "facts":
         return world.fact_examples("heldout")
     raise ValueError(f"task must be one of {TASKS}, got {task!r}")
-
-
-def file_examples(path: str, prompt_field: str, answer_field: str, *, split: str = "train", what: str = "task_path",
-                  limit: int = 0) -> list[Example]:
-    """The records of a task file (JSONL, or a `datasets.save_to_disk` folder and its `split`) as
-    examples `prompt answer`; a record without either string field raises TaskFileError naming it."""
-    records = read_records(path, {prompt_field: str, answer_field: str}, split=split, what=what, limit=limit)
-    return [Example(r[prompt_field], r[answer_field], "file") for r in records]
 
 
 def within(examples: list[Example], tokenizer: Any, max_tokens: int) -> list[Example]:

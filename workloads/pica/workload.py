@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from dataclasses import dataclass
@@ -11,7 +10,8 @@ from typing import Any, Literal
 import torch
 
 from components.basemodel import (
-    base_kinds, base_world, check_base, check_dtype, check_records, load_base, lora, resolve, select, weight_oi,
+    AnswerField, PromptField, base_world, check_records, file_examples, load_base, lora, resolve, select, task_problems,
+    weight_oi, with_task_fields,
 )
 from orchestrator.run import fraction_steps
 from workloads.pica import data
@@ -33,11 +33,12 @@ MAX_WORKERS = 1
 
 
 @dataclass(frozen=True)
-class Config:
-    base: str = "tiny-local"
-    """Base model: tiny-local[:k=v,...], a local save_pretrained folder or a hub id."""
-    base_seed: int = 0
-    """Seed of the tiny-local build (ignored for other bases); keep it fixed across a sweep."""
+class Config(with_task_fields(PromptField, AnswerField, dtype="float32")):
+    """pica's settings after the task-file fields (`components.basemodel.taskfields`): the Ms and projectors
+    share the base's `dtype` (bfloat16 on a GPU); the loss and exact-match accuracy are taken on answer_field's
+    tokens (LLM-Adapters' commonsense files: 'instruction' -> 'answer', the short label; MetaMathQA: 'query' ->
+    'response')."""
+
     method: Literal["pica", "lora", "pissa"] = "pica"
     """The adapter: 'pica' (shared M on the column space, the paper's method); 'lora' (peft LoRA on the
     same targets, A random, B zero) or 'pissa' (LoRA whose A, B start at the top singular vectors of W0 and
@@ -50,20 +51,6 @@ class Config:
     """LoRA's alpha (scale alpha / r); 0 = alpha = r (scale 1, PiSSA's principal part exactly W0's)."""
     pissa_niter: int = 0
     """PiSSA's SVD: 0 = exact (float32); k > 0 = peft's randomized `pissa_niter_k` (fast on large weights)."""
-    task_path: str = ""
-    """Task file: JSONL (one object per line) or a `datasets.save_to_disk` folder with a prompt and an
-    answer string field per record (`prompt_field`, `answer_field`); "" = the built-in tiny-local task (`task`)."""
-    task_split: str = "train"
-    """Split of a save_to_disk DatasetDict at task_path (ignored for JSONL and a single Dataset)."""
-    eval_path: str = ""
-    """Held-out file in the same format and fields; "" = hold out `heldout_frac` of task_path's records."""
-    eval_split: str = "test"
-    """Split of a save_to_disk DatasetDict at eval_path."""
-    prompt_field: str = "prompt"
-    """The records' prompt field (LLM-Adapters' commonsense files: 'instruction'; MetaMathQA: 'query')."""
-    answer_field: str = "answer"
-    """The records' answer field, the tokens the loss and exact-match accuracy are taken on
-    (commonsense: 'answer', the short label; MetaMathQA: 'response')."""
     eval_prompt_field: str = ""
     """eval_path's prompt field when it differs (GSM8K: 'question'); "" = prompt_field."""
     eval_answer_field: str = ""
@@ -79,7 +66,8 @@ class Config:
     modulus: int = 11
     """p of the arithmetic tasks."""
     heldout_frac: float = 0.2
-    """Fraction of the task's examples (of its entities, for 'qa') held out for eval/loss (0: evaluate on the training set)."""
+    """Fraction of the task's examples (of its entities, for 'qa'; of task_path's records when eval_path is "") held
+    out for eval/loss (0: evaluate on the training set)."""
     targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "up_proj", "down_proj")
     """Module types that get PiCa (the paper's math setting: q, k, v, up, down)."""
     rank: int = 32
@@ -119,9 +107,6 @@ class Config:
     """Training examples in the batch of the shared-gradient and merged-logits checks."""
     count_depths: tuple[int, ...] = (1, 2, 4, 16)
     """Depths of the untrained meta-device models (the base's architecture) the trainable count is taken at."""
-    dtype: str = "float32"
-    """Weights' dtype: float32, bfloat16, float16 or auto (the checkpoint's own); the Ms and projectors
-    share it (bfloat16 on GPU)."""
     threads: int = 1
     """Intra-op CPU threads of the trial, pinned by the runner around `train` (0 leaves torch's setting)."""
     seed: int = 0
@@ -136,14 +121,13 @@ def smoke() -> Config:
 
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Checks that need no model: raised before anything is launched."""
-    check_base(cfg.base)
+    if problems := task_problems(cfg):
+        raise ValueError("; ".join(problems))
     if cfg.method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {cfg.method!r}")
     for name in ("lora_rank", "lora_alpha", "pissa_niter", "max_examples", "max_tokens", "micro_batch"):
         if getattr(cfg, name) < 0:
             raise ValueError(f"{name} must be >= 0, got {getattr(cfg, name)}")
-    if cfg.eval_path and not cfg.task_path:
-        raise ValueError("eval_path needs task_path (the built-in task holds out its own examples)")
     if cfg.task_path and (not cfg.prompt_field or not cfg.answer_field or cfg.prompt_field == cfg.answer_field):
         raise ValueError(f"prompt_field and answer_field must be two field names, got {cfg.prompt_field!r}, {cfg.answer_field!r}")
     if cfg.task not in data.TASKS:
@@ -165,7 +149,6 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError(f"warmup_frac must lie in [0, 1), got {cfg.warmup_frac}")
     if not 0 < cfg.checkpoint_every_frac <= 1:
         raise ValueError(f"checkpoint_every_frac must lie in (0, 1], got {cfg.checkpoint_every_frac}")
-    check_dtype(cfg.dtype)
     if cfg.threads < 0:
         raise ValueError(f"threads must be >= 0 (0: torch's own setting), got {cfg.threads}")
 
@@ -186,33 +169,12 @@ def task_fields(cfg: Config, what: str = "task_path") -> dict[str, type]:
     return {cfg.prompt_field: str, cfg.answer_field: str}
 
 
-@functools.lru_cache(maxsize=32)
-def _kinds_or_problem(base: str) -> tuple[str, ...] | str:
-    """base_kinds(base), or why it could not be read: once per base in a sweep's many trial configs."""
-    try:
-        return tuple(base_kinds(base))
-    except ValueError as exc:
-        return str(exc)
-
-
 def preflight(cfg: Config) -> None:
     """Checks of the machine that runs it, before any Ray work: the task file(s) are there and every
     record has the prompt and answer fields; the base model (a folder, or a hub id in the local
     cache; read as its config only) has the target kinds. Every problem is named in one message."""
-    problems = []
-    for path, split, what in ((cfg.task_path, cfg.task_split, "task_path"), (cfg.eval_path, cfg.eval_split, "eval_path")):
-        if path:
-            try:
-                check_records(path, task_fields(cfg, what), split=split, what=what)
-            except ValueError as exc:
-                problems.append(str(exc))
-    have = _kinds_or_problem(cfg.base)
-    if isinstance(have, str):
-        problems.append(have)
-    else:
-        missing = [t for t in cfg.targets if t not in have]
-        if missing:
-            problems.append(f"targets {missing} are not linear projection kinds of base {cfg.base!r}; choose among {list(have)}")
+    problems = task_problems(cfg, machine=True, targets=cfg.targets, target_field="targets",
+                             check=lambda path, split, what: check_records(path, task_fields(cfg, what), split=split, what=what))
     if problems:
         raise ValueError("; ".join(problems))
 
@@ -223,12 +185,12 @@ def task_sets(cfg: Config) -> tuple[list[data.Example], list[data.Example]]:
         world = base_world(cfg.base, seed=cfg.base_seed)
         return data.split(data.task_examples(world, cfg.task, cfg.modulus), cfg.heldout_frac, cfg.base_seed,
                           by_entity=cfg.task == "qa")
-    examples = data.file_examples(cfg.task_path, cfg.prompt_field, cfg.answer_field, split=cfg.task_split,
-                                  what="task_path", limit=cfg.max_examples)
+    read = dict(limit=cfg.max_examples, part="file", strip=False)
+    examples = file_examples(cfg.task_path, cfg.prompt_field, cfg.answer_field, split=cfg.task_split, **read)
     if cfg.eval_path:
-        return examples, data.file_examples(cfg.eval_path, cfg.eval_prompt_field or cfg.prompt_field,
-                                            cfg.eval_answer_field or cfg.answer_field, split=cfg.eval_split,
-                                            what="eval_path", limit=cfg.max_examples)
+        return examples, file_examples(cfg.eval_path, cfg.eval_prompt_field or cfg.prompt_field,
+                                       cfg.eval_answer_field or cfg.answer_field, split=cfg.eval_split, what="eval_path",
+                                       **read)
     return data.split(examples, cfg.heldout_frac, cfg.base_seed)
 
 

@@ -11,7 +11,8 @@ from typing import Any, Iterator, Literal
 import torch
 
 from components.basemodel import (
-    LLAMA_LINEAR_TYPES, base_kinds, base_world, check_base, check_dtype, check_records, load_base, lora, parse_tiny,
+    LLAMA_LINEAR_TYPES, AnswerField, PromptField, base_kinds, base_world, check_records, load_base, lora, parse_tiny,
+    task_problems, with_task_fields,
 )
 from workloads.plop.data import TASKS, answer_loss, encode, evaluate, file_split, fits, split
 from workloads.plop.nfn import by_type, kendall_tau, module_kinds, score_modules, select
@@ -23,31 +24,14 @@ MAX_WORKERS = 1
 
 
 @dataclass(frozen=True)
-class Config:
-    base: str = "tiny-local"
-    """Base model: 'tiny-local[:k=v,...]', a local save_pretrained folder or a Hugging Face id."""
-    base_seed: int = 0
-    """Seed of the tiny-local build and of its world (the task's facts); never a trial seed."""
-    dtype: str = "float32"
-    """Weights' dtype when loading the base: 'auto' (the checkpoint's own), 'float32', 'bfloat16'
-    (the full-size sweep, on GPU) or 'float16'. Scores are computed in float32 either way."""
+class Config(with_task_fields(PromptField, AnswerField, dtype="float32")):
+    """plop's settings after the task-file fields (`components.basemodel.taskfields`): NFN scores are computed
+    in float32 whatever `dtype`; task_path is supervised fine-tuning data (MetaMathQA: 'query' -> 'response'),
+    eval_path e.g. GSM8K's test split after it (its own fields: `eval_prompt_field`, `eval_answer_field`)."""
+
     task: Literal["attr_query", "fact_query", "sub_mod", "mul_mod"] = "mul_mod"
     """Built-in downstream task on tiny-local's world (workloads.plop.data): none of them is in the
     base's pre-training. Not read when `task_path` is set."""
-    task_path: str = ""
-    """Supervised fine-tuning data: a JSONL file (one object per line) or a datasets save_to_disk
-    folder with a prompt and an answer field per record ("" = the built-in `task`, the CI default)."""
-    task_split: str = "train"
-    """The split of a save_to_disk DatasetDict at `task_path` (a JSONL file has none)."""
-    prompt_field: str = "prompt"
-    """The field of a record holding the prompt (MetaMathQA: 'query'; GSM8K: 'question')."""
-    answer_field: str = "answer"
-    """The field of a record holding the answer the model learns (MetaMathQA: 'response')."""
-    eval_path: str = ""
-    """Held-out data in the same formats (e.g. GSM8K's test split after MetaMathQA); "" holds out
-    `heldout_frac` of `task_path`'s records, drawn by the seed."""
-    eval_split: str = "test"
-    """The split of a save_to_disk DatasetDict at `eval_path`."""
     eval_prompt_field: str = ""
     """The prompt field of `eval_path`'s records ("" = `prompt_field`)."""
     eval_answer_field: str = ""
@@ -125,7 +109,8 @@ def smoke() -> Config:
 
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Checks that need no model: raised before anything is launched."""
-    check_base(cfg.base)
+    if problems := task_problems(cfg):
+        raise ValueError("; ".join(problems))
     if cfg.task not in TASKS:
         raise ValueError(f"task must be one of {', '.join(TASKS)}, got {cfg.task!r}")
     if cfg.placement not in PLACEMENTS:
@@ -144,11 +129,9 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     if cfg.eval_batch <= 0 or min(cfg.task_limit, cfg.eval_limit, cfg.max_tokens) < 0:
         raise ValueError(f"eval_batch must be positive and task_limit, eval_limit, max_tokens >= 0, got "
                          f"{cfg.eval_batch}, {cfg.task_limit}, {cfg.eval_limit}, {cfg.max_tokens}")
-    for name in ("prompt_field", "answer_field", "task_split"):
+    for name in ("prompt_field", "answer_field"):
         if cfg.task_path and not getattr(cfg, name):
-            raise ValueError(f"{name} must name a field (or split) of task_path's records, got ''")
-    if cfg.eval_path and not cfg.task_path:
-        raise ValueError(f"eval_path={cfg.eval_path!r} is the held-out set of a task file: set task_path too")
+            raise ValueError(f"{name} must name a field of task_path's records, got ''")
     for name in ("attention_kinds", "mlp_kinds"):
         kinds = getattr(cfg, name)
         if not isinstance(kinds, (tuple, list)) or not all(isinstance(k, str) and k for k in kinds):
@@ -164,7 +147,6 @@ def validate(cfg: Config, world_size: int = 1) -> None:
                          f"lr={cfg.lr}, alpha_over_rank={cfg.alpha_over_rank}, weight_decay={cfg.weight_decay}")
     if not 0 < cfg.checkpoint_every_frac <= 1:
         raise ValueError(f"checkpoint_every_frac must lie in (0, 1], got {cfg.checkpoint_every_frac}")
-    check_dtype(cfg.dtype)
     if cfg.task_path:
         return  # the file's size is known where it is read (preflight, train)
     train_n = len(split(base_world(cfg.base, seed=cfg.base_seed), cfg.task, heldout_frac=cfg.heldout_frac,
@@ -215,28 +197,19 @@ def preflight(cfg: Config) -> None:
     task files read with their fields. Every problem in one error."""
     from components.pretrained import model_config
 
-    problems = []
+    fields = {"task_path": {cfg.prompt_field: str, cfg.answer_field: str},
+              "eval_path": {cfg.eval_prompt_field or cfg.prompt_field: str, cfg.eval_answer_field or cfg.answer_field: str}}
+    problems = task_problems(cfg, machine=True,
+                             check=lambda path, split_, what: check_records(path, fields[what], split=split_, what=what))
     if parse_tiny(cfg.base) is not None:
         found = cfg.base
-    else:
+    else:  # the folder of its config.json ('' when not here: task_problems names it)
         config = model_config(cfg.base)
         found = str(Path(config).parent) if config else ""
-        if not found:
-            problems.append(f"base={cfg.base!r} is neither a folder with config.json nor in the local Hugging Face "
-                            f"cache (nothing is downloaded at run time): fetch it with `hf download {cfg.base}`")
     if found:
         problems += placement_problems(cfg, base_kinds(found), f"base {cfg.base!r}")
     if found and parse_tiny(cfg.base) is None:
         problems += block_problems(cfg, found)
-    for path, split_, prompt, answer, what in (
-            (cfg.task_path, cfg.task_split, cfg.prompt_field, cfg.answer_field, "task_path"),
-            (cfg.eval_path, cfg.eval_split, cfg.eval_prompt_field or cfg.prompt_field,
-             cfg.eval_answer_field or cfg.answer_field, "eval_path")):
-        if path:
-            try:
-                check_records(path, {prompt: str, answer: str}, split=split_, what=what)
-            except ValueError as exc:
-                problems.append(str(exc))
     if problems:
         raise ValueError("; ".join(problems))
 

@@ -9,6 +9,9 @@ The objective (metric and mode) is set in one place, the sweep's `tune.TuneConfi
 it to the scheduler: Ray refuses a Tuner whose scheduler was built with a metric of its own.
 `metric` and `mode` here feed only our collapse scheduler, which accepts the same objective
 again from Tune (and refuses another one).
+
+Each scheduler's options, their names and defaults, are its table in `orchestrator.sweep`'s
+`SCHEDULER_OPTIONS` (the one `Sweep.check()` checks a sweep against, and docs/sweep-options.md lists).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from orchestrator.sweep import SweepError
+from orchestrator.sweep import SCHEDULER_OPTIONS, SweepError, resolved_options, unknown_option
 
 
 def build(
@@ -33,7 +36,12 @@ def build(
 
     from orchestrator.sweeps.schedulers.ray_rules import Asha, Median
 
-    opts = dict(options)
+    if name not in SCHEDULER_OPTIONS:
+        raise SweepError(f"unknown scheduler {name!r}")
+    problem = unknown_option(options, SCHEDULER_OPTIONS[name], what="scheduler option", owner=f"scheduler={name!r}")
+    if problem:
+        raise SweepError(problem)
+    opts = resolved_options(options, SCHEDULER_OPTIONS[name])
     if name == "fifo":
         return FIFOScheduler()
     if name == "asha":
@@ -41,29 +49,22 @@ def build(
         return Asha(
             time_attr="progress_pct",
             max_t=100,
-            grace_period=float(opts.pop("grace_period", 0.1)) * 100,
-            reduction_factor=float(opts.pop("reduction_factor", 2)),
-            **opts,
+            grace_period=float(opts["grace_period"]) * 100,
+            reduction_factor=float(opts["reduction_factor"]),
+            brackets=int(opts["brackets"]),
         )
     if name == "median":
         return Median(
             time_attr="progress_pct",
-            grace_period=float(opts.pop("grace_period", 0.1)) * 100,
-            min_samples_required=int(opts.pop("min_samples_required", 2)),
-            **opts,
+            grace_period=float(opts["grace_period"]) * 100,
+            min_samples_required=int(opts["min_samples_required"]),
         )
-    if name == "collapse":
-        from orchestrator.sweeps.collapse import CollapseStopper
-        from orchestrator.sweeps.schedulers.collapse import CollapseScheduler
+    # collapse
+    from orchestrator.sweeps.collapse import CollapseStopper
+    from orchestrator.sweeps.schedulers.collapse import CollapseScheduler
 
-        if reference is None:
-            raise SweepError("the collapse scheduler needs a reference (scheduler_options['reference'])")
-        opts.pop("reference", None)
-        stopper_keys = ("rungs", "keep_quantile", "reduction_factor", "window_start", "warmup_frac",
-                        "smooth_window", "min_samples", "min_points", "n_boot")
-        unknown = sorted(set(opts) - set(stopper_keys))
-        if unknown:
-            raise SweepError(f"unknown collapse scheduler option(s) {unknown}; known: {', '.join(stopper_keys)} and reference")
-        return CollapseScheduler(CollapseStopper(reference, **opts), metric=metric, mode=mode, state_path=state_path,
-                                 diagnostics=diagnostics)
-    raise SweepError(f"unknown scheduler {name!r}")
+    if reference is None:
+        raise SweepError("the collapse scheduler needs a reference (scheduler_options['reference'])")
+    opts.pop("reference", None)
+    return CollapseScheduler(CollapseStopper(reference, **opts), metric=metric, mode=mode, state_path=state_path,
+                             diagnostics=diagnostics)
