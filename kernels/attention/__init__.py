@@ -4,7 +4,7 @@
 over [B, H, T, D] with the paper's rounding-bias fix behind ``stable_rounding``. ``impl="auto"``
 takes the Triton kernel for CUDA tensors when Triton is installed and the emulating reference
 otherwise; both round in the same places (fp32 statistics, P rounded to the input dtype before
-the P V product). The bf16-everywhere arithmetic of the paper's own code, in which the bias
+the P V product, the row sum adding that same rounded P). The bf16-everywhere arithmetic of the paper's own code, in which the bias
 shows, is `reference.flash_attention_reference(..., precision="paper")`.
 """
 
@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import torch
 
-from kernels.attention.reference import (STABLE_BETA, STABLE_CAP, STABLE_RULES, TIE_TOL, attention_fp64, error_bias,
-                                         flash_attention_reference, stable_rule, tied_max_inputs)
+from kernels.attention.reference import (STABLE_BETA, STABLE_CAP, STABLE_CAP_FP16, STABLE_RULES, TIE_TOL,
+                                         attention_fp64, error_bias, flash_attention_reference, graded_tied_inputs,
+                                         stable_cap_for, stable_rule, tied_max_inputs)
 from kernels.attention.triton import HAS_TRITON, flash_attention_triton
 
 IMPLS = ("auto", "triton", "reference")
 
-__all__ = ["HAS_TRITON", "IMPLS", "STABLE_BETA", "STABLE_CAP", "STABLE_RULES", "TIE_TOL", "stable_rule", "attention_fp64", "error_bias", "flash_attention",
-           "flash_attention_reference", "flash_attention_triton", "resolve_impl", "tied_max_inputs"]
+__all__ = ["HAS_TRITON", "IMPLS", "STABLE_BETA", "STABLE_CAP", "STABLE_CAP_FP16", "STABLE_RULES", "TIE_TOL",
+           "stable_cap_for", "stable_rule", "attention_fp64", "error_bias", "flash_attention",
+           "flash_attention_reference", "flash_attention_triton", "graded_tied_inputs", "resolve_impl",
+           "tied_max_inputs"]
 
 
 def resolve_impl(impl: str, q: torch.Tensor) -> str:
@@ -37,9 +40,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
 
     causal masks key j > query i (top-left aligned). stable_rounding shifts a tile's row max
     when it is attained more than once, so that no probability is exactly 1 (same maths, no
-    coherent bf16 rounding): True or "bounded" with a shift of at most `STABLE_CAP`, "paper" with
-    the paper's unbounded beta * m / 0 (underflows for tied maxima beyond ~|16| in fp16 and
-    ~|100| in bf16/fp32; see `reference`). impl: "auto" | "triton" | "reference".
+    coherent bf16 rounding): True or "bounded" with a shift below `STABLE_CAP` (8; fp16:
+    `STABLE_CAP_FP16` = 4 ln 2, so that probabilities within 2^-10 of a row's maximum stay fp16
+    normals), "paper" with the paper's unbounded beta * m / 0 (NaN for tied maxima beyond ~|17| in
+    fp16, ~|93| in bf16 and ~|104| in fp32; see `reference`). impl: "auto" | "triton" | "reference".
     """
     if resolve_impl(impl, q) == "triton":
         return flash_attention_triton(q, k, v, causal=causal, stable_rounding=stable_rounding)

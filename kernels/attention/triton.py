@@ -3,10 +3,13 @@
 FlashAttention-2 forward and backward in Triton, with the paper's rounding-bias fix behind
 ``stable_rounding`` ("bounded", the default when True, or "paper"; see `reference.py`). The
 arithmetic is the "kernel" precision of `reference.py`: scores, running max, row sum and
-accumulators in fp32; P rounded to the input dtype right before the P V product, dS right before
-the dQ and dK products; O, dQ, dK, dV rounded once when stored. The fix is one compare and one
-row reduction per tile; the backward is unchanged, as it only reads the LSE, which the fix leaves
-as it is.
+accumulators in fp32; P rounded to the input dtype right before the P V product, and the row sum
+l adds that same rounded P (so the output's weights sum to 1), while a second fp32 sum of the
+unrounded P gives the LSE (one more row reduction per tile, bf16 and fp16 only); dS rounded right
+before the dQ and dK products; O, dQ, dK, dV rounded once when stored. The fix is one compare and
+one row reduction per tile, its cap passed with the launch (`cap2`, log2 units: 8 log2 e for bf16
+and fp32, 4 for fp16, `reference.stable_cap_for`); the backward is unchanged, as it only reads the
+LSE, which the fix leaves as it is.
 
 Layout and speed: q, k, v are [B, H, T, D] with any strides but a unit last one, so the usual
 [B, T, H, D].transpose(1, 2) is read in place (no copy); offsets are int64. Causal masking is
@@ -35,7 +38,7 @@ import os
 
 import torch
 
-from kernels.attention.reference import STABLE_BETA, STABLE_CAP, TIE_TOL, stable_rule
+from kernels.attention.reference import STABLE_BETA, TIE_TOL, resolve_cap, stable_rule
 
 try:
     import triton
@@ -134,7 +137,7 @@ if HAS_TRITON:
         return m_tile + delta
 
     @triton.jit
-    def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, skt, svt, offs_m, offs_n, offs_d, d_ok, n_lo, n_hi, TK,
+    def _fwd_inner(acc, l_i, l32, m_i, q, k_base, v_base, skt, svt, offs_m, offs_n, offs_d, d_ok, n_lo, n_hi, TK,
                    qk_scale, tie_tol2, beta, cap2, MASK: tl.constexpr, CAUSAL: tl.constexpr, STABLE: tl.constexpr,
                    BLOCK_N: tl.constexpr, ROUND: tl.constexpr, DOT: tl.constexpr, DTYPE: tl.constexpr):
         """The online-softmax loop over key tiles [n_lo, n_hi); MASK: the tiles cross the diagonal or TK."""
@@ -162,11 +165,13 @@ if HAS_TRITON:
             m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
             p = tl.math.exp2(s - m_ref[:, None])
             alpha = tl.math.exp2(m_i - m_ref)
+            if ROUND != 0:
+                l32 = l32 * alpha + tl.sum(p, 1)  # the unrounded P's sum, for the LSE
+            p = _round(p, ROUND, DTYPE)  # P as it meets V; l_i sums this same P (the output's weights sum to 1)
             l_i = l_i * alpha + tl.sum(p, 1)
-            p = _round(p, ROUND, DTYPE)
             acc = acc * alpha[:, None] + _mm(p, _operand(v, DOT), DOT, DTYPE)
             m_i = m_new
-        return acc, l_i, m_i
+        return acc, l_i, l32, m_i
 
     @triton.jit
     def _fwd_kernel(Q, K, V, O, LSE,
@@ -188,6 +193,7 @@ if HAS_TRITON:
         q = _operand(tl.load(Q + b * sqb + h * sqh + m64[:, None] * sqt + offs_d[None, :], mask=q_ok, other=0.0), DOT)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
+        l32 = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         k_base = K + b * skb + h * skh
         v_base = V + b * svb + h * svh
@@ -197,15 +203,17 @@ if HAS_TRITON:
         else:
             hi = TK
             full = (TK // BLOCK_N) * BLOCK_N
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, skt, svt, offs_m, offs_n, offs_d, d_ok, 0, full,
-                                   TK, qk_scale, tie_tol2, beta, cap2, False, CAUSAL, STABLE, BLOCK_N, ROUND, DOT,
-                                   DTYPE)
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, skt, svt, offs_m, offs_n, offs_d, d_ok, full, hi,
-                                   TK, qk_scale, tie_tol2, beta, cap2, True, CAUSAL, STABLE, BLOCK_N, ROUND, DOT,
-                                   DTYPE)
+        acc, l_i, l32, m_i = _fwd_inner(acc, l_i, l32, m_i, q, k_base, v_base, skt, svt, offs_m, offs_n, offs_d, d_ok,
+                                        0, full, TK, qk_scale, tie_tol2, beta, cap2, False, CAUSAL, STABLE, BLOCK_N,
+                                        ROUND, DOT, DTYPE)
+        acc, l_i, l32, m_i = _fwd_inner(acc, l_i, l32, m_i, q, k_base, v_base, skt, svt, offs_m, offs_n, offs_d, d_ok,
+                                        full, hi, TK, qk_scale, tie_tol2, beta, cap2, True, CAUSAL, STABLE, BLOCK_N,
+                                        ROUND, DOT, DTYPE)
         out = _round(acc / l_i[:, None], ROUND, DTYPE)
         tl.store(O + b * sob + h * soh + m64[:, None] * sot + offs_d[None, :], _narrow(out, ROUND, DTYPE), mask=q_ok)
-        tl.store(LSE + bh.to(tl.int64) * TQ + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < TQ)  # log2 units
+        if ROUND == 0:
+            l32 = l_i  # fp32 inputs: P does not round, the two sums are one
+        tl.store(LSE + bh.to(tl.int64) * TQ + offs_m, m_i + tl.math.log2(l32), mask=offs_m < TQ)  # log2 units
 
     @triton.jit
     def _bwd_preprocess(O, DO, DELTA, sob, soh, sot, sdb, sdh, sdt, H, TQ, D,
@@ -404,17 +412,18 @@ def _tiles(block_m: int | None, block_n: int | None) -> dict | None:
     return dict(BLOCK_M=block_m or 64, BLOCK_N=block_n or 64)
 
 
-def _forward(q, k, v, causal, stable_rounding, block_m, block_n, beta, tie_tol, allow_tf32):
+def _forward(q, k, v, causal, stable_rounding, block_m, block_n, beta, tie_tol, allow_tf32, stable_cap=None):
     """(O, LSE in log2 units)."""
     _check(q, k, v)
     rule = stable_rule(stable_rounding)
+    cap = resolve_cap(stable_cap, q.dtype)
     q, k, v = (_unit_last(x) for x in (q, k, v))
     B, H, TQ, D = q.shape
     TK = k.shape[-2]
     out = torch.empty_like(q)
     lse2 = torch.empty(B, H, TQ, dtype=torch.float32, device=q.device)
     args = (q, k, v, out, lse2, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
-            H, TQ, TK, D, D ** -0.5 * LOG2E, tie_tol * LOG2E, beta, STABLE_CAP * LOG2E)
+            H, TQ, TK, D, D ** -0.5 * LOG2E, tie_tol * LOG2E, beta, cap * LOG2E)
     opts = dict(CAUSAL=causal, STABLE={None: 0, "bounded": 1, "paper": 2}[rule],
                 BLOCK_D=max(16, triton.next_power_of_2(D)), **_launch_opts(q.dtype, allow_tf32))
     tiles = _tiles(block_m, block_n)
@@ -455,13 +464,14 @@ def _backward(q, k, v, out, lse2, dout, causal, block_m, block_n, allow_tf32):
 
 def triton_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                    stable_rounding: bool | str = False, block_m: int | None = None, block_n: int | None = None,
-                   beta: float = STABLE_BETA, tie_tol: float = TIE_TOL, allow_tf32: bool = False
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+                   beta: float = STABLE_BETA, tie_tol: float = TIE_TOL, allow_tf32: bool = False,
+                   stable_cap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(O in the input dtype, LSE [B, H, Tq] fp32 in natural log) for q, k, v [B, H, T, D] with a unit last stride.
 
-    Tiles: block_m x block_n; unset, autotuned on a GPU and 64 x 64 under the interpreter.
+    Tiles: block_m x block_n; unset, autotuned on a GPU and 64 x 64 under the interpreter. stable_cap:
+    the bounded rule's largest shift, None for the input dtype's (`reference.stable_cap_for`).
     """
-    out, lse2 = _forward(q, k, v, causal, stable_rounding, block_m, block_n, beta, tie_tol, allow_tf32)
+    out, lse2 = _forward(q, k, v, causal, stable_rounding, block_m, block_n, beta, tie_tol, allow_tf32, stable_cap)
     return out, lse2 * math.log(2.0)
 
 
@@ -477,8 +487,8 @@ class FlashAttentionTriton(torch.autograd.Function):
     """`triton_forward` and `triton_backward` as one differentiable op (the LSE stays in log2 units between them)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, stable_rounding, block_m, block_n, beta, tie_tol, allow_tf32):
-        out, lse2 = _forward(q, k, v, causal, stable_rounding, block_m, block_n, beta, tie_tol, allow_tf32)
+    def forward(ctx, q, k, v, causal, stable_rounding, block_m, block_n, beta, tie_tol, allow_tf32, stable_cap=None):
+        out, lse2 = _forward(q, k, v, causal, stable_rounding, block_m, block_n, beta, tie_tol, allow_tf32, stable_cap)
         ctx.save_for_backward(q, k, v, out, lse2)
         ctx.opts = (causal, block_m, block_n, allow_tf32)
         return out
@@ -487,14 +497,16 @@ class FlashAttentionTriton(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse2 = ctx.saved_tensors
         dq, dk, dv = _backward(q, k, v, out, lse2, dout, *ctx.opts)
-        return dq, dk, dv, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 def flash_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                            stable_rounding: bool | str = False, block_m: int | None = None,
                            block_n: int | None = None, beta: float = STABLE_BETA, tie_tol: float = TIE_TOL,
-                           allow_tf32: bool = False) -> torch.Tensor:
+                           allow_tf32: bool = False, stable_cap: float | None = None) -> torch.Tensor:
     """Differentiable Triton flash attention over [B, H, T, D] (see `triton_forward` for the options)."""
     _check(q, k, v)
-    stable_rule(stable_rounding)  # reject a bad rule before any kernel runs
-    return FlashAttentionTriton.apply(q, k, v, causal, stable_rounding, block_m, block_n, beta, tie_tol, allow_tf32)
+    stable_rule(stable_rounding)  # reject a bad rule or cap before any kernel runs
+    resolve_cap(stable_cap, q.dtype)
+    return FlashAttentionTriton.apply(q, k, v, causal, stable_rounding, block_m, block_n, beta, tie_tol, allow_tf32,
+                                      stable_cap)

@@ -2,12 +2,14 @@
 
 kernels.attention: the float64 reference against PyTorch's attention, the emulated bf16
 flash attention pinned on hand-computed values, the Triton kernel (CPU interpreter) against the
-emulation, and the rounding-bias fix: harmless in fp32, and removing the bias of bf16 row sums
-on inputs whose row maxima are tied.
+emulation, and the rounding-bias fix: harmless in fp32, removing the bias of bf16 row sums
+on inputs whose row maxima are tied, and capped in fp16 so that probabilities near a row's
+maximum stay fp16 normals; and the row sum of the rounded P, whose weights sum to 1.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -40,6 +42,8 @@ def on_dev(fn):
         return tuple(o.cpu() for o in out) if isinstance(out, tuple) else out.cpu()
     return call
 BF16_EPS = 2.0 ** -7  # bf16 spacing at 1: one ulp of x is at most this times |x|
+FP16_EPS = 2.0 ** -10  # the same for fp16
+FP16_TINY = torch.finfo(torch.float16).tiny  # 2^-14 = 6.1e-5, fp16's smallest normal
 
 
 def qkv(b, h, t, d, dtype=torch.float32, seed=0, tk=None):
@@ -94,17 +98,26 @@ def test_emulated_backward_matches_float64_autograd(causal):
         assert rel(g, w) < 1e-5
 
 
-def test_kernel_precision_rounds_p_before_pv_and_sums_l_unrounded():
-    # Scores [0, -d]: P = [1, p], p = exp(-d) = 0.72592 -> 0.7265625 in bf16; V = [0, 1].
-    # O = bf16(bf16(p) / (1 + p)) = 0.421875, whereas unrounded P or an l of rounded P give 0.419921875.
-    d = 0.3203125
-    q = torch.tensor([1.0]).view(1, 1, 1, 1).bfloat16()
-    k = torch.tensor([0.0, -d]).view(1, 1, 2, 1).bfloat16()
-    v = torch.tensor([0.0, 1.0]).view(1, 1, 2, 1).bfloat16()
-    out, _ = ref.flash_attention_forward(q, k, v)
-    assert out.item() == 0.421875
+def test_kernel_precision_rounds_p_before_pv_and_sums_l_from_the_same_p():
+    # Two keys scored [0, -d]: P = [1, p], p = exp(-d) rounded to bf16 (r) before the P V product,
+    # and l = 1 + r sums that same rounded P; the LSE keeps the unrounded sum, log(1 + p).
+    # d = 0.3203125, V = [0, 1]: p = 0.72592 -> r = 0.7265625, O = bf16(r / (1 + r)) = 0.419921875;
+    #   an l of the unrounded P (the previous rule, FA-2's) gives bf16(r / (1 + p)) = 0.421875.
+    # d = 0.5859375, V = [1, 0]: p = 0.55658 -> r = 0.5546875, O = bf16(1 / (1 + r)) = 0.64453125;
+    #   P left unrounded everywhere, or l of the unrounded P, give bf16(1 / (1 + p)) = 0.640625.
+    # (Each exact quotient is >= 1e-4 of itself from a bf16 rounding boundary.)
+    run = [ref.flash_attention_forward]
     if tri.HAS_TRITON and (DEVICE == "cpu" or torch.cuda.is_available()):
-        assert on_dev(tri.triton_forward)(q, k, v)[0].item() == 0.421875
+        run.append(on_dev(tri.triton_forward))
+    for d, v_keys, want in ((0.3203125, [0.0, 1.0], 0.419921875), (0.5859375, [1.0, 0.0], 0.64453125)):
+        q = torch.tensor([1.0]).view(1, 1, 1, 1).bfloat16()
+        k = torch.tensor([0.0, -d]).view(1, 1, 2, 1).bfloat16()
+        v = torch.tensor(v_keys).view(1, 1, 2, 1).bfloat16()
+        p = torch.tensor(-d, dtype=torch.float64).exp()
+        for fn in run:
+            out, lse = fn(q, k, v)
+            assert out.item() == want, (fn, d)
+            assert abs(lse.item() - torch.log1p(p).item()) < 1e-6, (fn, d)  # log(1 + r) is >= 3.6e-4 away
 
 
 def test_paper_precision_rounds_the_row_sum_in_bf16():
@@ -159,10 +172,13 @@ LARGE_TIES = [(dtype, m) for dtype in (torch.float16, torch.bfloat16, torch.floa
 @pytest.mark.parametrize("impl", ["reference", pytest.param("triton", marks=needs_triton)])
 def test_stable_rounding_survives_large_tied_maxima(impl):
     # The paper's rule moves a tied max m > 0 to 2m and m < 0 to 0, so every probability is
-    # exp(-|m|): measured (these inputs, reference) fp16 error 1.9e-2 at m = 16 and 0.33 at |m| = 24
-    # (1e-4 unfixed), and NaN outputs and gradients at m = -110 in every dtype. The bounded rule
-    # (shift <= 8) stays within the unfixed error plus half an ulp of max|V|: measured <= 1.4e-4
-    # (fp16), 1.7e-3 (bf16), 4.5e-8 (fp32).
+    # exp(-|m|). Here all keys are one vector, so every P of a row is that one value, and with l
+    # summing the rounded P its rounding cancels: measured (these inputs, reference) the paper's
+    # rule has the unfixed error (1e-4 in fp16) up to |m| = 17, but where exp(-|m|) rounds to 0 in
+    # the input dtype (fp16 from |m| ~ 17.3, exp(-24) = 3.8e-11; bf16 from ~93; fp32 from ~104)
+    # l = 0 and the output and gradients are NaN. The bounded rule (shift < 8, fp16 < 4 ln 2)
+    # stays within the unfixed error plus half an ulp of max|V|: measured <= 1.0e-4 (fp16),
+    # 6.2e-4 (bf16), 3.8e-8 (fp32).
     fn = attention.flash_attention_reference if impl == "reference" else on_dev(tri.flash_attention_triton)
     blocks = dict(block_m=32, block_n=32)
     ulp = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7, torch.float32: 2.0 ** -23}
@@ -183,12 +199,113 @@ def test_stable_rounding_survives_large_tied_maxima(impl):
             # dV = P^T dO = queries / keys for every key
             dv = q.shape[-2] / k.shape[-2]
             assert (grads[2].double() - dv).abs().max() <= 4 * ulp[dtype] * dv + 1e-6, (dtype, m)
-        if m == -110.0:  # the paper's rule, kept for the reproduction, still fails here as published
+        # the paper's rule, kept for the reproduction, fails here as published: every P rounds to 0
+        if m == -110.0 or (dtype == torch.float16 and abs(m) >= 24.0):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # the interpreter's 0 / 0
-                assert torch.isnan(fn(q, k, v, stable_rounding="paper", **blocks)).all()
-        if dtype == torch.float16 and m == 16.0:
-            assert (fn(q, k, v, stable_rounding="paper", **blocks).double() - truth).abs().max() > 4 * bound
+                assert torch.isnan(fn(q, k, v, stable_rounding="paper", **blocks)).all(), (dtype, m)
+
+
+# --- the fp16 cap and the row sum of the rounded P ---------------------------------------------
+
+def test_shift_cap_follows_the_dtype():
+    # fp16's cap keeps every P within 2^-10 of its row's maximum an fp16 normal after the shift:
+    # exp(-c) * 2^-10 >= 2^-14, c = ln(2^-10 / 2^-14) = 4 ln 2. bf16 and fp32 have fp32's exponent range.
+    assert ref.STABLE_CAP_FP16 == pytest.approx(4 * math.log(2), rel=1e-12)
+    assert ref.FP16_TINY == FP16_TINY and ref.STABLE_CAP_FP16 == pytest.approx(math.log(ref.FP16_KEEP / FP16_TINY))
+    assert ref.stable_cap_for(torch.float16) == ref.STABLE_CAP_FP16
+    assert ref.stable_cap_for(torch.bfloat16) == ref.stable_cap_for(torch.float32) == ref.STABLE_CAP == 8.0
+    q, k, v = ref.graded_tied_inputs(0, 24.0, queries=16, keys=64, head_dim=16, tied_every=4)
+    fixed = ref.flash_attention_forward(q, k, v, stable_rounding=True)[0]
+    assert torch.equal(fixed, ref.flash_attention_forward(q, k, v, stable_rounding=True,
+                                                          stable_cap=ref.STABLE_CAP_FP16)[0])
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="stable_cap must be"):
+            ref.flash_attention_forward(q, k, v, stable_rounding=True, stable_cap=bad)
+
+
+@pytest.mark.parametrize("m", [24.0, -90.0])
+def test_fp16_cap_keeps_tied_and_near_max_probabilities_normal(m):
+    # The mechanism, on constructed rows (each one tile): a maximum near m tied 128 times, the
+    # other keys spread 0..12 below it. After the shift every tied P is exp(-delta) and a key r
+    # below the maximum has P = exp(-delta - r). With the fp16 cap the smallest tied P is >= 1/16
+    # and no P within 2^-10 of the maximum is an fp16 subnormal; with the cap of 8 (the bf16 one)
+    # 38% of those are (measured, seeds 0-7, either m).
+    q, k, _ = ref.graded_tied_inputs(0, m)
+    s = (q.float() @ k.float().transpose(-1, -2))[0, 0] * q.shape[-1] ** -0.5
+    m_tile = s.amax(-1)
+    tied = s >= (m_tile - ref.TIE_TOL)[:, None]
+    near = s - m_tile[:, None] >= math.log(ref.FP16_KEEP)
+    assert (tied.sum(-1) >= 128).all()  # a few keys just below the maximum round onto it in fp16
+    valid = torch.ones_like(tied)
+    subnormal = {}
+    for cap in (ref.stable_cap_for(torch.float16), ref.STABLE_CAP):
+        m_new = ref._shift_tied_max(s, m_tile, valid, ref.STABLE_BETA, ref.TIE_TOL, "bounded", cap)
+        delta = m_new - m_tile
+        assert (delta >= cap / 2 - 1e-4).all() and (delta < cap).all()  # every row's shift has wrapped
+        p = torch.exp(s - m_new[:, None]).half().float()
+        assert (p[tied] < 1).all()
+        subnormal[cap] = ((p < FP16_TINY) & near).sum().item() / near.sum().item()
+        if cap == ref.STABLE_CAP_FP16:
+            assert p[tied].min() >= max(FP16_TINY, 2.0 ** -4)
+            assert (p[near] >= FP16_TINY).all()
+    assert subnormal[ref.STABLE_CAP_FP16] == 0 and subnormal[ref.STABLE_CAP] > 0.25, subnormal
+
+
+def test_bounded_wrap_varies_the_shift_per_row_under_either_cap():
+    # The wrap keeps slope one: beyond the cap, delta = paper's delta minus a multiple of c/2, in
+    # [c/2, c). So rows whose tied maxima differ get different shifts and different tied P (the
+    # fix's point), under the fp16 cap as under 8.
+    m = torch.linspace(-200.0, 200.0, 4001)
+    m = m[m != 0]
+    q, k, _ = ref.graded_tied_inputs(3, 40.0)
+    s = (q.float() @ k.float().transpose(-1, -2))[0, 0] * q.shape[-1] ** -0.5
+    rows = s.amax(-1)
+    for cap in (ref.STABLE_CAP_FP16, ref.STABLE_CAP):
+        paper = ref.tied_max_shift(m, rule="paper") - m
+        delta = ref.tied_max_shift(m, cap=cap) - m
+        wrapped = paper >= cap
+        assert torch.equal(delta[~wrapped], paper[~wrapped])
+        assert (delta[wrapped] >= cap / 2 - 1e-4).all() and (delta[wrapped] < cap).all()
+        turns = (paper - delta)[wrapped] / (cap / 2)
+        assert (turns - turns.round()).abs().max() < 1e-3  # slope one between the wraps
+        # 128 rows with maxima m + N(0, 1) (fp16 inputs: a few coincide): as many different shifts,
+        # spread over the interval, and nearly as many different tied P in fp16
+        d_rows = ref.tied_max_shift(rows, cap=cap) - rows
+        assert d_rows.unique().numel() == rows.unique().numel() > 120
+        assert d_rows.max() - d_rows.min() > 0.8 * cap / 2
+        assert torch.exp(-d_rows).half().unique().numel() > 100, cap
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_kernel_precision_weights_sum_to_one(dtype):
+    # V = 1: the output is the sum of the weights P_j / l. l sums the same rounded P as the
+    # numerator, so the sum is 1 up to fp32 rounding: exactly 1 in the output dtype, every row.
+    # With l from the unrounded P (the previous rule, FA-2's) 8-20% of these outputs were not 1
+    # (tied maxima with the fix: every tied P rounds the same way; measured seeds 0-3, both dtypes).
+    fns = [ref.flash_attention_forward]
+    if tri.HAS_TRITON and (DEVICE == "cpu" or torch.cuda.is_available()):
+        fns.append(on_dev(tri.triton_forward))
+    for seed in range(2):
+        q, k, v = ref.tied_max_inputs(seed, queries=64, keys=256, head_dim=16, dtype=dtype)
+        ones = torch.ones_like(v)
+        for fn in fns:
+            for stable in (True, False):
+                out = fn(q, k, ones, stable_rounding=stable, block_m=32, block_n=32)[0]
+                assert (out == 1).all(), (fn, seed, stable)
+
+
+def test_fp16_paper_shift_makes_subnormals_the_capped_one_does_not():
+    # Rows tied at m~ = 16 with keys spread 0..12 below (no per-row jitter, so no row passes
+    # |m~| ~ 17.3 where the paper's rule gives NaN in fp16): the paper's shift of 16 puts
+    # nearly every P below the maximum among fp16 subnormals; the bounded rule with the fp16 cap
+    # keeps the unfixed error. Measured (seed 0): max error 3.4e-2 (paper), 3.0e-5 (bounded),
+    # 3.9e-5 (unfixed).
+    q, k, v = ref.graded_tied_inputs(0, 16.0, jitter=0.0, v_mean=0.0, v_std=1.0)
+    truth = ref.attention_fp64(q, k, v)
+    err = {rule: (ref.flash_attention_forward(q, k, v, stable_rounding=rule)[0].double() - truth).abs().max().item()
+           for rule in (False, "bounded", "paper")}
+    assert err["bounded"] < 1.5 * err[False] and err["paper"] > 100 * err[False], err
 
 
 # --- the fix: nothing in fp32, the bias in bf16 row sums --------------------------------------
@@ -340,6 +457,51 @@ def test_triton_stable_rounding_matches_reference(dtype):
         assert rel(g, w) < (2e-4 if fp32 else BF16_EPS)
     for g, e in zip(grads[1:], exact[1:]):  # measured 4e-7 (fp32), 3.7e-3 (bf16)
         assert rel(g, e) < (1e-5 if fp32 else 2 * BF16_EPS)
+
+
+@needs_triton
+def test_triton_fp16_stable_rounding_matches_reference():
+    # fp16 with the fix on: the kernel receives the fp16 cap (4 ln 2) with its launch and sums l
+    # from the rounded P, as the emulation does. fp16 keeps 11 bits, so exp2 against exp flips a
+    # P's last bit more often than in bf16: not bit for bit even interpreted (measured, seeds 1-5:
+    # <= 0.4% of outputs differ, none by more than an ulp of the output), so the allowance of
+    # test_triton_stable_rounding_matches_reference on a GPU, in fp16 ulps. Inputs: tied maxima
+    # near m~ = 4 (tied_max_inputs, D = 16) and at m~ = 24 and -90 (graded_tied_inputs), where the
+    # shift wraps under either cap.
+    blocks = dict(block_m=32, block_n=32)
+    tied = ref.tied_max_inputs(1, queries=64, keys=160, head_dim=16, dtype=torch.float16)
+    graded = [ref.graded_tied_inputs(1, m, queries=64, keys=160, head_dim=16, tied_every=4) for m in (24.0, -90.0)]
+    same = {"fp16 cap": 0, "cap 8": 0}
+    for i, (q, k, v) in enumerate([tied] + graded):
+        fixed, lse = on_dev(tri.triton_forward)(q, k, v, stable_rounding=True, **blocks)
+        want, want_lse = ref.flash_attention_forward(q, k, v, stable_rounding=True, **blocks)
+        # the LSE keeps the unrounded row sum: a few fp32 ulps of |LSE| apart (|LSE| ~ 90 here)
+        assert ((lse - want_lse).abs() <= 1e-5 + 2 ** -22 * want_lse.abs()).all()
+        diff = (fixed.double() - want.double()).abs()
+        terms = ref.attention_fp64(q.double(), k.double(), v.double().abs())
+        assert (diff <= FP16_EPS * (want.double().abs() + terms)).all()
+        assert (diff > FP16_EPS * want.double().abs()).double().mean() < 1e-3
+        assert (diff > 0).double().mean() < 0.01
+        if i:
+            want8, _ = ref.flash_attention_forward(q, k, v, stable_rounding=True, stable_cap=8.0, **blocks)
+            same["fp16 cap"] += (fixed == want).sum().item()
+            same["cap 8"] += (fixed == want8).sum().item()
+    # the cap reached the kernel: its outputs are the fp16-cap emulation's (measured 2042 of 2048
+    # equal, seed 1), not the cap-8 one's (2026)
+    assert same["fp16 cap"] > same["cap 8"], same
+    # The backward reads only the LSE. dQ is a cancellation on tied inputs (see the test above):
+    # measured (seeds 1-5) <= 3.3e-3 of its largest apart from the emulation, dK and dV <= 3.2e-4,
+    # and dK, dV <= 6.5e-4 from the exact maths.
+    q, k, v = (x.detach().requires_grad_() for x in tied)
+    out = on_dev(tri.flash_attention_triton)(q, k, v, stable_rounding=True, **blocks)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(0)).half()
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    want = torch.autograd.grad(ref.flash_attention_reference(q, k, v, stable_rounding=True, **blocks), (q, k, v), dout)
+    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+    exact = torch.autograd.grad(ref.attention_fp64(q64, k64, v64), (q64, k64, v64), dout.double())
+    assert rel(grads[0], want[0]) < 8 * FP16_EPS
+    for g, w, e in zip(grads[1:], want[1:], exact[1:]):
+        assert rel(g, w) < 2 * FP16_EPS and rel(g, e) < 2 * FP16_EPS
 
 
 @needs_triton
