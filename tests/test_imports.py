@@ -113,12 +113,38 @@ def _workload_of(module: str) -> str | None:
 
 def test_no_workload_imports_another():
     """A workload's shared parts live outside workloads/ (the LM corpus, sampler and GPT in
-    `components.lm`); one that builds on another workload loads it through the registry."""
+    `components.lm`); a model one workload trains and another uses comes from components too (`components.lm.pretrain`)."""
     modules = _modules()
     crossing = sorted((m, d) for m, path in modules.items() if _workload_of(m) for d in imported_names(path)
                       if _workload_of(d) and _workload_of(d) != _workload_of(m))
     assert "components.lm.corpus" in imported_names(modules["workloads.celerity_lm.workload"]), "read no imports"
     assert crossing == []
+
+
+CONTRACT_MODULES = ("orchestrator.run", "orchestrator.claims")
+"""Orchestrator modules a workload may import names from: the `Run` contract and claims (not their
+submodules: orchestrator.run.checkpoints belongs to the runners)."""
+CONTRACT_PACKAGES = ("orchestrator.sweeps.collapse",)
+"""Orchestrator packages a workload may import from, submodules included: the pure collapse maths
+celerity_lm's claims use."""
+
+
+def _in_contract(name: str, modules: dict[str, Path]) -> bool:
+    module = name if name in modules else name.rsplit(".", 1)[0]  # `from X import y`: y is a name in X
+    return module in CONTRACT_MODULES or any(module == p or module.startswith(p + ".") for p in CONTRACT_PACKAGES)
+
+
+def test_no_workload_imports_a_runner():
+    """A workload reaches the outside world through the contract alone: no runner (registry, launch,
+    tune_run, trial, checkpoints, ...), whatever it would borrow from one; what it needs from another
+    workload's model lives in `components/`."""
+    modules = _modules()
+    reaching = sorted((m, d) for m, path in modules.items() if _workload_of(m) for d in imported_names(path)
+                      if d.startswith("orchestrator.") and not _in_contract(d, modules))
+    names = imported_names(modules["workloads.celerity_lm.claims"])
+    assert "orchestrator.sweeps.collapse" in names and "orchestrator.claims.claim" in names, "read no imports"
+    assert not _in_contract("orchestrator.run.checkpoints", modules) and _in_contract("orchestrator.run.LocalRun", modules)
+    assert reaching == []
 
 
 def test_the_orchestrator_imports_no_workload():

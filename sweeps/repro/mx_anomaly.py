@@ -1,11 +1,12 @@
 """Reproduction of "Is Finer Better? The Limits of Microscaling Formats in LLMs": FP4 E2M1 error
 against block size (256 down to 8) for each block-scale format, on synthetic tensors of controlled
-width and on a trained celerity_lm model.
+width and on a trained Celerity-shaped LM.
 
-One trial per scale format; the block sizes are swept inside the trial, so the LM is trained
-(or loaded) once per format. The full size quantizes the default celerity_lm (width 256, depth 6,
-20 tokens per parameter), trained in the trial: point `lm_checkpoint` at a run folder of
-`ladder run celerity_lm` to quantize a model trained elsewhere.
+One trial per scale format; the block sizes are swept inside the trial. The LM is pre-trained once
+for all four trials (`components.lm.pretrain`, celerity_lm's loop, cached under `$LADDER_CACHE/lm/`:
+the first trial trains it, the others wait and read it). The full size quantizes the default recipe
+(celerity_lm's default config: width 256, depth 6, 20 tokens per parameter): point `lm_checkpoint`
+at a run folder of `ladder run celerity_lm` to quantize a model trained elsewhere.
 """
 
 from orchestrator.sweep import Sweep
@@ -18,7 +19,7 @@ SCALES = (
 )
 
 
-# CPU-sized, every block size: a smoke celerity_lm at width 64 trained to 4 tokens per parameter
+# CPU-sized, every block size: the smoke-size LM at width 64 trained to 4 tokens per parameter
 # (about 400 steps), so that its held-out loss responds to quantization.
 SMOKE = {"block_sizes": (256, 128, 64, 32, 16, 8), "sigmas": (0.001, 0.005, 0.02, 1.0), "synthetic_rows": 128,
          "lm_width": 64, "lm_tpp": 4.0, "eval_tokens": 8192}

@@ -1,4 +1,5 @@
-"""mx_anomaly: the measurements, the LM narrowing, the claims' logic, and the reproduction on Ray."""
+"""mx_anomaly: the measurements, the LM narrowing, the LM it quantizes (components.lm.pretrain's, or a
+celerity_lm run folder's), the claims' logic, and the reproduction on Ray."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ import torch
 from orchestrator.runners import registry
 from orchestrator.claims import spec_of
 from orchestrator.runners.config import ConfigError
+from components.lm import pretrain as lm
 from workloads import celerity_lm
 from workloads import mx_anomaly as m
 from workloads.mx_anomaly import claims
-from workloads.mx_anomaly.workload import measure_block, narrowed, rel_mse, synthetic, validate
+from workloads.mx_anomaly.workload import lm_recipe, measure_block, narrowed, rel_mse, synthetic, validate
 
-from conftest import judged_claim, run_cli, shifted
+from conftest import DiesAtSave, judged_claim, run_cli, shifted
 
 
 def test_bad_configs_name_the_fix(tmp_path):
@@ -28,8 +30,24 @@ def test_bad_configs_name_the_fix(tmp_path):
         w.validate(m.Config(block_sizes=(12,)))
     with pytest.raises(ConfigError, match="scale_format must be one of"):
         w.validate(m.Config(scale_format="ue3m4"))
-    with pytest.raises(ConfigError, match="no run.json"):
+    with pytest.raises(ConfigError, match="lm_checkpoint: .* has no run.json: pass the folder `ladder run celerity_lm`"):
         w.validate(m.Config(lm_checkpoint=str(tmp_path)))
+    (tmp_path / "run.json").write_text(json.dumps({"workload": "mom", "config": {}}))
+    with pytest.raises(ConfigError, match="is a run of 'mom', not of celerity_lm"):
+        w.validate(m.Config(lm_checkpoint=str(tmp_path)))
+    (tmp_path / "run.json").write_text(json.dumps({"workload": "celerity_lm", "config": {"width": 48, "head_dim": 16}}))
+    with pytest.raises(ConfigError, match="holds no checkpoint"):
+        w.validate(m.Config(lm_checkpoint=str(tmp_path)))
+    (tmp_path / "run.json").write_text(json.dumps({"workload": "celerity_lm", "config": {"data": str(tmp_path / "nowhere")}}))
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "step-000000001.pt").write_bytes(b"")
+    w.validate(m.Config(lm_checkpoint=str(tmp_path)))  # the config alone is fine; this machine lacks its data
+    with pytest.raises(ConfigError, match=r"lm_checkpoint: data folder .*nowhere' does not exist"):
+        w.preflight(m.Config(lm_checkpoint=str(tmp_path)))
+    with pytest.raises(ConfigError, match=r"lm_width=50.*width=50 is not a multiple of head_dim=16"):
+        w.validate(dataclasses.replace(m.smoke(), lm_width=50))
+    with pytest.raises(ConfigError, match=r"lm_tpp=-1.*tpp must be positive"):
+        w.validate(dataclasses.replace(m.smoke(), lm_tpp=-1.0))
     with pytest.raises(ConfigError, match="workers=1"):
         w.validate(m.smoke(), world_size=2)
 
@@ -47,10 +65,9 @@ def test_synthetic_tensors_have_the_asked_width(distribution):
 
 
 def _tiny_lm(seed=0):
-    cfg = dataclasses.replace(celerity_lm.smoke(), width=32, depth=1, seed=seed)
+    recipe = dataclasses.replace(lm.PRESETS["smoke"], width=32, depth=1)
     torch.manual_seed(seed)
-    model, _, _ = celerity_lm.build(cfg)
-    return model.eval(), cfg
+    return lm.build_model(recipe).eval(), recipe
 
 
 def test_narrowing_keeps_the_function_and_sets_the_width():
@@ -173,17 +190,101 @@ def test_quantizes_a_celerity_run_folder(workdir):
     assert out["eval/rel_mse/lm_narrow_weights/b8"] > 1.5 * out["eval/rel_mse/lm_narrow_weights/b32"]
 
 
-def test_the_lm_cache_key_is_the_lm_config_and_celerity_lm_code(monkeypatch, tmp_path):
-    from workloads.mx_anomaly.workload import lm_cache_dir, lm_config
+def test_the_component_pretrains_the_lm_celerity_lm_trains(workdir, monkeypatch):
+    """components.lm.pretrain's loop is celerity_lm's step for step: the same recipe and seed give the
+    weights of `ladder run celerity_lm` bit for bit (a mechanism check: any change in seeding, data
+    order, optimizer or schedule breaks equality), and its presets are celerity_lm's configs."""
+    from orchestrator.runners import launch
+
+    monkeypatch.setenv("LADDER_CACHE", str(workdir / "cache"))  # built here, not read from an earlier test
+    assert lm.LMRecipe.of(celerity_lm.smoke()) == lm.PRESETS["smoke"]
+    assert lm.LMRecipe.of(celerity_lm.Config()) == lm.PRESETS["default"]
+    lm_cfg = dataclasses.replace(celerity_lm.smoke(), tpp=1.0, eval_tokens=4096)
+    result = launch.run_local("celerity_lm", lm_cfg, track=False, progress=False)
+    model, meta = lm.pretrained_lm(lm.LMRecipe.of(lm_cfg), lm_cfg.seed)
+    ran, _ = lm.load_run(result.run_dir)
+    assert meta["eval_loss"] == result.metrics["eval/loss"] and meta["steps"] == result.metrics["steps"]
+    theirs = ran.state_dict()
+    assert all(torch.equal(v, theirs[k]) for k, v in model.state_dict().items())
+
+
+def test_the_lm_cache_key_is_the_recipe_the_seed_and_the_code(monkeypatch, tmp_path):
+    import shutil
+    from pathlib import Path
 
     monkeypatch.setenv("LADDER_CACHE", str(tmp_path))
     cfg = m.smoke()
-    here = lm_cache_dir(lm_config(cfg))
-    assert here.parent == tmp_path / "mx_anomaly"
-    # Another scale format quantizes the same LM; another seed or width trains another.
-    assert lm_cache_dir(lm_config(dataclasses.replace(cfg, scale_format="e8m0", global_scale=False))) == here
-    assert lm_cache_dir(lm_config(dataclasses.replace(cfg, seed=cfg.seed + 1))) != here
-    assert lm_cache_dir(lm_config(dataclasses.replace(cfg, lm_width=32))) != here
+    here = lm.artefact_dir(lm_recipe(cfg), cfg.seed)
+    assert here.parent == tmp_path / "lm"
+    # Another scale format quantizes the same LM; another seed, width or budget trains another.
+    assert lm.artefact_dir(lm_recipe(dataclasses.replace(cfg, scale_format="e8m0", global_scale=False)), cfg.seed) == here
+    assert lm.artefact_dir(lm_recipe(cfg), cfg.seed + 1) != here
+    assert lm.artefact_dir(lm_recipe(dataclasses.replace(cfg, lm_width=32)), cfg.seed) != here
+    assert lm.artefact_dir(lm_recipe(dataclasses.replace(cfg, lm_tpp=2.0)), cfg.seed) != here
+    # A change to the code a build runs (here gpt.py, by one byte) trains another.
+    src = tmp_path / "src"
+    shutil.copytree(Path(lm.__file__).parent, src)
+    monkeypatch.setattr(lm, "__file__", str(src / "pretrain.py"))
+    assert lm.artefact_dir(lm_recipe(cfg), cfg.seed) == here
+    (src / "gpt.py").write_bytes((src / "gpt.py").read_bytes() + b"\n")
+    assert lm.artefact_dir(lm_recipe(cfg), cfg.seed) != here
+
+
+def test_trials_share_the_cached_lm(workdir, monkeypatch):
+    """The first trial trains the LM (a curve of held-out losses), the next reads it from the cache
+    (one point) and measures the same model."""
+    from orchestrator.run import LocalRun
+
+    monkeypatch.setenv("LADDER_CACHE", str(workdir / "cache"))
+    cfg = dataclasses.replace(m.smoke(), block_sizes=(16,), sigmas=(1.0,), lm_narrow_std=0.0, eval_tokens=1024)
+    first, second = LocalRun(workdir / "a"), LocalRun(workdir / "b")
+    a = m.train(cfg, first)
+    b = m.train(dataclasses.replace(cfg, scale_format="e8m0"), second)
+    curves = [[s for s, mm in run.history if "eval/lm_loss" in mm] for run in (first, second)]
+    assert len(curves[0]) > 1 and len(curves[1]) == 1 and curves[1][0] == curves[0][-1], curves
+    assert a["eval/lm_loss_fp"] == b["eval/lm_loss_fp"] and a["eval/lm_loss_trained"] == b["eval/lm_loss_trained"]
+    assert len(list((workdir / "cache" / "lm").glob("celerity-*/lm.pt"))) == 1
+
+
+def test_a_killed_lm_build_is_continued_by_the_next(monkeypatch, tmp_path):
+    """A builder killed after its first checkpoint leaves it beside the cache folder; the next one
+    continues from there and caches the weights an uninterrupted build trains."""
+    monkeypatch.setenv("LADDER_CACHE", str(tmp_path))
+    recipe, seed = dataclasses.replace(lm.PRESETS["smoke"], tpp=1.0, eval_tokens=1024), shifted(0)
+    final = lm.artefact_dir(recipe, seed)
+    partial = final.with_name(f".{final.name}.partial.pt")
+
+    def dies(metrics, step):
+        if partial.exists():
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        lm.pretrained_lm(recipe, seed, report=dies)
+    assert partial.exists() and not final.exists()
+    steps = []
+    model, meta = lm.pretrained_lm(recipe, seed, report=lambda metrics, step: steps.append(step))
+    assert steps[0] > 1 and not partial.exists()  # continued, not started again
+    whole, info = lm.pretrain(recipe, seed)
+    assert meta["eval_loss"] == info["eval_loss"]
+    assert all(torch.equal(v, whole.state_dict()[k]) for k, v in model.state_dict().items())
+
+
+def test_an_uncached_lm_is_trained_in_the_trials_checkpoints(workdir, monkeypatch):
+    """lm_cache=False: the trial trains the LM in its own checkpoints, so a trial killed while it
+    trains continues it and ends with what an uninterrupted trial measures; the cache is untouched."""
+    from orchestrator.run import LocalRun
+
+    monkeypatch.setenv("LADDER_CACHE", str(workdir / "cache"))
+    cfg = dataclasses.replace(m.smoke(), lm_cache=False, block_sizes=(16,), sigmas=(1.0,), lm_narrow_std=0.0,
+                              eval_tokens=1024)
+    whole = m.train(cfg, LocalRun(workdir / "whole"))
+    with pytest.raises(KeyboardInterrupt):
+        m.train(cfg, DiesAtSave(workdir / "killed", at=2))
+    again = LocalRun(workdir / "killed")
+    resumed = m.train(cfg, again)
+    assert again.restored_step is not None and again.history[0][0] > again.restored_step
+    assert resumed == whole
+    assert not (workdir / "cache" / "lm").exists()
 
 
 @pytest.mark.slow

@@ -1,4 +1,5 @@
-"""celerity_lm: Config, the training loop, and the token budget (see the package docstring)."""
+"""celerity_lm: Config and the training loop (see the package docstring); the model and its token
+budget are built by the shared `components.lm.pretrain`, which also pre-trains this LM for others."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from components.lm.corpus import BatchSampler, check_data, data_vocab, heldout_batches, load_data
+from components.lm.corpus import BatchSampler, check_data, heldout_batches, load_data
 from components.lm.gpt import GPT, adamw
+from components.lm.pretrain import Budget, budget, build_model
 from components.lm.schedule import lr_factor
 from orchestrator.run import fraction_steps
 
@@ -99,32 +101,6 @@ def smoke() -> Config:
     )
 
 
-@dataclass(frozen=True)
-class Budget:
-    params: int
-    tokens: int
-    steps: int
-    batch_tokens: int
-    hidden_lr: float
-    weight_decay: float
-    tau: float
-
-
-def budget(cfg: Config, params: int) -> Budget:
-    """Steps, hidden-matrix LR, weight decay and tau for a model of `params` non-embedding parameters."""
-    batch_tokens = cfg.batch_size * cfg.seq_len
-    tokens_target = cfg.tpp * params
-    steps = max(1, math.ceil(tokens_target / batch_tokens))
-    tokens = steps * batch_tokens
-    hidden_lr = cfg.lr * cfg.base_width / cfg.width
-    if cfg.tau is not None:
-        weight_decay = batch_tokens / (hidden_lr * cfg.tau * tokens)
-    else:
-        weight_decay = cfg.weight_decay
-    tau = batch_tokens / (hidden_lr * weight_decay * tokens) if weight_decay > 0 else math.inf
-    return Budget(params, tokens, steps, batch_tokens, hidden_lr, weight_decay, tau)
-
-
 def preflight(cfg: Config) -> None:
     """Checks of the machine that runs it: the data folder is there and readable. Kept out of
     `validate` so that a sweep for a cluster's shared storage checks as valid anywhere."""
@@ -163,18 +139,7 @@ def evaluate(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Ten
 
 def build(cfg: Config) -> tuple[GPT, torch.optim.AdamW, Budget]:
     """The model, its AdamW with muP learning rates per parameter group, and the budget."""
-    model = GPT(
-        vocab=data_vocab(cfg.data),
-        width=cfg.width,
-        depth=cfg.depth,
-        head_dim=cfg.head_dim,
-        seq_len=cfg.seq_len,
-        ffn_mult=cfg.ffn_mult,
-        activation=cfg.activation,
-        base_width=cfg.base_width,
-        base_depth=cfg.base_depth,
-        init_std=cfg.init_std,
-    )
+    model = build_model(cfg)  # the shared builder reads the config's model fields by name
     plan = budget(cfg, model.non_embedding_params())
     optimizer = adamw(model, hidden_lr=plan.hidden_lr, lr=cfg.lr, weight_decay=plan.weight_decay,
                       betas=(cfg.beta1, cfg.beta2))

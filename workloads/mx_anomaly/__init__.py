@@ -5,8 +5,9 @@ mx_anomaly: the paper's block-size anomaly at small scale. One trial fixes a sca
 size from 256 down to 8, quantizing to FP4 E2M1 with `kernels.mx`:
 
 - synthetic Gaussian (or Laplace) tensors of controlled width sigma: relative quantization MSE;
-- the weights and the linear-layer inputs of a trained `celerity_lm` model (trained in the
-  trial, or loaded from a run folder): relative MSE, and the held-out loss increase with
+- the weights and the linear-layer inputs of a trained Celerity-shaped LM (pre-trained once and
+  cached by `components.lm.pretrain`, celerity_lm's loop step for step, or read from a
+  `ladder run celerity_lm` run folder): relative MSE, and the held-out loss increase with
   weights (W4) and with weights and activations (W4A4) fake-quantized.
 
 The claims: with UE4M3 scales and no global scale, narrow distributions get worse as blocks

@@ -3,7 +3,7 @@ transformers' `AutoModelForCausalLM.from_pretrained`, its weights and the inputs
 layers quantized, its held-out loss measured on a text.
 
 Every `nn.Linear` but the output head (attention q/k/v/o, MLP gate/up/down) is quantized; the
-embeddings and the head stay high precision, as for the celerity_lm. The weights are loaded in
+embeddings and the head stay high precision, as for the Celerity-shaped LM. The weights are loaded in
 float32 (a bf16 checkpoint converts exactly), so the error measured is the format's alone. The
 text is a UTF-8 file or a datasets `save_to_disk` folder with a `text` column (WikiText-2 raw);
 without one, the held-out files of celerity_lm's standard-library corpus, decoded.
@@ -27,7 +27,7 @@ TEXT_SOURCES = ("a UTF-8 text file (WikiText-2 raw's wiki.test.raw) or a dataset
 
 
 class CausalLM(nn.Module):
-    """A transformers causal LM as the measurements see a celerity_lm: token ids in, logits out."""
+    """A transformers causal LM as the measurements see the Celerity-shaped LM: token ids in, logits out."""
 
     def __init__(self, lm: nn.Module) -> None:
         super().__init__()

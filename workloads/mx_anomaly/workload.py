@@ -1,9 +1,9 @@
-"""mx_anomaly: Config, the measurement loop over block sizes, and the LM it quantizes."""
+"""mx_anomaly: Config, the measurement loop over block sizes, and the LM it quantizes (pre-trained by
+`components.lm.pretrain` and cached, or read from a celerity_lm run folder)."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,12 +14,13 @@ import torch.nn.functional as F
 
 from kernels import mx
 from components import pretrained as on_disk
+from components.lm import pretrain as lm
 from workloads.mx_anomaly import pretrained
 
 LINEARS = ("qkv", "proj", "fc", "out")  # every hidden matrix; embeddings and readout stay high precision
-LM_PRESETS = ("default", "smoke")
+LM_PRESETS = tuple(lm.PRESETS)  # components.lm.pretrain's recipes: celerity_lm's default and smoke sizes
 DISTRIBUTIONS = ("gaussian", "laplace")
-PRETRAIN_SHARE = 0.9  # progress given to training the LM when the trial trains it
+PRETRAIN_SHARE = 0.9  # progress given to pre-training the LM when the trial trains it
 
 
 MAX_WORKERS = 1
@@ -49,29 +50,32 @@ class Config:
     quantize_activations: bool = True
     """Also measure W4A4: the inputs of every hidden linear layer fake-quantized too."""
     lm_checkpoint: str = ""
-    """A celerity_lm run folder (with run.json) whose latest checkpoint is quantized; empty: train one here."""
+    """A celerity_lm run folder (with run.json) whose newest checkpoint is quantized, the model built from
+    the run's config; empty: the LM pre-trained here (components.lm.pretrain)."""
     lm_preset: str = "default"
-    """When training the LM here: celerity_lm's 'default' config or its CPU-sized 'smoke' one."""
+    """When pre-training the LM here: the 'default' recipe (celerity_lm's default config) or the CPU-sized
+    'smoke' one (its smoke config)."""
     lm_width: int = 0
-    """When training the LM here: its width (0 keeps the preset's)."""
+    """When pre-training the LM here: its width (0 keeps the preset's)."""
     lm_tpp: float = 0.0
-    """When training the LM here: tokens per parameter (0 keeps the preset's)."""
+    """When pre-training the LM here: tokens per parameter (0 keeps the preset's)."""
     lm_cache: bool = True
-    """When training the LM here: keep it in the ladder cache (`$LADDER_CACHE`, default
-    ~/.cache/ladder) under its config, celerity_lm's code and torch's version, and reuse it there:
-    a reproduction's trials, one per scale format, train the same LM once (the others wait for it)."""
+    """When pre-training the LM here: keep it in the ladder cache (`$LADDER_CACHE`, default
+    ~/.cache/ladder, under lm/) keyed by its recipe, seed and code, and reuse it there: a reproduction's
+    trials, one per scale format, train the same LM once (the others wait for it). False: this trial
+    trains it, in its own checkpoints."""
     lm_narrow_std: float = 0.005
     """Also measure a narrowed copy of the LM: qkv and fc weights rescaled to this std, their LayerNorms
     compensating, so the function is unchanged (large LLMs' weights are this narrow; 0 skips it)."""
     eval_tokens: int = 32768
     """Held-out tokens for the loss of the quantized LM."""
     hf_model: str = ""
-    """A pretrained LLM measured instead of the celerity_lm (the paper's observation): any Llama or
+    """A pretrained LLM measured instead of the Celerity-shaped LM (the paper's observation): any Llama or
     Qwen checkpoint loaded by transformers' AutoModelForCausalLM.from_pretrained, in float32, from a
     folder written by save_pretrained or a hub id already in the local Hugging Face cache (e.g.
     'Qwen/Qwen2.5-0.5B'); nothing is downloaded. Every linear layer but the output head is quantized;
     its metrics are named 'llm' (eval/rel_mse/llm_weights/b32, eval/llm_dloss_w4a4/b32, ...). The
-    lm_* fields do not apply. Empty: the celerity_lm."""
+    lm_* fields do not apply. Empty: the Celerity-shaped LM."""
     text_path: str = ""
     """hf_model: the held-out text of its loss, a UTF-8 text file (WikiText-2 raw's wiki.test.raw) or a
     datasets save_to_disk folder with a 'text' column; empty: celerity_lm's held-out standard-library files."""
@@ -80,11 +84,11 @@ class Config:
     hf_seq_len: int = 512
     """hf_model: tokens per held-out window (each scored from its start)."""
     seed: int = 0
-    """Seed of the synthetic tensors and of the LM trained here."""
+    """Seed of the synthetic tensors and of the LM pre-trained here."""
 
 
 def smoke() -> Config:
-    """Seconds on a CPU: a barely trained smoke celerity_lm, three block sizes. The reproduction's
+    """Seconds on a CPU: a barely trained smoke-size LM, three block sizes. The reproduction's
     smoke size (`sweeps/repro/mx_anomaly.py`) trains the LM longer and measures every block size."""
     return Config(block_sizes=(64, 16, 8), sigmas=(0.005, 1.0), synthetic_rows=64, lm_preset="smoke", lm_tpp=1.0,
                   eval_tokens=4096)
@@ -122,16 +126,30 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         if cfg.lm_checkpoint:
             raise ValueError("hf_model and lm_checkpoint both name the model to quantize: set one")
     elif cfg.lm_checkpoint:
-        _find_lm(cfg.lm_checkpoint)  # raises naming what is missing
+        try:
+            lm.run_checkpoint(cfg.lm_checkpoint)  # run.json, a celerity_lm config, a checkpoint file
+        except ValueError as exc:
+            raise ValueError(f"lm_checkpoint: {exc}") from None
     else:
-        celerity_lm = _celerity()
-
-        celerity_lm.validate(lm_config(cfg), 1)
+        try:
+            lm_recipe(cfg).check()
+        except ValueError as exc:
+            raise ValueError(f"the LM pre-trained here (lm_preset={cfg.lm_preset!r}, lm_width={cfg.lm_width}, "
+                             f"lm_tpp={cfg.lm_tpp:g}): {exc}") from None
 
 
 def preflight(cfg: Config) -> None:
-    """Checks of the machine that runs it (hf_model): the model is a folder or a cached hub id with
-    its tokenizer, and text_path reads. Every problem in one error."""
+    """Checks of the machine that runs it. hf_model: the model is a folder or a cached hub id with
+    its tokenizer, and text_path reads (every problem in one error). lm_checkpoint: the data of its
+    run, whose held-out part the quantized LM's loss is measured on, reads here."""
+    if cfg.lm_checkpoint and not cfg.hf_model:
+        from components.lm.corpus import check_data
+
+        try:
+            recipe, _ = lm.run_checkpoint(cfg.lm_checkpoint)
+            check_data(recipe.data)
+        except ValueError as exc:
+            raise ValueError(f"lm_checkpoint: {exc}") from None
     if not cfg.hf_model:
         return
     problems = []
@@ -151,7 +169,7 @@ def preflight(cfg: Config) -> None:
 
 
 def linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
-    """The hidden matrices quantized: a celerity_lm's LINEARS per block, or a pretrained LLM's linears."""
+    """The hidden matrices quantized: the GPT's LINEARS per block, or a pretrained LLM's linears."""
     if isinstance(model, pretrained.CausalLM):
         return model.linears()
     return [getattr(block, name) for block in model.blocks for name in LINEARS]
@@ -185,85 +203,50 @@ def synthetic(cfg: Config, sigma: float) -> torch.Tensor:
 # --- the language model ------------------------------------------------------------------------
 
 
-def _celerity():
-    """celerity_lm, whose trained model this workload quantizes: loaded through the registry like any
-    workload (its contract: `Config`, `smoke`, `train`, and its `build`), not imported as a package."""
-    from orchestrator.runners import registry
-
-    return registry.load("celerity_lm").module
-
-
-def lm_config(cfg: Config):
-    celerity_lm = _celerity()
-
-    base = celerity_lm.smoke() if cfg.lm_preset == "smoke" else celerity_lm.Config()
-    changes: dict[str, Any] = {"seed": cfg.seed}
+def lm_recipe(cfg: Config) -> lm.LMRecipe:
+    """The recipe of the LM pre-trained here: the preset's, with lm_width and lm_tpp when set."""
+    changes: dict[str, Any] = {}
     if cfg.lm_width:
         changes["width"] = cfg.lm_width
     if cfg.lm_tpp:
         changes["tpp"] = cfg.lm_tpp
-    return dataclasses.replace(base, **changes)
+    return dataclasses.replace(lm.PRESETS[cfg.lm_preset], **changes)
 
 
-def _find_lm(folder: str) -> tuple[dict[str, Any], Path]:
-    """The run record's config and the newest checkpoint file of a celerity_lm run folder."""
-    root = Path(folder)
-    record = root / "run.json"
-    if not record.is_file():
-        raise ValueError(f"lm_checkpoint {folder!r} has no run.json: pass the folder `ladder run celerity_lm` printed")
-    meta = json.loads(record.read_text())
-    if meta.get("workload") != "celerity_lm":
-        raise ValueError(f"lm_checkpoint {folder!r} is a run of {meta.get('workload')!r}, not celerity_lm")
-    found = sorted(root.rglob("step-*.pt"), key=lambda p: int(p.stem.split("-")[1]) if p.stem.split("-")[1].isdigit() else -1)
-    if not found:
-        raise ValueError(f"lm_checkpoint {folder!r} holds no checkpoint (step-*.pt): the run saved none yet")
-    return meta["config"], found[-1]
+def load_lm(folder: str, device: Any = "cpu") -> tuple[torch.nn.Module, lm.LMRecipe]:
+    """The LM of a celerity_lm run folder's newest checkpoint, and the recipe of the run's config."""
+    try:
+        return lm.load_run(folder, device)
+    except ValueError as exc:
+        raise ValueError(f"lm_checkpoint: {exc}") from None
 
 
-def load_lm(folder: str):
-    from orchestrator.run.checkpoints import read_checkpoint
-    celerity_lm = _celerity()
+def trained_lm(cfg: Config, recipe: lm.LMRecipe, run, state: dict[str, Any] | None) -> tuple[torch.nn.Module, int, float]:
+    """The LM pre-trained from cfg.seed, its last step and its held-out loss. With lm_cache it is the
+    cached one: trained once, by whichever trial asks first (the others wait, then read it and report
+    its loss once); without, this trial trains it, its checkpoints the trial's, so that a restarted
+    trial continues it. While it trains here its train/loss is the trial's, its held-out loss
+    eval/lm_loss, its progress PRETRAIN_SHARE of the trial's."""
+    reported: list[int] = []
 
-    config, path = _find_lm(folder)
-    fields = {f.name for f in dataclasses.fields(celerity_lm.Config)}
-    lm_cfg = celerity_lm.Config(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in config.items() if k in fields})
-    model, _, _ = celerity_lm.build(lm_cfg)
-    model.load_state_dict(read_checkpoint(path)["model"])
-    return model, lm_cfg
-
-
-class _PretrainRun:
-    """The trial's `Run` as celerity_lm's loop sees it while it trains the model to quantize:
-    its training loss is the trial's, its progress a share of the trial's, its checkpoints the
-    trial's (so a restarted trial continues the LM's training)."""
-
-    def __init__(self, outer, restored: dict[str, Any] | None) -> None:
-        self.outer = outer
-        self.device, self.rank, self.world_size = outer.device, outer.rank, outer.world_size
-        self.restored = restored
-        self.last_state: dict[str, Any] | None = restored
-
-    def report(self, metrics: dict[str, float], *, step: int) -> None:
-        out = {k: v for k, v in metrics.items() if k == "train/loss"}
+    def report(metrics: dict[str, float], step: int) -> None:
+        reported.append(step)
+        out = {"progress": PRETRAIN_SHARE * metrics["progress"]}
+        if "train/loss" in metrics:
+            out["train/loss"] = metrics["train/loss"]
         if "eval/loss" in metrics:
             out["eval/lm_loss"] = metrics["eval/loss"]
-        if "progress" in metrics:
-            out["progress"] = PRETRAIN_SHARE * metrics["progress"]
-        if out:
-            self.outer.report(out, step=step)
+        run.report(out, step=step)
 
-    def save(self, state: dict[str, Any]) -> None:
-        self.last_state = state
-        self.outer.save({"step": state["step"], "phase": "pretrain", "pretrain": state})
-
-    def restore(self) -> dict[str, Any] | None:
-        return self.restored
-
-    def prepare(self, model, optimizer):
-        return model.to(self.device), optimizer
-
-    def log_artifact(self, path) -> None:
-        self.outer.log_artifact(path)
+    if cfg.lm_cache:
+        model, meta = lm.pretrained_lm(recipe, cfg.seed, device=run.device, report=report)
+        if not reported:  # read from the cache
+            run.report({"progress": PRETRAIN_SHARE, "eval/lm_loss": meta["eval_loss"]}, step=meta["step"])
+    else:
+        resumed = state["pretrain"] if state is not None and state.get("phase") == "pretrain" else None
+        model, meta = lm.pretrain(recipe, cfg.seed, device=run.device, report=report, state=resumed,
+                                  save=lambda s: run.save({"step": s["step"], "phase": "pretrain", "pretrain": s}))
+    return model, int(meta["step"]), float(meta["eval_loss"])
 
 
 class ActivationQuant:
@@ -360,69 +343,13 @@ def measure_lm(cfg: Config, opts: dict[str, Any], name: str, model, batches, dev
     return out
 
 
-def lm_cache_dir(lm_cfg) -> Path:
-    """Where a trained LM of this celerity_lm config lives in the ladder cache: the key covers the
-    config, the source files of celerity_lm and of the shared LM parts, and torch's version."""
-    import hashlib
-
-    import components.lm
-    from components.cache import cache_root
-
-    h = hashlib.sha256(json.dumps(dataclasses.asdict(lm_cfg), sort_keys=True, default=str).encode())
-    h.update(torch.__version__.encode())
-    for package in (_celerity(), components.lm):
-        for source in sorted(Path(package.__file__).parent.glob("*.py")):
-            h.update(source.name.encode() + source.read_bytes())
-    return cache_root() / "mx_anomaly" / f"lm-{h.hexdigest()[:16]}"
-
-
-def pretrain(lm_cfg, run, state: dict[str, Any] | None, *, cache: bool) -> tuple[dict[str, Any], int, float]:
-    """The LM's weights, its last step and its held-out loss: trained by celerity_lm's own loop
-    (its checkpoints are this trial's), or read from the cache when a trial of the same LM config
-    trained it before (that trial holds the cache's lock while it trains; the others wait)."""
-    celerity_lm = _celerity()
-
-    def train_here() -> tuple[dict[str, Any], int, float]:
-        inner = _PretrainRun(run, state["pretrain"] if state is not None else None)
-        final = celerity_lm.train(lm_cfg, inner)
-        return inner.last_state["model"], int(inner.last_state["step"]), float(final["eval/loss"])
-
-    if not cache or state is not None:  # a restarted trial continues its own training
-        return train_here()
-    import os
-    import shutil
-    import tempfile
-
-    from filelock import FileLock
-
-    folder = lm_cache_dir(lm_cfg)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(folder) + ".lock"):
-        if (folder / "lm.json").is_file():
-            meta = json.loads((folder / "lm.json").read_text())
-            weights = torch.load(folder / "lm.pt", map_location="cpu", weights_only=True)
-            run.report({"progress": PRETRAIN_SHARE, "eval/lm_loss": meta["eval_loss"]}, step=meta["step"])
-            return weights, int(meta["step"]), float(meta["eval_loss"])
-        weights, step, loss = train_here()
-        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
-        torch.save({k: v.detach().cpu() for k, v in weights.items()}, tmp / "lm.pt")
-        (tmp / "lm.json").write_text(json.dumps({"step": step, "eval_loss": loss, "config": dataclasses.asdict(lm_cfg)},
-                                                default=str))
-        os.chmod(tmp, 0o755)
-        if folder.exists():  # left half-made by a builder killed without the lock
-            shutil.rmtree(folder)
-        os.rename(tmp, folder)
-        return weights, step, loss
-
-
 def weight_std(model) -> float:
     ws = torch.cat([layer.weight.detach().flatten().cpu() for layer in linears(model)])
     return float(ws.std())
 
 
 def train(cfg: Config, run) -> dict[str, float]:
-    celerity_lm = _celerity()
-    from components.lm.corpus import heldout_batches, load_corpus
+    from components.lm.corpus import heldout_batches, load_data
 
     validate(cfg, run.world_size)
     if cfg.hf_model:
@@ -430,22 +357,21 @@ def train(cfg: Config, run) -> dict[str, float]:
     state = run.restore()
     results: dict[str, float] = {}
     step = 0
-    pretrained = not cfg.lm_checkpoint
-    share = PRETRAIN_SHARE if pretrained else 0.0
+    share = 0.0 if cfg.lm_checkpoint else PRETRAIN_SHARE
+    model = None
     if cfg.lm_checkpoint:
-        model, lm_cfg = load_lm(cfg.lm_checkpoint)
+        model, recipe = load_lm(cfg.lm_checkpoint, run.device)
     else:
-        lm_cfg = lm_config(cfg)
-        model, _, _ = celerity_lm.build(lm_cfg)
-    if state is not None and state.get("phase") == "quant":
+        recipe = lm_recipe(cfg)
+    if state is not None and state.get("phase") == "quant":  # the LM measured is in the checkpoint
+        model = lm.build_model(recipe)
         model.load_state_dict(state["lm"])
         results, step = dict(state["results"]), int(state["step"])
-    elif pretrained:
-        weights, step, results["eval/lm_loss_trained"] = pretrain(lm_cfg, run, state, cache=cfg.lm_cache)
-        model.load_state_dict(weights)
+    elif model is None:
+        model, step, results["eval/lm_loss_trained"] = trained_lm(cfg, recipe, run, state)
     model = model.to(run.device).eval()
-    _, held = load_corpus(lm_cfg.data, heldout_frac=lm_cfg.heldout_frac, max_bytes=lm_cfg.max_bytes)
-    batches = heldout_batches(held, lm_cfg.seq_len, cfg.eval_tokens, batch=32)
+    _, held = load_data(recipe.data, heldout_frac=recipe.heldout_frac, max_bytes=recipe.max_bytes)
+    batches = heldout_batches(held, recipe.seq_len, cfg.eval_tokens, batch=32)
     loss_fp = heldout_loss(model, batches, run.device)
     results.update({"eval/lm_loss_fp": loss_fp, "eval/lm_weight_std": weight_std(model)})
     models = {"lm": model}
