@@ -111,7 +111,14 @@ def test_the_ray_check_kills_the_worker_group_and_sees_it_restore(tmp_path):
     """`ladder check --ray`: its worker loop runs through `ray_train.trainer` (as `entry`, with the
     TrialSpec every Ray Train run gets), every worker dies one report after the first checkpoint,
     and the restarted group must continue from that checkpoint to progress 1."""
+    import ray
+
     workload = registry.load("celerity_lm")
-    result = check.ray_restore(workload, workload.smoke(), tmp_path / "ray-check" / "run", workers=2)
+    started = ray.is_initialized()
+    try:
+        result = check.ray_restore(workload, workload.smoke(), tmp_path / "ray-check" / "run", workers=2)
+    finally:
+        if not started:  # the tests after this one in the process check that nothing started Ray
+            ray.shutdown()
     assert result.holds is True, result.detail
     assert result.detail.startswith("from step ") and int(result.detail.split()[-1]) > 0
