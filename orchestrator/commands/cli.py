@@ -176,7 +176,9 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
     print(f"sweep {result.name!r} finished in {result.wall_s:.0f} s; MLflow experiment {result.name!r}, parent run "
           f"{result.parent_run_id} — open it with `ladder ui`")
-    print(f"its trials side by side in the UI: /{experiment_page(result.tracking_uri, result.name)}")
+    local = not str(result.tracking_uri).startswith(("http://", "https://"))
+    print(f"its trials side by side in the UI{' (after `ladder ui`)' if local else ''}: "
+          f"{experiment_page(result.tracking_uri, result.name)}")
     failed = [t for t in result.trials if t["error"]]
     if failed:
         first = failed[0]["error"].strip().splitlines()

@@ -9,6 +9,7 @@ names the workload, the config and the MLflow run; `--resume RUN_DIR` continues 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import sys
@@ -282,6 +283,10 @@ def init_ray(num_cpus: float | None = None, *, dashboard: bool = True) -> None:
     env = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")}
     # --wandb's mode and folder reach the trials and workers on every node (offline needs no account).
     env.update({k: os.environ[k] for k in ("WANDB_MODE", "WANDB_DIR") if os.environ.get(k)})
+    if not sys.stderr.isatty():
+        # Ray colours the `(trial_main pid=...)` prefix of the trials' lines it forwards: raw escape
+        # codes in a log file or a pipe. Read where they are printed, in this process.
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     kwargs: dict[str, Any] = {"logging_level": "WARNING", "log_to_driver": True, "runtime_env": {"env_vars": env}}
     if os.environ.get("RAY_ADDRESS"):
         try:
@@ -291,9 +296,16 @@ def init_ray(num_cpus: float | None = None, *, dashboard: bool = True) -> None:
                                      f"{exc}. If the cluster uses token authentication, {_TOKEN_HELP}") from exc
     else:
         # address="local": a new Ray of our own, never one that `ray start` left running on this machine.
-        ray.init(address="local", num_cpus=int(num_cpus or local_cpus()), include_dashboard=dashboard,
-                 dashboard_host="127.0.0.1",
-                 **kwargs)
+        # Ray warns at every start of a local Ray that it enabled token authentication by default:
+        # here that Ray is ladder's own, bound to 127.0.0.1 and gone with the command.
+        auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
+        level = auth_log.level
+        auth_log.setLevel(logging.ERROR)
+        try:
+            ray.init(address="local", num_cpus=int(num_cpus or local_cpus()), include_dashboard=dashboard,
+                     dashboard_host="127.0.0.1", **kwargs)
+        finally:
+            auth_log.setLevel(level)
 
 
 def run_ray(

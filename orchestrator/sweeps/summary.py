@@ -11,7 +11,8 @@
 - Artifacts of the parent run: `trials.csv` (one row per trial: state, training fraction reached,
   objective, the collapse scheduler's predicted final, why it was stopped, then its params) and
   `trial_curves.png` (every trial's objective over training fraction; the stopped ones end in a
-  marker).
+  marker), and optuna-dashboard's three study plots (`history_plots`): `optimization_history.png`,
+  `param_importances.png`, `parallel_coordinate.png`.
 """
 
 from __future__ import annotations
@@ -37,19 +38,33 @@ VIEW_KEY = "ladder"
 the UI opens with `viewStateShareKey=ladder` in the page's address (see `experiment_page`)."""
 
 
+TRIALS_ONLY = "tags.`ladder.trial_id` LIKE '%'"
+"""The runs search that keeps the sweep's parent runs out of its trials' table (a parent has no
+trial id; MLflow's search drops a run that lacks the tag it filters on)."""
+UI_ADDRESS = "http://127.0.0.1:5000"
+"""Where `ladder ui` serves a local store by default."""
+
+
 def shared_view(metric: str, mode: str, params: Sequence[str]) -> dict[str, Any]:
-    """The runs table sorted by the objective, best first (sorted by a metric, the UI lists the
-    trials' runs beside their parent instead of folded under it), with the objective, the swept
-    params and the fraction a stopped trial reached as columns."""
-    return {"orderByKey": f"metrics.`{metric}`", "orderByAsc": mode == "min",
-            "selectedColumns": [f"metrics.`{metric}`", *(f"params.`{p}`" for p in params), "tags.`ladder.stopped_at`"]}
+    """The runs table of the trials alone (`TRIALS_ONLY`), sorted by the objective, best first
+    (sorted by a metric, the UI lists the trials' runs flat instead of folded under their parent),
+    with the objective, the swept params, the fraction a stopped trial reached and why it stopped
+    as columns."""
+    return {"searchFilter": TRIALS_ONLY, "orderByKey": f"metrics.`{metric}`", "orderByAsc": mode == "min",
+            "selectedColumns": [f"metrics.`{metric}`", *(f"params.`{p}`" for p in params), "tags.`ladder.stopped_at`",
+                                "tags.`ladder.stop_reason`"]}
 
 
 def experiment_page(uri: str, experiment: str) -> str:
-    """The sweep's page in the MLflow UI, relative to the server's address: its runs, in the
-    model-training view, with the sweep's columns."""
+    """The sweep's page in the MLflow UI: its trials' runs, in the model-training view, with the
+    sweep's columns. Absolute: on the tracking server for an http(s) store, else where `ladder ui`
+    serves it by default."""
+    from urllib.parse import quote
+
     exp = tracking.client(uri).get_experiment_by_name(experiment)
-    return f"#/experiments/{exp.experiment_id}/runs?workflowType=machine_learning&viewStateShareKey={VIEW_KEY}"
+    server = uri.rstrip("/") if str(uri).startswith(("http://", "https://")) else UI_ADDRESS
+    return (f"{server}/#/experiments/{exp.experiment_id}/runs?workflowType=machine_learning"
+            f"&viewStateShareKey={VIEW_KEY}&searchFilter={quote(TRIALS_ONLY, safe='')}")
 
 
 def _finite(x: Any) -> bool:
@@ -80,11 +95,14 @@ def best_trial(trials: Sequence[Mapping[str, Any]], mode: str) -> Mapping[str, A
 
 
 def log_sweep_summary(*, parent_run_id: str, uri: str, experiment: str, sweep_id: str,
-                      trials: Sequence[Mapping[str, Any]], metric: str, mode: str) -> None:
-    """Objective metrics on the trials' runs, best objective on the parent, trials.csv and the curves plot."""
+                      trials: Sequence[Mapping[str, Any]], metric: str, mode: str,
+                      space: Mapping[str, Any] | None = None) -> None:
+    """Objective metrics on the trials' runs, best objective on the parent, trials.csv, the curves
+    plot and the optimisation history, parameter importance and parallel-coordinate plots
+    (`history_plots`; `space`, the sweep's, says which params are log-scaled)."""
     from mlflow.entities import Metric
 
-    from orchestrator.sweeps import plots
+    from orchestrator.sweeps import history_plots, plots
 
     c = tracking.client(uri)
     exp = c.get_experiment_by_name(experiment)
@@ -92,6 +110,7 @@ def log_sweep_summary(*, parent_run_id: str, uri: str, experiment: str, sweep_id
             for r in c.search_runs([exp.experiment_id], filter_string=f"tags.`ladder.sweep_id` = '{sweep_id}'",
                                    max_results=50000)}
     curves: dict[str, tuple[list[float], list[float]]] = {}
+    ended: dict[str, float | None] = {}
     for t in trials:
         run = runs.get(t["trial_id"])
         if run is None:
@@ -105,7 +124,11 @@ def log_sweep_summary(*, parent_run_id: str, uri: str, experiment: str, sweep_id
                 c.log_batch(run.info.run_id, metrics=[Metric(metric, float(value), int(time.time() * 1000),
                                                              max(steps, default=0))])
                 history = c.get_metric_history(run.info.run_id, metric)
-        progress = sorted((m.step, m.value) for m in c.get_metric_history(run.info.run_id, "progress"))
+        progress_history = c.get_metric_history(run.info.run_id, "progress")
+        # When the trial last reported, not when its run was ended: the driver ends the runs of
+        # stopped trials only after the whole sweep.
+        ended[t["trial_id"]] = max((m.timestamp for m in progress_history), default=run.info.end_time)
+        progress = sorted((m.step, m.value) for m in progress_history)
         steps = np.array([m.step for m in history], dtype=float)
         if progress:
             at = np.interp(steps, [s for s, _ in progress], [v for _, v in progress])
@@ -121,6 +144,9 @@ def log_sweep_summary(*, parent_run_id: str, uri: str, experiment: str, sweep_id
     tracking.log_text(parent_run_id, trials_csv(trials, metric), CSV_NAME, uri=uri)
     keys = list(dict.fromkeys(k for t in trials for k in t.get("params", {})))
     c.set_experiment_tag(exp.experiment_id, f"mlflow.sharedViewState.{VIEW_KEY}", json.dumps(shared_view(metric, mode, keys)))
+    # Before the curves plot, which raises on failure: these never do (each failure is a warning).
+    history_plots.log_history_plots(parent_run_id, trials, metric=metric, mode=mode, uri=uri, ended=ended,
+                                    space=space, experiment=experiment)
     if curves:
         with tempfile.TemporaryDirectory(prefix="ladder-summary-") as tmp:
             path = plots.plot_sweep_curves(

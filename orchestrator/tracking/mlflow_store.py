@@ -38,6 +38,9 @@ def client(uri: str | None = None):
     import mlflow  # deferred: importing mlflow costs ~1 s and workloads never need it
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    # MLflow prints "View run ... / View experiment ..." on stdout for every run ended on a server:
+    # one pair per trial in a sweep's or a job's log. ladder prints the sweep's own address once.
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     uri = uri or tracking_uri()
     if uri.startswith("sqlite:///"):
         new_sqlite_store(Path(uri[len("sqlite:///"):]))

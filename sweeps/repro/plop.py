@@ -24,14 +24,14 @@ def build(*, smoke: bool = False, seed: int = 0) -> Sweep:
         return Sweep(
             name="plop_repro_smoke", workload="plop", base="smoke",
             overrides={"seed": seed, "matched": SMOKE_PLACEMENTS},
-            space={"placement": grid(*SMOKE_PLACEMENTS)}, objective=("eval/heldout_acc", "max"),
+            space={"placement": grid(*SMOKE_PLACEMENTS)}, objective=("eval/acc", "max"),
         )
     return Sweep(
         name="plop_repro", workload="plop", base="default",
         overrides={"base": os.environ.get("PLOP_BASE", "Qwen/Qwen3-0.6B"), "dtype": "bfloat16", "rank": 16,
                    "lr": 2e-4, "batch": 16, "steps": 1000, "matched": FULL_PLACEMENTS},
         space={"task": grid(*FULL_TASKS), "placement": grid(*FULL_PLACEMENTS), "seed": seeds(FULL_SEEDS, start=seed)},
-        objective=("eval/heldout_acc", "max"),
+        objective=("eval/acc", "max"),
     )
 
 

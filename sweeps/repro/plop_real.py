@@ -8,7 +8,7 @@ The tasks are the paper's SFT settings:
   (`question` -> `answer`); the paper's headline row is Qwen3-1.7B (r = 64), its NFN example
   Llama-3.2-1B. Held-out accuracy here is the exact match of the whole worked answer under teacher
   forcing (near 0 for every arm: the paper generates and checks the final number), so on this task
-  the held-out answer loss (`eval/heldout_loss`) is the measure to read.
+  the held-out answer loss (`eval/loss`) is the measure to read.
 - commonsense: CommonsenseQA as prompt/answer JSONL (the question and its lettered choices -> the
   letter), held out on its validation split; the paper's row is Qwen2.5-7B. Here held-out accuracy
   is the paper's measure (the letter's exact match).
@@ -80,7 +80,7 @@ sweep = Sweep(
     points=tuple({"base": model, **files} for task, files in TASKS.items() for model in (LLMS or PAPER_MODELS[task])),
     space={"placement": grid(*PLACEMENTS), "seed": seeds(3)},
     scheduler="fifo",
-    objective=("eval/heldout_loss", "min"),
+    objective=("eval/loss", "min"),
     cpus_per_worker=4,
     gpus_per_worker=1,
 )

@@ -83,6 +83,11 @@ def test_ctrl_c_on_a_sweep_is_recorded_as_an_interruption_and_resume_finishes_it
 
     again = run_cli(["sweep", "cut.py", "--resume"], workdir, timeout=400)
     assert again.returncode == 0, again.stderr[-4000:]
+    # Quiet without --verbose, in a pipe: the trials' lines that Ray forwards ("restored from the
+    # checkpoint ...", when a trial had one when Ctrl-C came) carry no colour codes, Ray's token-auth
+    # notice about its own local Ray and MLflow's "View run" lines are not printed.
+    assert "\x1b[" not in again.stderr, again.stderr[-2000:]
+    assert "Token authentication is enabled" not in again.stderr and "View run" not in again.stdout
     (parent,), trials = _runs(c, "cut")
     assert parent.info.status == "FINISHED" and len(trials) == 6
     assert all(r.info.status == "FINISHED" for r in trials), [(r.data.tags["ladder.trial_id"], r.info.status) for r in trials]

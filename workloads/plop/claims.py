@@ -128,7 +128,7 @@ def mean_acc(trials: list[dict[str, Any]]) -> dict[tuple, dict[str, float]]:
     """(base, task) -> placement -> held-out accuracy averaged over seeds."""
     acc: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for t in trials:
-        acc[(t["base"], task_of(t))][t["placement"]].append(float(t["eval/heldout_acc"]))
+        acc[(t["base"], task_of(t))][t["placement"]].append(float(t["eval/acc"]))
     return {k: {p: sum(v) / len(v) for p, v in by_p.items()} for k, by_p in acc.items()}
 
 
@@ -148,7 +148,7 @@ def plop_not_worse_than_blocks(trials: list[dict[str, Any]]) -> tuple[bool, dict
         margin = accs["plop"] - max(accs["attention"], accs["mlp"])
         margins.append(margin)
         measured.update({f"{task}/{p}": v for p, v in sorted(accs.items())})
-        base = [float(t["eval/base_heldout_acc"]) for t in trials if task_of(t) == task and "eval/base_heldout_acc" in t]
+        base = [float(t["eval/base_acc"]) for t in trials if task_of(t) == task and "eval/base_acc" in t]
         if base:  # what the base model does on the held-out set before fine-tuning
             measured[f"{task}/base"] = sum(base) / len(base)
         measured[f"{task}/margin"] = margin

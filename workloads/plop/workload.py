@@ -321,7 +321,7 @@ def train(cfg: Config, run) -> dict[str, float]:
         metrics: dict[str, float] = {}
         if step % cfg.eval_every == 0 or step == cfg.steps:
             held = evaluate(model, held_data, cfg.eval_batch)
-            metrics.update({"eval/heldout_loss": held["loss"], "eval/heldout_acc": held["acc"]})
+            metrics.update({"eval/loss": held["loss"], "eval/acc": held["acc"]})
         if step % cfg.log_every == 0 or step == cfg.steps:
             now = time.perf_counter()
             metrics.update({"train/loss": loss_sum / loss_n, "perf/steps_per_s": window_steps / max(now - window_start, 1e-9),
@@ -338,10 +338,10 @@ def train(cfg: Config, run) -> dict[str, float]:
     out = {
         "train/loss": final_train["loss"],
         "eval/train_acc": final_train["acc"],
-        "eval/heldout_loss": final_held["loss"],
-        "eval/heldout_acc": final_held["acc"],
-        "eval/base_heldout_acc": base_held["acc"],
-        "eval/base_heldout_loss": base_held["loss"],
+        "eval/loss": final_held["loss"],
+        "eval/acc": final_held["acc"],
+        "eval/base_acc": base_held["acc"],
+        "eval/base_loss": base_held["loss"],
         "diag/trainable_params": float(trainable),
         "diag/target_params": float(match.target),
         "diag/params_max_rel_diff": match.max_rel_diff,
