@@ -1,6 +1,8 @@
 """Consistent Low-Rank Approximation on the paper's real matrices (App. G): the first rows of UCI
 Rice (Cammeo and Osmancik) and UCI Skin Segmentation, standardised, and of SuiteSparse's
-Landmark, streamed through the four algorithms at three accuracies.
+Landmark, streamed through the four algorithms at the paper's thresholds c = 1.1, 2 and 5 (eps =
+c - 1), beside the Frequent Directions baseline (l = 2k). Offline, the smoke reproduction streams
+scikit-learn's bundled UCI tables instead (`sweeps/repro/consistent_lra.py`).
 
 The files are not downloaded by ladder: fetch them once (docs/datasets.md says where) into the
 folder `$LADDER_DATA` (default `./data` of the folder the sweep starts in):
@@ -26,8 +28,9 @@ STREAMS = (
     {"data_path": str(DATA / "Skin_NonSkin.txt"), "columns": "0,1,2", "n": 3000, "k": 2, "standardize": True},
     {"data_path": str(DATA / "landmark.mtx"), "n": 5000, "k": 25},
 )
-ARMS = ([{"algorithm": "every"}]
-        + [{"algorithm": a, "eps": e} for a in ("additive", "multiplicative", "heavy_light") for e in (0.1, 0.5, 1.0)])
+ARMS = ([{"algorithm": "every"}, {"algorithm": "fd"}]
+        + [{"algorithm": a, "eps": e} for a in ("additive", "multiplicative", "heavy_light") for e in (0.1, 1.0)]
+        + [{"algorithm": "additive", "eps": 4.0}])
 
 sweep = Sweep(
     name="consistent_lra_real",

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-ALGORITHMS = ("every", "additive", "multiplicative", "heavy_light")
+ALGORITHMS = ("every", "additive", "multiplicative", "heavy_light", "fd")
 SKETCHES = ("leverage", "exact")
 TRIGGERS = ("check", "kept")
 
@@ -70,7 +70,7 @@ class Step:
 
 
 class ConsistentLRA:
-    """A rank-k subspace maintained over a stream of rows, by one of three rules.
+    """A rank-k subspace maintained over a stream of rows, by one of these rules.
 
     - `every`: recompute the best subspace of the prefix at every row (the baseline).
     - `additive`: recompute only when ||A^(t)||_F^2 has grown past (1 + eps) times its value at
@@ -85,6 +85,10 @@ class ConsistentLRA:
       Algorithm 2 (k^(3/2)/eps^2 polylog recourse on integer matrices) in place of the full
       recomputation, reconstructed from its summary (HEAVY/LIGHT cases on the tail energy of
       the top-k spectrum; `_heavy_light`).
+
+    - `fd`: the Frequent Directions baseline (`FrequentDirections`): the output is the top-k
+      right singular subspace of an l-row FD sketch of the prefix, recomputed at every row, as a
+      streaming low-rank method outputs it; its recourse is measured the same way as the others'.
 
     The multiplicative rule is reconstructed too: it is the paper's simpler k^2/eps^2 polylog
     version, sampling then recomputing from the sample. The sampling constant
@@ -103,6 +107,7 @@ class ConsistentLRA:
         sketch: str = "leverage",
         oversample: float = 1.0,
         trigger: str = "check",
+        fd_rows: int = 0,
         device: torch.device | str = "cpu",
     ) -> None:
         if algorithm not in ALGORITHMS:
@@ -123,6 +128,7 @@ class ConsistentLRA:
         self.light = 0  # heavy_light: updates of the bottom sqrt(k) directions only
         self.heavy = 0  # heavy_light: full recomputations (heavy tail, periodic recluster, fallback)
         self.light_run = 0  # heavy_light: light updates since the last full recomputation
+        self.fd = FrequentDirections(d, fd_rows or 2 * k, device=self.device) if algorithm == "fd" else None
 
     def update(self, row: torch.Tensor, u: float = 0.0) -> Step:
         """Take row a_t [d] (and the uniform draw u of its sampling coin); output V^(t)."""
@@ -141,6 +147,9 @@ class ConsistentLRA:
                 self.frob_last = self.frob
         elif self.algorithm == "multiplicative":
             new = self._multiplicative(row, u, top, opt)
+        elif self.algorithm == "fd":
+            self.fd.insert(row)
+            new = self.fd.top(self.k)
         else:
             new = self._heavy_light(row, u, top, opt)
         recourse = 0.0
@@ -238,6 +247,7 @@ class ConsistentLRA:
             "light": self.light,
             "heavy": self.heavy,
             "light_run": self.light_run,
+            "fd": None if self.fd is None else self.fd.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -250,3 +260,57 @@ class ConsistentLRA:
         self.refreshes, self.kept = int(state["refreshes"]), int(state["kept"])
         # Checkpoints written before heavy_light existed have no counts of its cases.
         self.light, self.heavy, self.light_run = (int(state.get(k, 0)) for k in ("light", "heavy", "light_run"))
+        if self.fd is not None:
+            self.fd.load_state_dict(state["fd"])
+
+
+class FrequentDirections:
+    """Frequent Directions, the deterministic streaming sketch: an [l, d] matrix B with
+    ||A^T A - B^T B||_2 <= ||A - A_k||_F^2 / (l - k) for every k < l.
+
+    Liberty, "Simple and Deterministic Matrix Sketching", KDD 2013, https://arxiv.org/abs/1206.0594;
+    Ghashami, Liberty, Phillips & Woodruff, "Frequent Directions: Simple and Deterministic Matrix
+    Sketching", SIAM J. Comput. 2016, https://arxiv.org/abs/1501.01711 (its Algorithm 2.1, written
+    here from the paper). A row goes into a zero row of B; when B has none, B is replaced by
+    sqrt(Sigma^2 - sigma_l^2) V^T from its SVD, which zeroes at least the last row. The shrink is by
+    the l-th (smallest) squared singular value, not Liberty's l/2-th: with the notes' l = 2k the
+    l/2-th would keep only k - 1 directions and leave the rank-k output partly arbitrary. With
+    l >= d, B^T B = A^T A - c I (c = 0 for l > d): the output is the same as recomputing.
+    """
+
+    def __init__(self, d: int, rows: int, *, device: torch.device | str = "cpu") -> None:
+        if rows < 1:
+            raise ValueError(f"a Frequent Directions sketch needs at least one row, got {rows}")
+        self.ell = rows
+        self.sketch = torch.zeros(rows, d, dtype=torch.float64, device=device)  # [l, d]
+        self.filled = 0  # rows of `sketch` in use; the rest are zero
+
+    def insert(self, row: torch.Tensor) -> None:
+        if self.filled == self.ell:
+            self._shrink()
+        self.sketch[self.filled] = row
+        self.filled += 1
+
+    def _shrink(self) -> None:
+        _, sigma, vh = torch.linalg.svd(self.sketch, full_matrices=False)  # sigma descending
+        # Only when l <= d does B have l singular values to take the l-th of; else it is exact.
+        delta = sigma[-1].square() if self.ell <= self.sketch.shape[1] else sigma.new_zeros(())
+        shrunk = (sigma.square() - delta).clamp_min(0.0).sqrt()
+        keep = int((shrunk > 0).sum())
+        self.sketch.zero_()
+        self.sketch[:keep] = shrunk[:keep, None] * vh[:keep]
+        self.filled = keep
+
+    def gram(self) -> torch.Tensor:
+        return self.sketch.T @ self.sketch  # [d, d]
+
+    def top(self, k: int) -> torch.Tensor:
+        """The sketch's rank-k output: the top-k eigenvectors of B^T B [d, k]."""
+        return best_subspace(self.gram(), k)[0]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sketch": self.sketch.cpu(), "filled": self.filled}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sketch = state["sketch"].to(self.sketch.device, torch.float64)
+        self.filled = int(state["filled"])
