@@ -125,6 +125,34 @@ MEDIAN_OPTIONS = {
                                       "with their median there."),
 }
 
+HYPERBAND_OPTIONS = {
+    "reduction_factor": Option(3, "At each rung a bracket keeps the best 1/reduction_factor of the trials it was "
+                                  "sized for; the rungs lie reduction_factor times apart in training fraction."),
+    "brackets": Option(3, "Hyperband's brackets: bracket s (0 .. brackets-1) first compares its trials at "
+                          "reduction_factor**-s of training; bracket 0 stops none. Trials fill the brackets in "
+                          "order, bracket s holding about brackets/(s+1) * reduction_factor**s of them."),
+}
+
+PBT_OPTIONS = {
+    "mutate": Option(REQUIRED, "The search-space fields PBT may change, e.g. ('lr',): names of `space`, each a "
+                               "grid, choice, uniform or loguniform domain (a continuous one stays within its bounds)."),
+    "perturbation_interval": Option(0.25, "Training fraction between two perturbations of a trial (in (0, 1)): "
+                                          "there, a trial in the worst quantile_fraction continues from the "
+                                          "checkpoint of one in the best, with its mutated hyperparameters. The "
+                                          "workload should checkpoint at least this often."),
+    "burn_in_period": Option(0.0, "Training fraction before the first perturbation."),
+    "quantile_fraction": Option(0.25, "Fraction of the trials (the worst) that exploit one of the same fraction "
+                                      "of the best at a perturbation; at most 0.5."),
+    "resample_probability": Option(0.25, "Chance that a mutated field is drawn again from its domain instead of "
+                                         "perturbed."),
+    "perturbation_factors": Option((1.2, 0.8), "Factors a continuous field is multiplied by when perturbed (then "
+                                               "clipped to its domain); a grid or choice field moves to a "
+                                               "neighbouring value."),
+    "synch": Option(True, "Synchronous PBT: trials wait for each other at every perturbation point, so they are "
+                          "compared at the same training fraction (False: Ray's asynchronous PBT, which compares a "
+                          "trial with the others' last scores, taken wherever they were)."),
+}
+
 COLLAPSE_OPTIONS = {
     "reference": Option(REQUIRED, "The reference curves trials are compared with: a mapping naming the MLflow "
                                   "experiment of a finished reference sweep, {'experiment': NAME} (its keys: "
@@ -159,6 +187,8 @@ SCHEDULER_OPTIONS: dict[str, dict[str, Option]] = {
     "collapse": COLLAPSE_OPTIONS,
     "asha": ASHA_OPTIONS,
     "median": MEDIAN_OPTIONS,
+    "hyperband": HYPERBAND_OPTIONS,
+    "pbt": PBT_OPTIONS,
     "fifo": {},
 }
 """Scheduler name -> its options; the keys are the schedulers a sweep may name."""
@@ -171,6 +201,15 @@ SCHEDULER_DOCS = {
             "its budget always finishes.",
     "median": "Ray Tune's median stopping rule, on the training fraction: a trial worse than the median of the "
               "others at the same point stops; a trial at the end of its budget always finishes.",
+    "hyperband": "Ray Tune's (synchronous) HyperBand, on the training fraction: each bracket pauses its trials at "
+                 "its rungs until all have reached the rung, then stops all but the best 1/reduction_factor; "
+                 "the survivors of a bracket's last rung train to the end of their budget. Its brackets hold the "
+                 "sweep's trials in launch order, all created up front (no max_concurrent).",
+    "pbt": "Ray Tune's Population Based Training, on the training fraction: at every perturbation_interval the "
+           "worst trials continue from a checkpoint of one of the best, with its hyperparameters, the fields named "
+           "in `mutate` perturbed within the space. No trial is stopped. Single-worker CPU trials, search "
+           "'random' or 'grid' (the initial population, all created up front: no max_concurrent); a trial's MLflow "
+           "run keeps its starting params and is tagged `ladder.pbt.exploits`.",
     "fifo": "Every trial runs to the end of its budget.",
 }
 
@@ -215,6 +254,7 @@ ELSEWHERE = {
     "mode": "the objective is Sweep.objective",
     "time_attr": "every scheduler compares trials on their training fraction",
     "max_t": "every scheduler compares trials on their training fraction, up to its end",
+    "hyperparam_mutations": "PBT mutates the space's domains of the fields named in `mutate`",
 }
 """Names a sweep may reach for that are set elsewhere, and where."""
 
@@ -264,7 +304,7 @@ def resolved_options(given: Mapping[str, Any], table: Mapping[str, Option]) -> d
 
 
 SCHEDULERS = tuple(SCHEDULER_OPTIONS)
-"""'collapse', 'asha', 'median', 'fifo': the keys of `SCHEDULER_OPTIONS`."""
+"""'collapse', 'asha', 'median', 'hyperband', 'pbt', 'fifo': the keys of `SCHEDULER_OPTIONS`."""
 SEARCHES = tuple(SEARCH_OPTIONS)
 """'random', 'grid', 'tpe': the keys of `SEARCH_OPTIONS`."""
 
@@ -378,7 +418,7 @@ class Sweep:
     """Keyword options of a model-based search's sampler, e.g. {'n_startup_trials': 4}; its seed
     is `seed`. Every search's options: `SEARCH_OPTIONS` (docs/sweep-options.md)."""
     scheduler: str = "fifo"
-    """'collapse', 'asha', 'median' or 'fifo'."""
+    """'collapse', 'asha', 'median', 'hyperband', 'pbt' or 'fifo'."""
     scheduler_options: Mapping[str, Any] = field(default_factory=dict)
     """Keyword options of the scheduler, e.g. {'grace_period': 0.2} for 'asha'. Every scheduler's
     options, their defaults and meaning: `SCHEDULER_OPTIONS` (docs/sweep-options.md)."""
@@ -485,6 +525,80 @@ class Sweep:
                 raise SweepError(
                     "the collapse scheduler needs scheduler_options={'reference': {'experiment': NAME}} naming the "
                     f"MLflow experiment of a finished reference sweep, got {dict(spec)!r}")
+        if self.scheduler == "hyperband":
+            self._check_hyperband()
+        if self.scheduler == "pbt":
+            self._check_pbt()
+        if self.scheduler in ("hyperband", "pbt") and self.max_concurrent is not None:
+            raise SweepError(
+                f"scheduler={self.scheduler!r} needs every trial created from the start (its "
+                f"{'brackets' if self.scheduler == 'hyperband' else 'population'}), and max_concurrent caps the "
+                "trials Tune creates, paused ones included: leave max_concurrent unset (the trials' CPUs cap how "
+                "many run at once)")
+
+    def _check_hyperband(self) -> None:
+        opts = resolved_options(self.scheduler_options, HYPERBAND_OPTIONS)
+        eta, brackets = opts["reduction_factor"], opts["brackets"]
+        if isinstance(eta, bool) or not isinstance(eta, (int, float)) or not eta > 1:
+            raise SweepError(f"scheduler option reduction_factor of scheduler='hyperband' must be a number above 1 "
+                             f"(3: keep the best third at each rung), got {eta!r}")
+        if isinstance(brackets, bool) or not isinstance(brackets, int) or brackets < 1:
+            raise SweepError(f"scheduler option brackets of scheduler='hyperband' must be a whole number >= 1, "
+                             f"got {brackets!r}")
+        # Ray places the rungs in whole percent of training: a rung below 1% would be at 0.
+        if int(100 * eta ** -(brackets - 1)) < 1:
+            most = 1 + int(math.floor(math.log(100) / math.log(eta) + 1e-9))
+            raise SweepError(f"scheduler='hyperband' with brackets={brackets} and reduction_factor={eta:g} would "
+                             f"compare trials before 1% of training: give at most brackets={most}")
+
+    def _check_pbt(self) -> None:
+        """PBT's options, and the trials it can exploit: the fields it mutates are domains of the
+        space, the population is drawn up front, and a trial's checkpoint is the Tune trial's own."""
+        if missing_option(self.scheduler_options, PBT_OPTIONS) == "mutate":
+            raise SweepError("scheduler='pbt' needs scheduler_options={'mutate': (FIELD, ...)} naming the search-space "
+                             f"fields it may change (space: {', '.join(self.space) or 'empty'})")
+        opts = resolved_options(self.scheduler_options, PBT_OPTIONS)
+        mutate = opts["mutate"]
+        names = (mutate,) if isinstance(mutate, str) else mutate
+        if not isinstance(names, (tuple, list)) or not names or not all(isinstance(n, str) for n in names):
+            raise SweepError(f"scheduler option mutate of scheduler='pbt' must be a tuple of search-space field "
+                             f"names, e.g. ('lr',), got {mutate!r}")
+        for name in names:
+            if name not in self.space:
+                hint = suggest(name, list(self.space))
+                raise SweepError(
+                    f"scheduler option mutate of scheduler='pbt' names {name!r}, which is not a field of the sweep's "
+                    f"space" + (f"; did you mean {hint!r}?" if hint else "")
+                    + f" (space: {', '.join(self.space) or 'empty'}): add it to space with the domain PBT may "
+                    "mutate it within, e.g. space={" + f"{name!r}: loguniform(LOW, HIGH)" + "}")
+            domain = self.space[name]
+            if isinstance(domain, Seeds):
+                raise SweepError(f"scheduler option mutate of scheduler='pbt' names {name!r}, a seeds(n) axis: seeds "
+                                 "repeat trials, they are not a hyperparameter to evolve; leave it out of mutate")
+            if not isinstance(domain, Domain):
+                raise SweepError(f"scheduler option mutate of scheduler='pbt' names {name!r}, which the space fixes "
+                                 f"to {domain!r}: give it a domain to mutate within (grid, choice, uniform, "
+                                 "loguniform), or leave it out of mutate")
+        for key, low, high in (("perturbation_interval", 0.0, 1.0), ("burn_in_period", None, 1.0),
+                               ("quantile_fraction", None, 0.5), ("resample_probability", None, 1.0)):
+            value = opts[key]
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (
+                (low is None and 0.0 <= value <= high) or (low is not None and low < value < high))
+            if not ok:
+                bounds = f"in (0, {high:g})" if low is not None else f"in [0, {high:g}]"
+                raise SweepError(f"scheduler option {key} of scheduler='pbt' is a fraction {bounds}, got {value!r}")
+        factors = opts["perturbation_factors"]
+        if (not isinstance(factors, (tuple, list)) or not factors
+                or not all(isinstance(f, (int, float)) and f > 0 for f in factors)):
+            raise SweepError(f"scheduler option perturbation_factors of scheduler='pbt' must be a tuple of positive "
+                             f"numbers, e.g. (1.2, 0.8), got {factors!r}")
+        if self.model_based:
+            raise SweepError(f"scheduler='pbt' evolves its population itself and cannot run with search={self.search!r}: "
+                             "use search='random' or 'grid' to draw the initial population")
+        if self.workers != 1 or self.gpus_per_worker:
+            raise SweepError("scheduler='pbt' runs single-worker CPU trials (workers=1, gpus_per_worker=0): a trial "
+                             "of several workers or on GPUs checkpoints through Ray Train, which PBT cannot hand to "
+                             "another trial")
 
     @property
     def model_based(self) -> bool:
@@ -616,7 +730,10 @@ class Sweep:
         w = self.load_workload()
         base = self.base_config()
         seen: set[str] = set()
-        problems: dict[str, None] = {}  # every distinct one, in trial order: a sweep over two datasets names both
+        # Every distinct missing item once, in trial order: a sweep over two models and one dataset
+        # names the dataset once, not once per model (a workload joins its problems with '; ').
+        problems: dict[str, None] = {}
+        owner = f"{w.name}: "
         for params in ([] if self.points else [{}]) + self.param_examples():  # a point may complete the base
             try:
                 cfg = apply_overrides(base, params)
@@ -625,9 +742,14 @@ class Sweep:
                     seen.add(key)
                     w.preflight(cfg)
             except ConfigError as exc:
-                problems.setdefault(str(exc), None)
+                text = str(exc)
+                for item in (text[len(owner):] if text.startswith(owner) else text).split("; "):
+                    problems.setdefault(item, None)
+        if len(problems) == 1:
+            raise SweepError(f"sweep {self.name!r}: {owner}{next(iter(problems))}")
         if problems:
-            raise SweepError(f"sweep {self.name!r}: " + "; ".join(problems))
+            raise SweepError(f"sweep {self.name!r}: {owner}{len(problems)} things missing on this machine:"
+                             + "".join(f"\n    - {item}" for item in problems))
         return base
 
     def trial_count(self) -> int:

@@ -433,11 +433,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+OFFLINE_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+"""Set to 1 by every ladder command unless already set: the Hugging Face clients' offline mode."""
+
+
 def main(argv: list[str] | None = None) -> int:
     from orchestrator.run.checkpoints import CheckpointError
     from orchestrator.runners.launch import ResourceError
     from orchestrator.tracking.sink import TrackingError
 
+    # Nothing is downloaded at run time (components.pretrained): the Hugging Face clients look in
+    # their local cache and never wait on the hub, which offline costs minutes of retries. Before
+    # any of them is imported (they read it once); a user's own setting wins.
+    for name in OFFLINE_ENV:
+        os.environ.setdefault(name, "1")
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -128,7 +128,8 @@ def trial_state(status: str, progress: float, *, error: bool = False, decision: 
 
 
 def stop_reason(scheduler: str, decision: Mapping[str, Any] | None, options: Mapping[str, Any] | None = None) -> str:
-    """Why a scheduler stopped a trial, in one short phrase."""
+    """Why a scheduler stopped a trial, in one short phrase. `options`: the scheduler's options with
+    its table's defaults filled in (`orchestrator.sweep.resolved_options`)."""
     d = decision or {}
     if d.get("diverged"):
         return "diverged: non-finite loss"
@@ -138,8 +139,13 @@ def stop_reason(scheduler: str, decision: Mapping[str, Any] | None, options: Map
             return f"predicted final {d['predicted']:.4g} > cutoff {d['cutoff']:.4g}{rung}"
         return d.get("reason") or "collapse scheduler"
     if scheduler == "asha":
-        rf = (options or {}).get("reduction_factor", 2)
+        rf = (options or {})["reduction_factor"]  # the resolved options: the table's default where unset
         return f"asha: not in the best 1/{rf:g} at its rung"
+    if scheduler == "hyperband":
+        if d.get("rung") is not None:
+            return (f"hyperband: not in the best {d['kept']} of {d['of']} at rung {d['rung']:.0%} "
+                    f"of bracket {d['bracket']}")
+        return "hyperband: not kept at its rung"
     if scheduler == "median":
         return "median rule: worse than the other trials' median"
     return "stopped"

@@ -13,6 +13,7 @@ it reports; Ray merges the ranks' folders into one, and each rank restores its o
 from __future__ import annotations
 
 import os
+import math
 import sys
 import tempfile
 from dataclasses import replace
@@ -43,9 +44,16 @@ class RayReports:
 
     Every report goes to the sinks; those that `forward_to_ray` selects are held for one call,
     so that a checkpoint of the same step travels with it in one Ray round trip.
+
+    With `hold_past_ray` (a Tune trial, which a scheduler may stop at any report) the sinks are
+    held back too: they get a point only once Ray has been sent the report of its step or a later
+    one. So a trial stopped at a report ends its recorded curve at the report the decision saw;
+    what it trained past that (at most one report's worth, computed while the report waited) is
+    never recorded. Without it, the sinks get every point at once.
     """
 
-    def __init__(self, api: Any, *, sinks: list[Any], writes_checkpoints: bool, identity: dict[str, Any] | None = None) -> None:
+    def __init__(self, api: Any, *, sinks: list[Any], writes_checkpoints: bool, identity: dict[str, Any] | None = None,
+                 hold_past_ray: bool = False) -> None:
         self.api = api  # the module `ray.train` or `ray.tune`
         self.sinks = sinks
         self.writes_checkpoints = writes_checkpoints
@@ -53,34 +61,56 @@ class RayReports:
         self._pending: dict[str, float] | None = None
         self.identity = identity
         self._announced = False
+        self.hold_past_ray = hold_past_ray
+        self._held: list[tuple[dict[str, float], int]] = []
+        """Points not yet in the sinks (`hold_past_ray`): steps past the last report sent to Ray."""
 
     def report(self, metrics: Mapping[str, float], *, step: int) -> None:
         clean = check_metrics(metrics)
         self._last = {**self._last, **clean, "step": float(step)}
         if "progress" in clean:
             self._last["progress_pct"] = 100.0 * clean["progress"]  # ASHA/median rungs in percent
-        for sink in self.sinks:
-            sink.log_metrics(clean, int(step))
+        if self.hold_past_ray:
+            self._held.append((clean, int(step)))
+        else:
+            for sink in self.sinks:
+                sink.log_metrics(clean, int(step))
         if forward_to_ray(clean):
             self.flush()
             self._pending = dict(self._last)
 
+    def _release(self, upto: float) -> None:
+        """Hand the sinks the held points of steps up to `upto` (inf: all of them)."""
+        keep = []
+        for metrics, step in self._held:
+            if step <= upto:
+                for sink in self.sinks:
+                    sink.log_metrics(metrics, step)
+            else:
+                keep.append((metrics, step))
+        self._held = keep
+
     def flush(self) -> None:
-        """Send a held report to Ray (without a checkpoint)."""
+        """Send a held report to Ray (without a checkpoint). The sinks get its step's points first,
+        so that what a scheduler decides on is recorded; with no report waiting, they get them all."""
         if self._pending is not None:
             pending, self._pending = self._pending, None
+            self._release(pending["step"])
             self.api.report(pending)
+        else:
+            self._release(math.inf)
 
     def save(self, state: dict[str, Any], *, shards: Callable[[Path], None] | None = None) -> None:
         """Report `state` as a checkpoint. `shards(folder)`, when given, runs on every rank and
         writes that rank's part of a sharded state into the folder it reports; Ray merges the
         ranks' folders into one checkpoint."""
-        for sink in self.sinks:
-            sink.flush()
         if self._pending is not None and self._pending.get("step") != float(state["step"]):
             self.flush()
         metrics = {**(self._pending or self._last), "step": float(state["step"])}
         self._pending = None
+        self._release(float(state["step"]))
+        for sink in self.sinks:  # the checkpoint's points recorded before it exists (a resume skips them)
+            sink.flush()
         if not self.writes_checkpoints and shards is None:
             self.api.report(metrics)  # ranks other than 0 still meet the barrier
             return

@@ -73,7 +73,8 @@ class TuneRun:
         self.rank = 0
         self.world_size = 1
         self.sinks = sinks
-        self._ray = RayReports(ray.tune, sinks=sinks, writes_checkpoints=True, identity=identity)
+        self._ray = RayReports(ray.tune, sinks=sinks, writes_checkpoints=True, identity=identity,
+                               hold_past_ray=True)
         self.report, self.flush, self.save, self.restore = (
             self._ray.report, self._ray.flush, self._ray.save, self._ray.restore)
 
@@ -137,13 +138,16 @@ def trial_main(config: dict[str, Any], sweep: SweepSpec) -> None:
         ctx = ray.get_runtime_context()
         tracking.set_tags(run_id, {"ladder.node_id": ctx.get_node_id(), "ladder.node_ip": ray.util.get_node_ip_address()},
                           uri=uri)
+        exploits = (config.get("pbt") or {}).get("exploits")
+        if exploits:  # the run's params are those it started with; PBT changed them since
+            tracking.set_tags(run_id, {"ladder.pbt.exploits": _last_fitting(exploits)}, uri=uri)
     spec = TrialSpec.of(sweep.workload, cfg, run_id=run_id, tracking_uri=uri, skip_recorded=True,
                         outbox_dir=sweep.outbox_dir, spool=True,
                         wandb={"project": f"ladder-{sweep.sweep}", "name": f"{sweep.sweep}-{trial_id}",
                                "group": sweep.sweep_id} if sweep.wandb else None)
     if sweep.in_trial:
         run_trial(replace(spec, threads=max(1, int(sweep.cpus_per_worker))),
-                  lambda sinks, _: TuneRun(sinks=sinks, identity=spec.identity), loaded=(workload, cfg))
+                  lambda sinks, _: _restoring_run(sinks, _trial_identity(spec, config)), loaded=(workload, cfg))
         return
     # Several workers: a Ray Train run inside the trial, whose workers report into the trial's
     # MLflow run; this process records the final metrics and ends the run.
@@ -151,6 +155,46 @@ def trial_main(config: dict[str, Any], sweep: SweepSpec) -> None:
         final = _fit_train(sweep, replace(spec, record_final=False, end_run=False), trial_id)
         if run_id:
             tracking.set_final(run_id, final, uri=uri, outbox_dir=sweep.outbox_dir)
+
+
+def _trial_identity(spec: TrialSpec, config: Mapping[str, Any]) -> dict[str, Any]:
+    """What the trial's checkpoints belong to. Under PBT, without the fields PBT mutates: a trial
+    that exploits another continues that trial's checkpoint with changed hyperparameters (the
+    rest of the config is the other trial's, which PBT copied)."""
+    from orchestrator.run import checkpoints
+
+    mutable = set((config.get("pbt") or {}).get("mutable", ()))
+    if not mutable:
+        return spec.identity
+    return checkpoints.identity(spec.workload, {k: v for k, v in spec.config.items() if k not in mutable})
+
+
+def _restoring_run(sinks: list[Any], identity: dict[str, Any]) -> TuneRun:
+    """A TuneRun that tags its MLflow run `ladder.restored_step` when it restores (a trial that
+    Tune paused and resumed, or that PBT moved onto another trial's checkpoint), as a Ray Train
+    run does: the run's curve continues from that step."""
+    run = TuneRun(sinks=sinks, identity=identity)
+    restore = run.restore
+
+    def restore_and_record() -> dict[str, Any] | None:
+        state = restore()
+        if state is not None:
+            for sink in sinks:
+                if hasattr(sink, "set_tags"):
+                    sink.set_tags({"ladder.restored_step": str(int(state["step"]))})
+        return state
+
+    run.restore = restore_and_record
+    return run
+
+
+def _last_fitting(items: list[Any], limit: int = 5000) -> str:
+    """`items` as JSON, the oldest left out until it fits in an MLflow tag."""
+    for start in range(len(items)):
+        text = json.dumps(items[start:], default=str)
+        if len(text) <= limit:
+            return text
+    return "[]"
 
 
 STOP_GRACE_S = 10.0
@@ -515,6 +559,13 @@ def run_sweep(sweep: Sweep, *, resume: bool = False, progress: bool = True, wand
             _end_open_runs(spec, status)
 
 
+def scheduler_options(sweep: Sweep) -> dict[str, Any]:
+    """The sweep's scheduler options with its table's defaults filled in."""
+    from orchestrator.sweep import SCHEDULER_OPTIONS, resolved_options
+
+    return resolved_options(sweep.scheduler_options, SCHEDULER_OPTIONS.get(sweep.scheduler, {}))
+
+
 def _console_callback(sweep: Sweep, scheduler: Any) -> Any:
     """The sweep's live view (`console.SweepView`) fed from Tune's trials, instead of Tune's tables."""
     from ray import tune
@@ -522,7 +573,7 @@ def _console_callback(sweep: Sweep, scheduler: Any) -> Any:
     from orchestrator.runners.console import SweepView, stop_reason, trial_state
 
     metric, mode = sweep.objective
-    kind, options = sweep.scheduler, dict(sweep.scheduler_options)
+    kind, options = sweep.scheduler, scheduler_options(sweep)
 
     class Console(tune.Callback):
         view: Any = None
@@ -624,7 +675,13 @@ def _fit(sweep: Sweep, spec: SweepSpec, base: Any, record: dict[str, Any], refer
 
         diagnostics = CollapseDiagnostics(experiment=sweep.name, sweep_id=record["sweep_id"], uri=spec.tracking_uri)
     scheduler = schedulers.build(sweep.scheduler, sweep.scheduler_options, metric=metric, mode=mode,
-                                 state_path=scheduler_state, reference=reference, diagnostics=diagnostics)
+                                 state_path=scheduler_state, reference=reference, diagnostics=diagnostics,
+                                 space=sweep.space)
+    if sweep.scheduler in ("hyperband", "pbt"):
+        # Their brackets and population are the trials Tune has created, and Tune creates no more
+        # unfinished ones (paused ones count) than max_concurrent_trials: uncapped, every trial
+        # exists from the start and the trials' CPUs alone cap how many run at once.
+        concurrency = None
     # A single-worker trial trains in the trial itself; any other trial only drives Ray Train,
     # whose workers hold the CPUs (a CPU held by the driver too would starve them on small nodes).
     # Ray refuses an empty bundle, so the driver asks for a little memory instead of a CPU.
@@ -699,9 +756,10 @@ def _fit(sweep: Sweep, spec: SweepSpec, base: Any, record: dict[str, Any], refer
                        and not r.error)
         if interrupted:
             stopped = False
-        elif sweep.scheduler in ("asha", "median"):
-            # Ray's schedulers keep no record of their decisions: a trial that ended cleanly
-            # short of its budget is one they stopped.
+        elif sweep.scheduler in ("asha", "median", "hyperband"):
+            # Ray's schedulers keep no record of their decisions (ours of HyperBand's covers this
+            # invocation only, not a resumed sweep's earlier one): a trial that ended cleanly
+            # short of its budget is one they stopped. PBT stops none.
             stopped = short and not r.error
         else:
             stopped = d.get("action") == "stop" and short
@@ -719,9 +777,12 @@ def _fit(sweep: Sweep, spec: SweepSpec, base: Any, record: dict[str, Any], refer
                 "stopped": stopped,
                 "diverged": bool(d.get("diverged")),
                 "predicted": d.get("predicted"),
+                "cutoff": d.get("cutoff") if state == "stopped" else None,
+                "rung": (d.get("rung") if d.get("rung") is not None else metrics.get("progress")) if state == "stopped" else None,
+                "rule": sweep.scheduler if state in ("stopped", "diverged") else None,
                 "error": str(r.error) if r.error else "",
                 "state": state,
-                "why": (stop_reason(sweep.scheduler, d, sweep.scheduler_options) if state in ("stopped", "diverged")
+                "why": (stop_reason(sweep.scheduler, d, scheduler_options(sweep)) if state in ("stopped", "diverged")
                         else str(r.error).strip().splitlines()[-1][:200] if r.error else ""),
             }
         )
@@ -729,7 +790,7 @@ def _fit(sweep: Sweep, spec: SweepSpec, base: Any, record: dict[str, Any], refer
         _close_child_runs(spec, trials)
         try:
             log_sweep_summary(parent_run_id=spec.parent_run_id, uri=spec.tracking_uri, experiment=spec.sweep,
-                              sweep_id=spec.sweep_id, trials=trials, metric=metric, mode=mode)
+                              sweep_id=spec.sweep_id, trials=trials, metric=metric, mode=mode, space=sweep.space)
         except Exception as exc:  # the sweep's runs are recorded; only their summary is missing
             tracking.warn(f"could not log the sweep's summary (trials.csv, trial_curves.png): {type(exc).__name__}: {exc}")
         tracking.log_text(spec.parent_run_id, json.dumps(trials, indent=2, default=str), "trials.json",
@@ -787,6 +848,24 @@ def _end_open_runs(spec: SweepSpec, status: str) -> None:
     finish_run(spec.parent_run_id, status, uri=spec.tracking_uri)
 
 
+def stop_tags(trial: Mapping[str, Any]) -> dict[str, str]:
+    """Why a stopped (or diverged) trial's run ended early, as MLflow tags: where (`ladder.stopped_at`,
+    the training fraction of the last report the scheduler saw, which is where its recorded curve
+    ends), the rule, the phrase the console showed, and the rule's numbers where it has them (the
+    rung, the collapse prediction and the cutoff it was compared with)."""
+    if trial.get("state") not in ("stopped", "diverged"):
+        return {}
+    num = lambda x: isinstance(x, (int, float)) and math.isfinite(x)  # noqa: E731
+    tags = {"ladder.stop_rule": str(trial.get("rule") or ""), "ladder.stop_reason": str(trial.get("why") or "")}
+    if num(trial.get("progress")):
+        tags["ladder.stopped_at"] = f"{trial['progress']:.4f}"
+    for key, name in (("rung", "ladder.stop_rung"), ("predicted", "ladder.stop_predicted"),
+                      ("cutoff", "ladder.stop_cutoff")):
+        if num(trial.get(key)):
+            tags[name] = f"{trial[key]:.6g}"
+    return {k: v for k, v in tags.items() if v}
+
+
 def _close_child_runs(spec: SweepSpec, trials: list[dict[str, Any]]) -> None:
     """Send what the sweep's trials left in their outboxes, end the MLflow runs of trials that
     Tune stopped (their process may be gone before it can), and give each trial the final metrics
@@ -805,7 +884,11 @@ def _close_child_runs(spec: SweepSpec, trials: list[dict[str, Any]]) -> None:
             trial["final"] = tracking.get_final(run, spec.tracking_uri, mlflow_client=c)
         # A stopped trial's process ends mid-loop: its run is left RUNNING, or FAILED when the
         # loop noticed; Tune's record says how the trial really ended.
-        if trial is None or run.info.status == "FINISHED":
+        if trial is None:
+            continue
+        if run.info.status == "FINISHED":
+            if stop_tags(trial):  # a run its trial ended itself still says why it stopped
+                tracking.set_tags(run.info.run_id, stop_tags(trial), uri=spec.tracking_uri)
             continue
         if trial["state"] == "interrupted":
             progress = trial["progress"]
@@ -816,9 +899,7 @@ def _close_child_runs(spec: SweepSpec, trials: list[dict[str, Any]]) -> None:
                              **({"ladder.interrupted_at": f"{progress:.4f}"}
                                 if isinstance(progress, float) and math.isfinite(progress) else {})})
             continue
-        tags = {"ladder.stopped_early": str(bool(trial["stopped"])).lower()}
-        if trial["stopped"]:
-            tags["ladder.stopped_at"] = f"{trial['progress']:.4f}"
+        tags = {"ladder.stopped_early": str(bool(trial["stopped"])).lower(), **stop_tags(trial)}
         if trial["diverged"]:
             tags["ladder.diverged"] = "true"
         finish_run(run.info.run_id, "FAILED" if trial["error"] else STATUS_FINISHED, uri=spec.tracking_uri, tags=tags)

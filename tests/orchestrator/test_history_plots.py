@@ -11,7 +11,6 @@ import math
 import numpy as np
 import pytest
 
-from conftest import run_cli
 from orchestrator.sweep import grid, loguniform
 from orchestrator.sweeps import history_plots as hp
 from orchestrator.tracking import sink as tracking
@@ -121,26 +120,3 @@ def test_a_plot_that_cannot_be_drawn_is_a_warning_and_the_others_are_logged(pare
     assert f"could not draw the sweep's {hp.HISTORY_NAME}: KeyError" in capsys.readouterr().err
     sizes = {a.path: a.file_size for a in tracking.client(uri).list_artifacts(run_id)}
     assert set(sizes) == {hp.IMPORTANCE_NAME, hp.PARALLEL_NAME} and min(sizes.values()) > 5000
-
-
-SWEEP = """
-from orchestrator.sweep import Sweep, grid
-sweep = Sweep(name="hist", workload="curves", base="smoke", overrides={"steps": 40, "report_every": 10},
-              space={"lr": grid(1e-3, 1e-1), "schedule": grid("cosine", "constant")}, search="grid")
-"""
-
-
-@pytest.mark.slow
-def test_a_sweep_logs_the_three_plots_on_its_parent_run(workdir):
-    (workdir / "hist.py").write_text(SWEEP)
-    out = run_cli(["sweep", "hist.py"], workdir, timeout=300)
-    assert out.returncode == 0, out.stderr[-4000:]
-    assert "could not draw" not in out.stderr, out.stderr[-4000:]
-    c = tracking.client(f"sqlite:///{workdir / 'mlruns.db'}")
-    exp = c.get_experiment_by_name("hist")
-    (parent,) = [r for r in c.search_runs([exp.experiment_id]) if r.data.tags.get("ladder.kind") == "sweep"]
-    sizes = {a.path: a.file_size for a in c.list_artifacts(parent.info.run_id)}
-    assert NAMES <= set(sizes) and {"trials.csv", "trial_curves.png"} <= set(sizes), sorted(sizes)
-    for name in NAMES:
-        local = c.download_artifacts(parent.info.run_id, name, str(workdir / "dl"))
-        assert open(local, "rb").read(8) == PNG and sizes[name] > 5000, (name, sizes[name])

@@ -54,6 +54,16 @@ def test_two_hundred_trials_run_to_completion_under_the_collapse_scheduler(load_
     # trials at a time, the shipped seeds moved by 1-6) stopped 122-125 (worst 122, seed shift 6;
     # 125 unmoved), threshold 100.
     assert 100 <= len(stopped) < 200, f"{len(stopped)} of 200 stopped"
+    # Why each was stopped, on its run: the collapse rule's prediction above its cutoff at a rung,
+    # the numbers the scheduler decided on (its own record of the decision).
+    for r in stopped:
+        tags, d = r.data.tags, decisions[r.data.tags["ladder.trial_id"]]
+        if d.get("diverged"):
+            continue
+        assert tags["ladder.stop_rule"] == "collapse" and tags["ladder.stop_reason"].startswith("predicted final"), tags
+        assert float(tags["ladder.stop_predicted"]) == pytest.approx(d["predicted"], rel=1e-5)
+        assert float(tags["ladder.stop_cutoff"]) == pytest.approx(d["cutoff"], rel=1e-5)
+        assert float(tags["ladder.stop_predicted"]) > float(tags["ladder.stop_cutoff"])
     # Every point a finished trial reported is recorded once: 50 reports of 200 steps.
     reported = recorded = 0
     for r in finished:

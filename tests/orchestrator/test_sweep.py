@@ -106,7 +106,7 @@ def test_every_scheduler_has_options_checked():
     # Every scheduler a sweep may name has its table: a new scheduler without one fails here.
     from orchestrator.sweep import SCHEDULERS, SEARCHES
 
-    assert set(SCHEDULERS) == {"collapse", "asha", "median", "fifo"} == set(sweep_options.SCHEDULER_OPTIONS)
+    assert set(SCHEDULERS) == {"collapse", "asha", "median", "hyperband", "pbt", "fifo"} == set(sweep_options.SCHEDULER_OPTIONS)
     assert set(SEARCHES) == set(sweep_options.SEARCH_OPTIONS)
     assert {s for s, _ in MISSPELT} == set(SCHEDULERS) - {"fifo"}
 
@@ -158,9 +158,11 @@ def test_valid_options_pass_and_reach_the_builder_with_the_tables_defaults():
     from orchestrator.sweeps.collapse import CollapseStopper
 
     for scheduler, table in sweep_options.SCHEDULER_OPTIONS.items():
-        options = {k: ({"experiment": "ref"} if k == "reference" else o.default) for k, o in table.items()
+        options = {k: ({"experiment": "ref"} if k == "reference" else ("lr",) if k == "mutate" else o.default)
+                   for k, o in table.items()
                    if k != "reduction_factor" or scheduler != "collapse"}  # collapse: keep_quantile or it, not both
-        Sweep(name="x", workload="curves", base="smoke", scheduler=scheduler, scheduler_options=options).check()
+        Sweep(name="x", workload="curves", base="smoke", space={"lr": loguniform(1e-3, 1e-1)}, scheduler=scheduler,
+              scheduler_options=options).check()
     # The collapse scheduler's table and the stopper it builds agree on every default.
     stopper = {k: p.default for k, p in inspect.signature(CollapseStopper.__init__).parameters.items()
                if p.kind is p.KEYWORD_ONLY}

@@ -100,12 +100,13 @@ def assert_whole_curves(c, runs, resumed: bool = False) -> tuple[int, int]:
             assert seen < STEPS, (tid, r.data.tags["ladder.stopped_at"])
         else:  # trained to the end: what train returned is recorded too (a scheduler must not cut it off)
             assert tracking.FINAL_TAG in r.data.tags, (tid, "no final metrics", r.data.tags)
-        whole = [list(range(EVERY, last + 1, EVERY)) for last in (seen, min(seen + EVERY, STEPS))]
+        whole = [list(range(EVERY, seen + 1, EVERY))]
         for key in ("train/loss", "eval/loss", "progress"):
             steps = [m.step for m in c.get_metric_history(r.info.run_id, key)]
             points += len(steps)
             # A report reaches Tune when the next one is made (so that a checkpoint of the same
-            # step travels with it): a stopped trial has reported at most one step past Tune's view.
+            # step travels with it); the sinks get a step only once Tune has been sent its report:
+            # a stopped trial's curve ends where Tune's view of it ends.
             if resumed and steps and steps[-1] > seen + EVERY:
                 assert steps == list(range(EVERY, steps[-1] + 1, EVERY)), (tid, key, seen, steps)
                 continue
@@ -141,14 +142,32 @@ def test_median_sweep_runs_end_to_end_and_logs_each_trial_to_wandb(shared, capfd
     finished = [t for t in result.trials if t["state"] == "finished"]
     assert parent.data.metrics["eval/loss"] == pytest.approx(min(t["objective"] for t in finished))
     assert all("eval/loss" in r.data.metrics for r in runs)
-    assert {"trials.csv", "trial_curves.png", "trials.json"} <= {a.path for a in shared.client.list_artifacts(parent.info.run_id)}
+    # ... and optuna-dashboard's three study plots (orchestrator.sweeps.history_plots), as PNGs.
+    logged = {a.path: a.file_size for a in shared.client.list_artifacts(parent.info.run_id)}
+    assert {"trials.csv", "trial_curves.png", "trials.json", "optimization_history.png", "param_importances.png",
+            "parallel_coordinate.png"} <= set(logged), sorted(logged)
+    assert min(logged[n] for n in ("optimization_history.png", "param_importances.png", "parallel_coordinate.png")) > 5000
     rows = list(csv.DictReader(open(shared.client.download_artifacts(parent.info.run_id, "trials.csv", str(shared.work)))))
     assert sorted((r["trial"], r["state"]) for r in rows) == sorted((t["trial_id"], t["state"]) for t in result.trials)
     assert {r["why"] for r in rows if r["state"] == "stopped"} == {"median rule: worse than the other trials' median"}
     tags = shared.client.get_experiment_by_name("median").tags
     assert tags["mlflow.experimentKind"] == "custom_model_development"
     view = json.loads(tags["mlflow.sharedViewState.ladder"])  # the runs table's columns for the UI
-    assert view["orderByKey"] == "metrics.`eval/loss`" and {"metrics.`eval/loss`", "params.`lr`"} <= set(view["selectedColumns"])
+    assert view["orderByKey"] == "metrics.`eval/loss`" and {"metrics.`eval/loss`", "params.`lr`",
+                                                            "tags.`ladder.stop_reason`"} <= set(view["selectedColumns"])
+    # The view's search keeps the parent out of the trials' table: MLflow's own search returns the trials alone.
+    exp_id = shared.client.get_experiment_by_name("median").experiment_id
+    shown = {r.info.run_id for r in shared.client.search_runs([exp_id], filter_string=view["searchFilter"])}
+    assert shown == {r.info.run_id for r in runs} and result.parent_run_id not in shown
+    # Why each stopped trial stopped, on its run, with the rule and where (the end of its recorded curve).
+    for r in runs:
+        t = next(t for t in result.trials if t["trial_id"] == r.data.tags["ladder.trial_id"])
+        if t["state"] == "stopped":
+            assert r.data.tags["ladder.stop_rule"] == "median", r.data.tags
+            assert r.data.tags["ladder.stop_reason"] == "median rule: worse than the other trials' median"
+            assert float(r.data.tags["ladder.stop_rung"]) == pytest.approx(float(r.data.tags["ladder.stopped_at"]))
+        else:
+            assert not {"ladder.stop_rule", "ladder.stop_reason"} & set(r.data.tags), (t["state"], r.data.tags)
     # --wandb: an offline wandb run per trial (two for a trial that the median rule paused and resumed).
     logs = [p.read_bytes() for p in (shared.work / "wandb").glob("offline-run-*/run-*.wandb")]
     assert len(logs) >= TRIALS

@@ -1,9 +1,9 @@
-"""Tune schedulers by name: 'collapse' (ours), 'asha', 'median', 'fifo' (Ray Tune's own).
+"""Tune schedulers by name: 'collapse' (ours), 'asha', 'median', 'hyperband', 'pbt', 'fifo' (Ray Tune's own).
 
 Every scheduler compares trials on their training fraction (`progress`), not on Tune's
 iteration count, so trials that report at different rates are compared at the same point of
-their budgets. ASHA and the median rule never stop a trial at 100% (`ray_rules`): it finishes
-and its final metrics are recorded.
+their budgets. ASHA, the median rule and HyperBand never stop a trial at 100%, and PBT never
+perturbs one there (`ray_rules`): it finishes and its final metrics are recorded.
 
 The objective (metric and mode) is set in one place, the sweep's `tune.TuneConfig`, which hands
 it to the scheduler: Ray refuses a Tuner whose scheduler was built with a metric of its own.
@@ -31,10 +31,13 @@ def build(
     state_path: Path | None = None,
     reference: Any = None,
     diagnostics: Any = None,
+    space: Mapping[str, Any] | None = None,
 ) -> Any:
+    """The Tune scheduler `name` with `options` (the rest from its table's defaults). `space`:
+    the sweep's search space, whose domains PBT mutates within."""
     from ray.tune.schedulers import FIFOScheduler
 
-    from orchestrator.sweeps.schedulers.ray_rules import Asha, Median
+    from orchestrator.sweeps.schedulers.ray_rules import Asha, Hyperband, Median
 
     if name not in SCHEDULER_OPTIONS:
         raise SweepError(f"unknown scheduler {name!r}")
@@ -59,6 +62,10 @@ def build(
             grace_period=float(opts["grace_period"]) * 100,
             min_samples_required=int(opts["min_samples_required"]),
         )
+    if name == "hyperband":
+        return Hyperband(reduction_factor=float(opts["reduction_factor"]), brackets=int(opts["brackets"]))
+    if name == "pbt":
+        return _pbt(opts, space or {})
     # collapse
     from orchestrator.sweeps.collapse import CollapseStopper
     from orchestrator.sweeps.schedulers.collapse import CollapseScheduler
@@ -68,3 +75,30 @@ def build(
     opts.pop("reference", None)
     return CollapseScheduler(CollapseStopper(reference, **opts), metric=metric, mode=mode, state_path=state_path,
                              diagnostics=diagnostics)
+
+
+def _pbt(opts: Mapping[str, Any], space: Mapping[str, Any]) -> Any:
+    """PBT over the space's domains of the fields in `mutate` (`Sweep.check` has checked them):
+    a grid or choice as its list of values, uniform and loguniform as Tune's own domains."""
+    from ray import tune
+
+    from orchestrator.sweep import Choice, Grid, LogUniform, Uniform
+    from orchestrator.sweeps.schedulers.ray_rules import Pbt
+
+    names = (opts["mutate"],) if isinstance(opts["mutate"], str) else tuple(opts["mutate"])
+    mutations: dict[str, Any] = {}
+    bounds: dict[str, tuple[float, float]] = {}
+    for key in names:
+        domain = space.get(key)
+        if isinstance(domain, (Grid, Choice)):
+            mutations[key] = list(domain.values)
+        elif isinstance(domain, (Uniform, LogUniform)):
+            make = tune.loguniform if isinstance(domain, LogUniform) else tune.uniform
+            mutations[key] = make(domain.low, domain.high)
+            bounds[key] = (domain.low, domain.high)
+        else:
+            raise SweepError(f"scheduler='pbt': mutate names {key!r}, which is not a domain of the sweep's space")
+    return Pbt(mutations=mutations, bounds=bounds, perturbation_interval=float(opts["perturbation_interval"]),
+               burn_in_period=float(opts["burn_in_period"]), quantile_fraction=float(opts["quantile_fraction"]),
+               resample_probability=float(opts["resample_probability"]),
+               perturbation_factors=tuple(float(f) for f in opts["perturbation_factors"]), synch=bool(opts["synch"]))
