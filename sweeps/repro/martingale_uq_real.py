@@ -1,7 +1,9 @@
 """Martingale posteriors in the paper's text setting (its Exp B): GPT-2, frozen, as the generator;
 the deployed metric is GPT-2's NLL per token of WikiText-2 raw test texts (64 tokens each, a truth
 pool of 1,200), with theta(Q) from 200 of GPT-2's own generations, alpha from 150 held-out real
-texts with c = 1.0, and a 120-step forward urn, as in the released code; n from 5 to 100.
+texts with c = 1.0, and a 120-step forward urn, as in the released code; n from 5 to 100. The
+headline claim (`exact_covers_nll`, pooled over its priors) judges these trials as it judges the
+smoke's tiny GPT-2; the rare-alert claims need the smoke's GMM trials and are not judged here.
 
 ladder downloads nothing. Fetch once, where the internet is reachable (docs/datasets.md):
 

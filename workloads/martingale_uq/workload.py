@@ -11,11 +11,11 @@ import numpy as np
 import torch
 from components import pretrained
 
-from workloads.martingale_uq import bytemodel, imagedata, pixelmodel, tabular, textlm
+from workloads.martingale_uq import bytemodel, imagedata, pixelmodel, tabular, textlm, tinygpt2
 from workloads.martingale_uq.coverage import evaluate_chunk, summarize
 
 METRICS = {"gmm": ("alert_rate", "mean_score"), "bytes": ("nll", "alert_rate"), "causal_lm": ("nll", "alert_rate"),
-           "pixels": ("nll", "alert_rate")}
+           "tiny_gpt2": ("nll", "alert_rate"), "pixels": ("nll", "alert_rate")}
 
 
 MAX_WORKERS = 1
@@ -24,16 +24,18 @@ MAX_WORKERS = 1
 
 @dataclass(frozen=True)
 class Config:
-    generator: Literal["gmm", "bytes", "causal_lm", "pixels"] = "gmm"
+    generator: Literal["gmm", "bytes", "causal_lm", "tiny_gpt2", "pixels"] = "gmm"
     """Frozen generator Q: 'gmm' (a Gaussian mixture fitted on historical tabular records),
     'bytes' (a tiny autoregressive byte model trained on the standard-library corpus),
-    'causal_lm' (the pretrained LM `model`, e.g. GPT-2, frozen as loaded, on the texts of `text_path`) or
+    'causal_lm' (the pretrained LM `model`, e.g. GPT-2, frozen as loaded, on the texts of `text_path`),
+    'tiny_gpt2' (the paper's text setting at smoke size: a small GPT2LMHeadModel trained here on the
+    standard-library corpus, cached per seed, scoring held-out files' texts and its own) or
     'pixels' (a small PixelCNN trained on the images of `generator_data`, or loaded from `generator_path`,
     on the images of `image_data`: CIFAR-10, SVHN)."""
     metric: Literal["alert_rate", "mean_score", "nll"] = "alert_rate"
     """Deployed metric theta = E[h(x)]: gmm: 'alert_rate' (h = 1{score > threshold}) or 'mean_score';
     bytes: 'nll' (NLL per byte of a text) or 'alert_rate' (h = 1{NLL per byte > nll_threshold});
-    causal_lm: the same per token; pixels: the same in bits per dim of an image."""
+    causal_lm and tiny_gpt2: the same per token; pixels: the same in bits per dim of an image."""
     ns: tuple[int, ...] = (5, 10, 20, 50, 100)
     """Real sample sizes n at which coverage is measured (the plot's x axis)."""
     repetitions: int = 1000
@@ -115,6 +117,19 @@ class Config:
     """Bytes read from the corpus (training part; the held-out part gets heldout_frac of it)."""
     heldout_frac: float = 0.25
     """Share of corpus files held out as the deployed distribution."""
+    # --- tiny GPT-2 text scenario (generator='tiny_gpt2'; corpus_bytes, heldout_frac, lr, text_len too) ---
+    gpt2_layers: int = 2
+    """Tiny GPT-2: transformer blocks."""
+    gpt2_hidden: int = 32
+    """Tiny GPT-2: embedding width (a multiple of gpt2_heads)."""
+    gpt2_heads: int = 2
+    """Tiny GPT-2: attention heads."""
+    gpt2_vocab: int = 512
+    """Tiny GPT-2: byte-level BPE vocabulary (the 256 bytes, the end-of-text token, merges)."""
+    gpt2_steps: int = 300
+    """Tiny GPT-2: Adam steps on windows of text_len tokens after the start token."""
+    gpt2_batch: int = 16
+    """Tiny GPT-2: windows per step."""
     # --- pretrained-LM text scenario (generator='causal_lm') ---
     model: str = ""
     """generator='causal_lm': the frozen LM, loaded by transformers' AutoModelForCausalLM.from_pretrained
@@ -188,13 +203,13 @@ def smoke() -> Config:
 def fit_steps(cfg: Config) -> int:
     if cfg.generator == "pixels":
         return 0 if cfg.generator_path else cfg.pixel_steps
-    return {"gmm": cfg.em_iters, "bytes": cfg.byte_steps}.get(cfg.generator, 0)
+    return {"gmm": cfg.em_iters, "bytes": cfg.byte_steps, "tiny_gpt2": cfg.gpt2_steps}.get(cfg.generator, 0)
 
 
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Checks that need no data: raised before anything is launched."""
     if cfg.generator not in METRICS:
-        raise ValueError(f"generator must be 'gmm', 'bytes', 'causal_lm' or 'pixels', got {cfg.generator!r}")
+        raise ValueError(f"generator must be 'gmm', 'bytes', 'causal_lm', 'tiny_gpt2' or 'pixels', got {cfg.generator!r}")
     if cfg.metric not in METRICS[cfg.generator]:
         raise ValueError(f"metric {cfg.metric!r} is not defined for generator={cfg.generator!r}: use one of {', '.join(METRICS[cfg.generator])}")
     if not cfg.ns:
@@ -205,7 +220,8 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError(f"ns repeats a sample size: {cfg.ns}")
     for name in ("repetitions", "chunk", "checkpoint_every", "log_every", "history", "components", "em_iters", "dim", "context",
                  "embed", "hidden", "byte_steps", "byte_batch", "text_len", "real_texts", "lm_batch", "real_images",
-                 "pixel_hidden", "pixel_steps", "pixel_batch"):
+                 "pixel_hidden", "pixel_steps", "pixel_batch", "gpt2_layers", "gpt2_hidden", "gpt2_heads", "gpt2_steps",
+                 "gpt2_batch"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
     if cfg.draws < 20:
@@ -252,6 +268,9 @@ def validate(cfg: Config, world_size: int = 1) -> None:
                 raise ValueError(f"generator='causal_lm' needs model (e.g. 'gpt2') and text_path (WikiText-2 raw), got "
                                  f"model={cfg.model!r}, text_path={cfg.text_path!r}")
             return
+        if cfg.generator == "tiny_gpt2" and (cfg.gpt2_hidden % cfg.gpt2_heads or cfg.gpt2_vocab < 258):
+            raise ValueError(f"gpt2_hidden={cfg.gpt2_hidden} must be a multiple of gpt2_heads={cfg.gpt2_heads}, and "
+                             f"gpt2_vocab={cfg.gpt2_vocab} >= 258 (the 256 bytes, the end-of-text token and a merge)")
         if not 0 < cfg.heldout_frac < 1 or cfg.corpus_bytes < 10_000:
             raise ValueError(f"heldout_frac must lie in (0, 1) and corpus_bytes be >= 10000, got {cfg.heldout_frac}, {cfg.corpus_bytes}")
 
@@ -355,13 +374,36 @@ def _fit_bytes(cfg: Config, run) -> dict[str, Any]:
 
 def _fit_causal_lm(cfg: Config, run) -> dict[str, Any]:
     """Nothing is trained: the frozen LM scores the deployed texts and its own generations."""
+    return _score_lm(cfg, run, cfg.model, pretrained.read_text(cfg.text_path, cfg.text_split), f"text_path={cfg.text_path!r}",
+                     fit_loss=None, step=0)
+
+
+def _fit_tiny_gpt2(cfg: Config, run) -> dict[str, Any]:
+    """Train the tiny GPT-2 (or load this seed's, cached by an earlier trial), freeze it, then as
+    'causal_lm': score the held-out files' texts and its own generations."""
+    recipe = tinygpt2.Recipe(layers=cfg.gpt2_layers, hidden=cfg.gpt2_hidden, heads=cfg.gpt2_heads, vocab=cfg.gpt2_vocab,
+                             seq=cfg.text_len, batch=cfg.gpt2_batch, steps=cfg.gpt2_steps, lr=cfg.lr,
+                             corpus_bytes=cfg.corpus_bytes, heldout_frac=cfg.heldout_frac)
+    total = cfg.gpt2_steps + len(cfg.ns) * cfg.repetitions
+
+    def report(step: int, loss: float) -> None:
+        if step % cfg.log_every == 0 or step == cfg.gpt2_steps:
+            run.report({"train/loss": loss, "progress": step / total}, step=step)
+
+    folder, loss, _ = tinygpt2.ensure_built(recipe, cfg.seed, report)
+    _, held = tinygpt2.texts(recipe)
+    return _score_lm(cfg, run, str(folder), held, "the held-out files", fit_loss=loss, step=cfg.gpt2_steps)
+
+
+def _score_lm(cfg: Config, run, model: str, text: str, source: str, *, fit_loss: float | None, step: int) -> dict[str, Any]:
+    """The frozen LM `model` scores random disjoint windows of `text` (the deployed texts) and its own generations."""
     device = torch.device(run.device)
-    lm, tokenizer, start = textlm.load(cfg.model, device)
-    ids = textlm.tokenize(tokenizer, pretrained.read_text(cfg.text_path, cfg.text_split))
+    lm, tokenizer, start = textlm.load(model, device)
+    ids = textlm.tokenize(tokenizer, text)
     gen = torch.Generator().manual_seed(cfg.seed)
     windows = textlm.real_windows(ids, start, cfg.text_len, cfg.real_texts, gen)
     if len(windows) < cfg.real_texts:
-        raise ValueError(f"text_path={cfg.text_path!r} holds {len(ids)} tokens, {len(windows)} disjoint texts of "
+        raise ValueError(f"{source}: {len(ids)} tokens, {len(windows)} disjoint texts of "
                          f"text_len={cfg.text_len}, fewer than real_texts={cfg.real_texts}: lower real_texts or text_len")
     h = lambda nll: tabular.metric_values(nll.numpy().astype(float), cfg.metric, cfg.nll_threshold)  # noqa: E731
     nll_real = textlm.nll_per_token(lm, windows, cfg.lm_batch, device)
@@ -369,10 +411,13 @@ def _fit_causal_lm(cfg: Config, run) -> dict[str, Any]:
     texts = textlm.generate(lm, start, cfg.prior_draws, cfg.text_len, cfg.temperature, sampler, cfg.lm_batch, device)
     nll_generated = textlm.nll_per_token(lm, texts, cfg.lm_batch, device)
     prior, real = h(nll_generated), h(nll_real)
-    loss = float(nll_real.mean())
+    if fit_loss is None:  # nothing fitted: the frozen LM's NLL per token of the deployed texts
+        fit_loss = float(nll_real.mean())
     # The frozen LM's NLL per token of the deployed texts and of its own: the prior's misspecification.
-    run.report({"train/loss": loss, "eval/nll_generated": float(nll_generated.mean()), "progress": 0.0}, step=0)
-    return {"fit_loss": loss, "prior": torch.from_numpy(prior), "real": torch.from_numpy(real),
+    total = step + len(cfg.ns) * cfg.repetitions
+    run.report({"train/loss": fit_loss, "eval/nll_real": float(nll_real.mean()),
+                "eval/nll_generated": float(nll_generated.mean()), "progress": step / total}, step=step)
+    return {"fit_loss": fit_loss, "prior": torch.from_numpy(prior), "real": torch.from_numpy(real),
             "theta_true": float(real.mean())}
 
 
@@ -452,7 +497,8 @@ def train(cfg: Config, run) -> dict[str, float]:
     total = fit + len(cfg.ns) * cfg.repetitions
     state = run.restore()
     if state is None:
-        fits = {"gmm": _fit_gmm, "bytes": _fit_bytes, "causal_lm": _fit_causal_lm, "pixels": _fit_pixels}
+        fits = {"gmm": _fit_gmm, "bytes": _fit_bytes, "causal_lm": _fit_causal_lm, "tiny_gpt2": _fit_tiny_gpt2,
+                "pixels": _fit_pixels}
         fitted = fits[cfg.generator](cfg, run)
         state = {"step": fit, **fitted, "records": {}}
         run.save(state)
@@ -481,6 +527,8 @@ def train(cfg: Config, run) -> dict[str, float]:
     final = {"train/loss": float(state["fit_loss"]), "eval/theta_true": theta_true,
              "eval/theta_prior": float(prior.mean()), "eval/prior_gap": float(prior.mean()) - theta_true,
              "eval/prior_sd": float(prior.std())}
+    if len(state["real"]):  # a finite deployed population (texts, images): its spread, the gap's unit
+        final["eval/real_sd"] = float(state["real"].numpy().std())
     for n in cfg.ns:
         final.update(summarize(records[f"n{n}"], n, theta_true))
     return final
