@@ -14,15 +14,18 @@ from orchestrator.runners.config import ConfigError
 from orchestrator.run import LocalRun
 from workloads.tubal_fgd import CHECKS, CLAIMS, Config, plot, smoke, train, validate
 from workloads.tubal_fgd.claims import (
-    early_stopping_near_best, small_init_flat_in_rank, small_init_overfits_late, spectral_grows_with_rank,
+    best_is_least_error, early_stopping_near_best, large_init_grows_with_rank, minimax_of, no_trial_diverged,
+    small_init_flat_in_rank, small_init_near_minimax, small_init_overfits_late, small_init_starts_at_zero,
+    spectral_grows_with_rank,
 )
 from workloads.tubal_fgd.problem import (
-    adjoint, gradient, loss, make_problem, measure, relative_error, small_init, spectral_init, symmetrise,
+    adjoint, gradient, loss, make_problem, measure, minimax_level, relative_error, small_init, spectral_init,
+    symmetrise,
 )
 from workloads.tubal_fgd.tensor import (
     t_gram, t_identity, t_product, t_transpose, top_factor, tubal_rank,
 )
-from workloads.tubal_fgd.workload import CURVE_PREFIX, Tracker, curve_steps, measurements
+from workloads.tubal_fgd.workload import CURVE_PREFIX, Tracker, curve_steps, initial_factor, measurements
 from conftest import judged_claim, DiesAtSave, shifted
 
 f64 = torch.float64
@@ -176,6 +179,42 @@ def test_small_init_scale_and_spectral_init_of_noise_free_data():
     assert relative_error(p, t_gram(spectral_init(p, 6, by="svd"))) > relative_error(p, t_gram(spectral_init(p, 1)))
 
 
+def test_large_init_is_the_small_draw_scaled_up():
+    # init='large' draws U_0 ~ N(0, large_init_scale^2 / R) from the same stream as small init:
+    # the same tensor times large_init_scale / init_scale, so the two arms are paired.
+    p = make_problem(n=5, k=3, rank=1, measurements=20, val_measurements=1, noise_std=0.0, seed=4)
+    cfg = tiny(n=5, factor_rank=4, init_scale=1e-3, large_init_scale=0.5)
+    small = initial_factor(cfg, p)
+    large = initial_factor(dataclasses.replace(cfg, init="large"), p)
+    torch.testing.assert_close(large, small * 500.0)
+    assert float(large.std()) == pytest.approx(0.5 / math.sqrt(4), rel=0.5)  # 60 entries
+
+
+@pytest.mark.parametrize("k", [1, 3, 4])
+def test_packed_symmetric_sensing_matches_the_dense_operator(k):
+    from workloads.tubal_fgd.problem import SymmetricSensing
+
+    p = make_problem(n=5, k=k, rank=2, measurements=30, val_measurements=1, noise_std=0.1, seed=5)
+    op = SymmetricSensing(p.a_train, p.shape)
+    # one column per pair X[i, j, l] = X[j, i, -l]: (n^2 k + fixed entries) / 2, the fixed ones i = j
+    # at l = 0 (and l = k/2 for even k): e.g. (75 + 5) / 2 = 40 columns at k = 3
+    fixed = 5 * (2 if k % 2 == 0 else 1)
+    assert op.a.shape == (30, (25 * k + fixed) // 2)
+    x, z = t_gram(rand(5, 3, k, seed=15)), rand(30, seed=16)
+    torch.testing.assert_close(op.measure(x), measure(p.a_train, x))
+    torch.testing.assert_close(op.adjoint(z), adjoint(p.a_train, z, p.shape))
+
+
+def test_minimax_level_hand_worked():
+    # n r k sigma^2 / m: 16 * 2 * 3 * 0.1^2 / 576 = 0.96 / 576 = 1 / 600, the smoke's level
+    assert minimax_level(16, 2, 3, 0.1, 576) == pytest.approx(1 / 600)
+    assert minimax_level(30, 3, 3, 0.2, 1458) == pytest.approx(270 * 0.04 / 1458)
+    assert minimax_of(trials_for([1, 1, 1, 1], [1, 1, 1, 1])) == pytest.approx(1 / 600)
+    with pytest.raises(ValueError, match="mix problem sizes"):
+        minimax_of([{**t, "noise_std": 0.2 if t["factor_rank"] == 2 else 0.1}
+                    for t in trials_for([1, 1, 1, 1], [1, 1, 1, 1])])
+
+
 # --- the loop ---------------------------------------------------------------------------------
 
 
@@ -250,7 +289,8 @@ def test_measurement_split():
     ({"rank": 31}, "rank=31 exceeds n=30"),
     ({"val_frac": 0.0}, "val_frac must lie in"),
     ({"oversample": 0.01}, "raise oversample"),
-    ({"init": "large"}, "init must be"),
+    ({"init": "huge"}, "init must be 'small', 'spectral' or 'large'"),
+    ({"init": "large", "large_init_scale": 0.0}, "large_init_scale must be positive"),
     ({"spectral_by": "qr"}, "spectral_by must be"),
     ({"init_scale": 0.0}, "init_scale must be positive"),
     ({"lr": -1.0}, "lr must be positive"),
@@ -272,26 +312,38 @@ def test_more_than_one_worker_is_refused():
 # --- claims -----------------------------------------------------------------------------------
 
 
-def trials_for(small_best, spectral_best, *, es_factor=1.0, last_factor=2.0, r=2):
+LEVEL = 1 / 600
+"""The minimax level of the smoke's problem (the fields trials_for writes): errors below are in its units."""
+
+
+def trials_for(small_best, spectral_best, large_best=None, *, es_factor=1.0, last_factor=2.0, r=2):
+    """One seed's trials at R = r..8r; errors in units of LEVEL, so that small_best is also the
+    ratio to the minimax level. The large arm defaults to the spectral arm's errors."""
     out = []
-    for mult, sb, pb in zip((1, 2, 4, 8), small_best, spectral_best):
-        for init, best in (("small", sb), ("spectral", pb)):
+    large_best = spectral_best if large_best is None else large_best
+    for mult, sb, pb, lb in zip((1, 2, 4, 8), small_best, spectral_best, large_best):
+        for init, best in (("small", sb), ("spectral", pb), ("large", lb)):
+            best = best * LEVEL
             out.append({"init": init, "factor_rank": mult * r, "rank": r, "seed": 0,
+                        "n": 16, "k": 3, "noise_std": 0.1, "oversample": 12.0, "val_frac": 0.5,
                         "eval/best_rse": best, "eval/es_rse": best * es_factor,
                         "eval/rse": best * (last_factor if mult > 1 else 1.0),
-                        "eval/es_step": 10.0, "eval/best_step": 12.0,
+                        "eval/es_step": 10.0, "eval/best_step": 12.0, "eval/diverged": 0.0,
                         f"{CURVE_PREFIX}0": 1.0, f"{CURVE_PREFIX}100": best})
     return out
 
 
-
-
 def test_claims_hold_on_the_papers_pattern():
-    trials = trials_for([1.0, 1.05, 1.0, 1.1], [1.0, 2.0, 3.0, 3.5])
+    trials = trials_for([1.0, 1.05, 1.0, 1.1], [1.0, 2.0, 3.0, 3.5], [1.0, 2.5, 3.5, 4.0])
     results = {c.__name__: c(trials) for c in CLAIMS}
     assert all(holds for holds, _ in results.values()), results
-    assert all(judged_claim(c, trials) for c in CLAIMS) and CHECKS == []
+    assert all(judged_claim(c, trials) for c in CLAIMS)
+    assert all(c(trials)[0] for c in CHECKS) and len(CHECKS) == 3
+    assert CLAIMS[0] is small_init_flat_in_rank and CLAIMS[1] is small_init_near_minimax  # the headline first
     assert results["small_init_flat_in_rank"][1]["best_spread"] == pytest.approx(1.1)
+    assert results["small_init_near_minimax"][1]["worst_over_minimax"] == pytest.approx(1.1)
+    assert results["small_init_near_minimax"][1]["large_best_over_minimax_8r"] == pytest.approx(4.0)
+    assert results["large_init_grows_with_rank"][1]["ratio_8r_to_r"] == pytest.approx(4.0)
     assert results["spectral_grows_with_rank"][1]["ratio_8r_to_r"] == pytest.approx(3.5)
     assert results["small_init_overfits_late"][1]["last_over_best_8r"] == pytest.approx(2.0)
 
@@ -299,15 +351,33 @@ def test_claims_hold_on_the_papers_pattern():
 def test_claims_fail_when_the_pattern_is_absent():
     assert not judged_claim(small_init_flat_in_rank, trials_for([1.0, 1.1, 1.2, 1.3], [1, 1, 1, 1]))
     assert not judged_claim(spectral_grows_with_rank, trials_for([1, 1, 1, 1], [1.0, 1.2, 1.5, 1.9]))
+    assert not judged_claim(large_init_grows_with_rank, trials_for([1, 1, 1, 1], [1, 2, 3, 4], [1.0, 1.1, 1.2, 1.3]))
     assert not judged_claim(early_stopping_near_best, trials_for([1, 1, 1, 1], [1, 1, 1, 1], es_factor=1.2))
     assert not judged_claim(small_init_overfits_late, trials_for([1, 1, 1, 1], [1, 1, 1, 1], last_factor=1.2))
+    # flat in R but far above the minimax level: near-minimax fails, flatness holds
+    far = trials_for([5.0, 5.0, 5.0, 5.0], [5, 10, 15, 20])
+    assert judged_claim(small_init_flat_in_rank, far) and not judged_claim(small_init_near_minimax, far)
+    assert small_init_near_minimax(far)[1]["worst_over_minimax"] == pytest.approx(5.0)
     # the early-stopped error alone spreading over R fails the flatness claim too
     es_spread = trials_for([1, 1, 1, 1], [1.0, 2.0, 3.0, 3.5])
     for t in es_spread:
         if t["init"] == "small" and t["factor_rank"] == 16:
-            t["eval/es_rse"] = 1.3
+            t["eval/es_rse"] = 1.3 * LEVEL
     assert not judged_claim(small_init_flat_in_rank, es_spread)
     assert small_init_flat_in_rank(es_spread)[1]["worst_spread"] == pytest.approx(1.3)
+
+
+def test_checks_catch_what_cannot_happen():
+    good = trials_for([1, 1, 1, 1], [1, 2, 3, 4])
+    assert best_is_least_error(good)[0] and small_init_starts_at_zero(good)[0] and no_trial_diverged(good)[0]
+    below = [{**t, "eval/es_rse": 0.5 * t["eval/best_rse"]} if t["init"] == "large" else t for t in good]
+    assert not best_is_least_error(below)[0]
+    assert best_is_least_error(below)[1]["min_gap"] < 0
+    started = [{**t, f"{CURVE_PREFIX}0": 0.9} if t["init"] == "small" and t["factor_rank"] == 4 else t for t in good]
+    assert not small_init_starts_at_zero(started)[0]
+    assert small_init_starts_at_zero(started)[1]["max_start_gap"] == pytest.approx(0.1)
+    blown = [{**t, "eval/diverged": 1.0} if t["init"] == "large" and t["factor_rank"] == 2 else t for t in good]
+    assert no_trial_diverged(blown) == (False, {"diverged": 1.0})
 
 
 def test_claims_average_over_seeds_and_need_r_and_8r():
@@ -315,7 +385,7 @@ def test_claims_average_over_seeds_and_need_r_and_8r():
     b = [{**t, "seed": 1, "eval/best_rse": t["eval/best_rse"] * (1.5 if t["factor_rank"] == 16 and t["init"] == "small" else 1.0)}
          for t in a]
     holds, measured = small_init_flat_in_rank(a + b)
-    assert measured["best_R16"] == pytest.approx(1.25) and measured["best_spread"] == pytest.approx(1.25)
+    assert measured["best_R16"] == pytest.approx(1.25 * LEVEL) and measured["best_spread"] == pytest.approx(1.25)
     assert not holds
     with pytest.raises(ValueError, match="no trials at R"):
         spectral_grows_with_rank([t for t in a if t["factor_rank"] != 16])
@@ -336,18 +406,24 @@ def test_smoke_reproduction_holds(workdir):
 
     rep = reproduce("tubal_fgd", smoke=True, local=True)
     assert not rep.failed_trials
-    assert len(rep.trials) == 8
+    assert len(rep.trials) == 12  # 3 inits x 4 ranks
     # margin: every claim holds at seeds 1-5, worst small_init_flat_in_rank worst_spread 1.039 (<= 1.15),
     # spectral_grows_with_rank ratio_8r_to_r 2.74 (>= 2), early_stopping_near_best worst_es_over_best
-    # 1.045 (<= 1.1), small_init_overfits_late last_over_best_8r 2.23 (>= 1.5)
+    # 1.045 (<= 1.1), small_init_overfits_late last_over_best_8r 2.23 (>= 1.5); the new claims at seeds
+    # 0-4 and 100-104 (seed 10, LADDER_TEST_SEED_SHIFT=10, holds too): worst small_init_near_minimax
+    # worst_over_minimax 1.474 (<= 2), large_init_grows_with_rank ratio_8r_to_r 2.79 (>= 2.75, seed 4:
+    # the tightest; 3.59 at worst over seeds 100-104)
     assert rep.holds, rep.failures()
     expected = {
         "small_init_flat_in_rank": {"best_spread", "es_spread"},
+        "small_init_near_minimax": {"worst_over_minimax", "large_best_over_minimax_8r", "spectral_best_over_minimax_8r"},
+        "large_init_grows_with_rank": {"ratio_8r_to_r", "vs_small_at_8r"},
         "spectral_grows_with_rank": {"ratio_8r_to_r", "vs_small_at_8r"},
         "early_stopping_near_best": {"worst_es_over_best"},
         "small_init_overfits_late": {"last_over_best_8r", "last_over_best_r"},
     }
-    assert not rep.checks
+    assert [c.name for c in rep.checks] == ["best_is_least_error", "small_init_starts_at_zero", "no_trial_diverged"]
+    assert all(c.holds for c in rep.checks), rep.checks
     for claim in rep.claims:
         assert expected[claim.name] <= set(claim.measured), claim
         assert all(math.isfinite(v) for v in claim.measured.values()), claim
@@ -509,6 +585,7 @@ def test_resumed_completion_ends_where_an_uninterrupted_one_does(tmp_path):
     ({"task": "completion", "image_dir": "imgs", "observed_frac": 1.5}, r"observed_frac must lie in \(0, 1\]"),
     ({"task": "completion", "image_dir": "imgs", "tensor_from": "gray"}, "tensor_from must be 'rgb'"),
     ({"task": "completion", "image_dir": "imgs", "image_size": -1}, "image_size must be >= 0"),
+    ({"task": "completion", "image_dir": "imgs", "init": "large"}, "init='large' is the simulation's arm"),
 ])
 def test_bad_completion_configs_name_the_field(change, message):
     with pytest.raises(ValueError, match=message):

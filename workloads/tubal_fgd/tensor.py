@@ -22,12 +22,22 @@ def from_fourier(af: torch.Tensor, k: int) -> torch.Tensor:
     return torch.fft.irfft(af, n=k, dim=2)
 
 
+def _slices(af: torch.Tensor) -> torch.Tensor:
+    """[n1, n2, kf] -> [kf, n1, n2]: the Fourier slices as a batch, for a batched matmul (on these
+    small slices several times faster than the equivalent einsum)."""
+    return af.permute(2, 0, 1)
+
+
+def _unslice(cf: torch.Tensor) -> torch.Tensor:
+    return cf.permute(1, 2, 0).contiguous()
+
+
 def t_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """A * B for A [n1, n2, k] and B [n2, n3, k] -> [n1, n3, k]."""
     if a.shape[1] != b.shape[0] or a.shape[2] != b.shape[2]:
         raise ValueError(f"t-product of {tuple(a.shape)} and {tuple(b.shape)}: inner sizes or tube lengths differ")
-    cf = torch.einsum("ijl,jkl->ikl", to_fourier(a), to_fourier(b))
-    return from_fourier(cf, a.shape[2])
+    cf = _slices(to_fourier(a)) @ _slices(to_fourier(b))
+    return from_fourier(_unslice(cf), a.shape[2])
 
 
 def t_transpose(a: torch.Tensor) -> torch.Tensor:
@@ -41,8 +51,8 @@ def t_transpose(a: torch.Tensor) -> torch.Tensor:
 
 def t_gram(u: torch.Tensor) -> torch.Tensor:
     """U * U^T for U [n, R, k] -> [n, n, k], symmetric and positive semidefinite in the t-sense."""
-    uf = to_fourier(u)
-    return from_fourier(torch.einsum("irl,jrl->ijl", uf, uf.conj()), u.shape[2])
+    uf = _slices(to_fourier(u))
+    return from_fourier(_unslice(uf @ uf.mH), u.shape[2])
 
 
 def t_identity(n: int, k: int, *, dtype: torch.dtype = torch.float64, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -104,8 +114,8 @@ def t_outer(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """U * V^T for U [n1, R, k] and V [n2, R, k] -> [n1, n2, k] (the asymmetric factorization)."""
     if u.shape[1:] != v.shape[1:]:
         raise ValueError(f"U * V^T of {tuple(u.shape)} and {tuple(v.shape)}: ranks or tube lengths differ")
-    uf, vf = to_fourier(u), to_fourier(v)
-    return from_fourier(torch.einsum("irl,jrl->ijl", uf, vf.conj()), u.shape[2])
+    uf, vf = _slices(to_fourier(u)), _slices(to_fourier(v))
+    return from_fourier(_unslice(uf @ vf.mH), u.shape[2])
 
 
 def top_pair(y: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,7 +12,7 @@ from orchestrator.run import fraction_steps
 
 from workloads.tubal_fgd import completion, images
 from workloads.tubal_fgd.problem import (
-    Problem, adjoint, make_problem, measure, relative_error, small_init, spectral_init,
+    Problem, make_problem, relative_error, sensing, small_init, spectral_init,
 )
 from workloads.tubal_fgd.tensor import t_gram, t_outer, t_product
 
@@ -69,17 +69,24 @@ class Config:
     observed_frac: float = 0.3
     """Completion: fraction of the tensor's entries observed (uniformly, without replacement), in
     (0, 1]; the paper observes 30%."""
-    init: Literal["small", "spectral"] = "small"
-    """'small': U_0 ~ N(0, init_scale^2 / R) entries; 'spectral': top-R factor of (1/m) M*(y). In
-    completion, 'small' draws Gaussian U_0, V_0 of t-spectral norm init_scale * sqrt(sigma_1) and
-    'spectral' takes the truncated t-SVD of the rescaled observations (1/p) P_Omega(M)."""
+    init: Literal["small", "spectral", "large"] = "small"
+    """'small': U_0 ~ N(0, init_scale^2 / R) entries; 'spectral': top-R factor of (1/m) M*(y);
+    'large' (simulation only): U_0 ~ N(0, large_init_scale^2 / R), the paper's large random
+    initialisation. In completion, 'small' draws Gaussian U_0, V_0 of t-spectral norm
+    init_scale * sqrt(sigma_1) (init_scale = 1 is its large random init) and 'spectral' takes the
+    truncated t-SVD of the rescaled observations (1/p) P_Omega(M)."""
     spectral_by: Literal["eig", "svd"] = "eig"
     """Spectral init keeps the top-R eigenpairs ('eig', negative ones clipped: the best PSD
     approximation) or the top-R singular triplets ('svd', the truncated t-SVD); the paper's choice
     was not available, and 'eig' is the stronger baseline."""
     init_scale: float = 1e-10
-    """alpha of the small initialisation (1e-10 in the paper; a large value gives large random init).
+    """alpha of the small initialisation (1e-10 in the paper; init='large' takes large_init_scale).
     In completion it is relative to the data: 1 starts U * V^T as large as its top component."""
+    large_init_scale: float = 0.3
+    """alpha of init='large' [ours; the paper's value was not available]: U_0 * U_0^T starts at the
+    size of X* (||X*||_F = 1; 1.6-3x it over R = r..8r at the smoke's size), not near zero. 0.3 is
+    the largest of 0.1, 0.3, 0.5, 1 at which lr = 0.3 converges at every R (0.5 overflows at R <= 2r,
+    1 at every R; seeds 100-101); 0.1 grows with R alike (8r over r: 3.0x at seed 101)."""
     lr: float = 0.3
     """Step size eta of U <- U - eta * [(1/m) M*(M(U U^T) - y)] * U: a calibration, the paper's
     was not available (with ||X*||_F = 1 no Fourier eigenvalue of X* exceeds sqrt(k)). In completion
@@ -147,12 +154,14 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     train_m, val_m = measurements(cfg)
     if train_m < 1 or val_m < 1:
         raise ValueError(f"oversample={cfg.oversample} gives {train_m} training and {val_m} validation measurements: raise oversample")
-    if cfg.init not in ("small", "spectral"):
-        raise ValueError(f"init must be 'small' or 'spectral', got {cfg.init!r}")
+    if cfg.init not in ("small", "spectral", "large"):
+        raise ValueError(f"init must be 'small', 'spectral' or 'large', got {cfg.init!r}")
     if cfg.spectral_by not in ("eig", "svd"):
         raise ValueError(f"spectral_by must be 'eig' or 'svd', got {cfg.spectral_by!r}")
     if cfg.init == "small" and not cfg.init_scale > 0:
         raise ValueError(f"init_scale must be positive for init='small', got {cfg.init_scale}")
+    if cfg.init == "large" and not cfg.large_init_scale > 0:
+        raise ValueError(f"large_init_scale must be positive for init='large', got {cfg.large_init_scale}")
     if not cfg.lr > 0 or not cfg.noise_std >= 0:
         raise ValueError(f"lr must be positive and noise_std non-negative, got lr={cfg.lr}, noise_std={cfg.noise_std}")
     if cfg.es_patience < 0:
@@ -173,6 +182,9 @@ def validate_task(cfg: Config) -> None:
             raise ValueError(f"image_dir={cfg.image_dir!r} is read only by task='completion': set task=completion "
                              "to complete its images, or image_dir='' for the simulation")
         return
+    if cfg.init == "large":
+        raise ValueError("init='large' is the simulation's arm: in completion, large random init is init='small' "
+                         "with init_scale=1 (relative to the data's top component)")
     if not cfg.image_dir:
         raise ValueError("task='completion' needs image_dir: set it to a folder of images (docs/datasets.md, tubal_fgd)")
     if cfg.tensor_from not in ("rgb", "frames"):
@@ -241,7 +253,8 @@ class Tracker:
 def initial_factor(cfg: Config, problem: Problem) -> torch.Tensor:
     if cfg.init == "spectral":
         return spectral_init(problem, cfg.factor_rank, by=cfg.spectral_by)
-    return small_init(cfg.n, cfg.factor_rank, cfg.k, cfg.init_scale, seed=cfg.seed,
+    scale = cfg.large_init_scale if cfg.init == "large" else cfg.init_scale
+    return small_init(cfg.n, cfg.factor_rank, cfg.k, scale, seed=cfg.seed,
                       dtype=problem.target.dtype, device=problem.target.device)
 
 
@@ -273,28 +286,42 @@ def _train(cfg: Config, run) -> dict[str, float]:
     else:
         u = initial_factor(cfg, problem)
 
-    def evaluate(step: int, x: torch.Tensor) -> tuple[float, float]:
+    # A step is bound by reading the operator: with t-symmetric sensing it is packed to one column
+    # per entry pair (half the columns), and on an evaluated step the training and held-out rows
+    # are one matrix-vector product.
+    op_train = sensing(problem.a_train, problem.shape, cfg.symmetric_sensing)
+    op_both = sensing(torch.cat([problem.a_train, problem.a_val]), problem.shape, cfg.symmetric_sensing)
+    y_both = torch.cat([problem.y_train, problem.y_val])
+
+    def residuals(x: torch.Tensor, with_val: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if not with_val:
+            return op_train.measure(x) - problem.y_train, None
+        both = op_both.measure(x) - y_both
+        return both[:train_m], both[train_m:]
+
+    def evaluate(step: int, x: torch.Tensor, val_residual: torch.Tensor) -> tuple[float, float]:
         rse = relative_error(problem, x)
-        val = float((measure(problem.a_val, x) - problem.y_val).square().mean() / 4)
+        val = float(val_residual.square().mean() / 4)
         tracker.update(step, rse, val)
         if step in keep_curve:
             curve[step] = rse
         return rse, val
 
     x = t_gram(u)
-    residual = measure(problem.a_train, x) - problem.y_train
+    residual, val_residual = residuals(x, with_val=True)
     train_loss = float(residual.square().mean() / 4)
-    rse, val = evaluate(start, x) if state is None else (relative_error(problem, x), math.nan)
+    rse, val = evaluate(start, x, val_residual) if state is None else (relative_error(problem, x), math.nan)
     window_start, window_steps, iters_per_s = time.perf_counter(), 0, math.nan
     for step in range(start + 1, cfg.steps + 1):
         # One FGD step; the residual of the new iterate is the next step's gradient input.
-        g = adjoint(problem.a_train, residual, problem.shape) / train_m
+        g = op_train.adjoint(residual) / train_m
         u = u - cfg.lr * t_product(g, u)
         x = t_gram(u)
-        residual = measure(problem.a_train, x) - problem.y_train
+        evaluating = step % cfg.eval_every == 0 or step in keep_curve or step == cfg.steps
+        residual, val_residual = residuals(x, with_val=evaluating)
         window_steps += 1
-        if step % cfg.eval_every == 0 or step in keep_curve or step == cfg.steps:
-            rse, val = evaluate(step, x)
+        if evaluating:
+            rse, val = evaluate(step, x, val_residual)
         if step % cfg.log_every == 0 or step == cfg.steps:
             train_loss = float(residual.square().mean() / 4)
             diverged = not math.isfinite(train_loss)
