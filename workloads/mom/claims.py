@@ -3,6 +3,9 @@ MQAR), and its plot.
 
 Recall is compared as the mean over seeds per evaluation length; within a seed every mixer sees the
 same training batches and the same evaluation sets, so the comparison is paired.
+
+A trial is named by its mixer, and an equal-state memory ('single_expanded') by its update rule
+too: 'expanded_linear', 'expanded_gated', 'expanded_gated_delta' (see `label`).
 """
 
 from __future__ import annotations
@@ -16,10 +19,20 @@ from orchestrator.claims import claim
 RECALL_PREFIX = "eval/recall_T"
 STATE_PREFIX = "eval/state_bytes_T"
 
-RECALL_MARGIN = 0.17
+EQUAL_STATE = "single_expanded"
+"""The mixer of the equal-state linear baselines: one memory holding as many numbers as all of MoM's."""
+COMPARABLE_MARGIN = 0.11
+"""MoM's recall (mean over the evaluation lengths) may fall short of softmax attention's by at most
+this much. Rule, written before any seed ran: the paper's larger relative shortfall of MoM to
+Transformer++ (Table 2, 380M: 1 - 28.16 / 31.70 = 11.17%) times softmax attention's mean recall
+on calibration seeds 100-104, rounded to 0.01. Calibration (6-trial smoke): softmax 1.000, 0.991,
+0.987, 1.000, 0.980, mean 0.9916 -> 0.1107 -> 0.11."""
+RECALL_MARGIN = 0.29
 """MoM's recall, averaged over the evaluation lengths, must exceed single memory's by this much: the
-seed noise of single memory's recall (its mean change between adjacent seeds) on calibration seeds
-100-104, which no reproduction judges by default."""
+seed noise of single memory's recall (its mean absolute change between adjacent seeds) on calibration
+seeds 100-104, rounded to 0.01. Recalibrated by the same rule when every model was matched to the
+largest's parameters (single's MLP 34 -> 50, MoM's 0 -> 16): single 0.714, 0.471, 0.694, 0.414,
+0.824; changes 0.243, 0.223, 0.280, 0.410 -> 0.289 -> 0.29 (formerly 0.17)."""
 PARAM_TOLERANCE = 0.01
 """Parameter counts of MoM and the single-memory baseline may differ by this fraction of MoM's."""
 KV_GROWTH = 0.5
@@ -28,8 +41,43 @@ SAME_STATE_FIELDS = ("update", "heads", "head_dim", "expand_v", "d_model", "laye
 """Fields MoM and its single-memory baseline must share: the same memory per head, model and task."""
 
 
+def label(trial: dict[str, Any]) -> str:
+    """The mixer, and for an equal-state memory its update rule: 'expanded_<rule>'."""
+    mixer = str(trial.get("mixer"))
+    return f"expanded_{trial.get('update')}" if mixer == EQUAL_STATE else mixer
+
+
 def _of(trials: list[dict[str, Any]], mixer: str, task: str = "mqar") -> list[dict[str, Any]]:
-    return [t for t in trials if t.get("mixer") == mixer and t.get("task", "mqar") == task]
+    """The trials of one mixer, or of one equal-state baseline when `mixer` is a label 'expanded_<rule>'."""
+    return [t for t in trials if mixer in (t.get("mixer"), label(t)) and t.get("task", "mqar") == task]
+
+
+def _mean_recall(trials: list[dict[str, Any]]) -> float:
+    """Recall averaged over the evaluation lengths (each the mean over the trials' seeds)."""
+    per_length = by_length(trials, RECALL_PREFIX)
+    if not per_length:
+        raise ValueError("no MQAR recall in these trials")
+    return sum(per_length.values()) / len(per_length)
+
+
+def equal_state_baselines(trials: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """label -> MQAR trials of every equal-state linear baseline, checked against MoM's: the same
+    memory numbers (when measured), width, depth, heads, task."""
+    mom = _of(trials, "mom")
+    if not mom:
+        raise ValueError("needs MQAR trials of mixer 'mom'")
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for t in _of(trials, EQUAL_STATE):
+        groups[label(t)].append(t)
+    if not groups:
+        raise ValueError(f"needs MQAR trials of mixer {EQUAL_STATE!r} (an equal-state linear baseline)")
+    fields = [f for f in SAME_STATE_FIELDS if f not in ("update", "expand_v")] + ["eval/memory_numbers"]
+    for name, runs in groups.items():
+        for f in fields:
+            values = {t[f] for t in mom + runs if f in t}
+            if len(values) > 1:
+                raise ValueError(f"MoM and {name} differ in {f} ({sorted(map(str, values))}): not of equal state")
+    return dict(sorted(groups.items()))
 
 
 def by_length(trials: list[dict[str, Any]], prefix: str) -> dict[int, float]:
@@ -68,11 +116,49 @@ def _recall(trials: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[di
     return mom, single, measured
 
 
+@claim("min_gap_equal_state", at_least=0.0,
+       paper="recall-intensive average (Table 2): MoM 28.16 vs Gated DeltaNet 24.78 (+3.38) and vs GLA, DeltaNet, "
+             "RetNet, HGRN2, GSA at 380M; 36.04 vs 32.30 (+3.74) at 1.3B; MoM (444M) above the expanded "
+             "single-memory Gated DeltaNet (550M) (Table 4)",
+       threshold_from="paper: above, i.e. a lead over 0 (no fitted number)")
+def mom_recalls_more_than_every_equal_state_linear_model(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
+    """MoM's MQAR recall, averaged over the evaluation lengths, is above that of every linear model holding as many memory numbers (one memory with MoM's rule, with a decay gate, with the gated delta rule).
+
+    The effect is MoM's smallest lead over those baselines (`min_gap_equal_state`); each lead is
+    reported beside it, as is single memory's (a fifth of the state) for scale.
+    """
+    baselines = equal_state_baselines(trials)
+    mom = _mean_recall(_of(trials, "mom"))
+    measured = {"mom_recall": mom}
+    for name, runs in baselines.items():
+        measured[f"{name}_recall"] = _mean_recall(runs)
+        measured[f"gap_{name}"] = mom - measured[f"{name}_recall"]
+    measured["min_gap_equal_state"] = min(measured[f"gap_{n}"] for n in baselines)
+    if _of(trials, "single"):
+        measured["single_recall"] = _mean_recall(_of(trials, "single"))
+    return measured["min_gap_equal_state"] >= 0.0, measured
+
+
+@claim("softmax_lead", at_most=COMPARABLE_MARGIN,
+       paper="comparable to a Transformer: recall-intensive average (Table 2) Transformer++ 31.70 vs MoM 28.16 at "
+             "380M (MoM 11.2% below), 37.31 vs 36.04 at 1.3B (3.4% below)",
+       threshold_from="ours: the paper's larger relative shortfall (11.2%, 380M) times softmax attention's mean "
+                      "recall on calibration seeds 100-104 (see COMPARABLE_MARGIN)")
+def mom_recall_comparable_to_softmax(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
+    """MoM's MQAR recall, averaged over the evaluation lengths, falls short of softmax attention's by at most COMPARABLE_MARGIN."""
+    mom, softmax = _of(trials, "mom"), _of(trials, "softmax")
+    if not mom or not softmax:
+        raise ValueError(f"needs MQAR trials of mixer 'mom' and 'softmax' (have {len(mom)} and {len(softmax)})")
+    measured = {"mom_recall": _mean_recall(mom), "softmax_recall": _mean_recall(softmax)}
+    measured["softmax_lead"] = measured["softmax_recall"] - measured["mom_recall"]
+    return measured["softmax_lead"] <= COMPARABLE_MARGIN, measured
+
+
 @claim("mean_gap", at_least=RECALL_MARGIN,
        paper="recall-intensive average (Table 2): MoM 28.16 vs Gated DeltaNet 24.78 at 380M, 36.04 vs 32.30 at 1.3B",
-       threshold_from="ours: the seed noise of single memory's recall on calibration seeds 100-104 (0.17)")
+       threshold_from="ours: the seed noise of single memory's recall on calibration seeds 100-104 (0.29)")
 def mom_recalls_more_than_single_memory(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
-    """MoM's MQAR recall, averaged over the evaluation lengths, beats single-memory linear attention's by 0.17 at the same state per memory.
+    """MoM's MQAR recall, averaged over the evaluation lengths, beats single-memory linear attention's by 0.29 at the same state per memory.
 
     The parameter counts are matched by construction of the sweep (the check
     `parameter_counts_matched`); the softmax model's recall and, when the sweep trained language
@@ -101,11 +187,35 @@ def mom_gap_grows_with_pairs(trials: list[dict[str, Any]]) -> tuple[bool, dict[s
 
 
 def parameter_counts_matched(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
-    """MoM and its single-memory baseline share the memory per head and have parameter counts within PARAM_TOLERANCE."""
-    mom, single, _ = _recall(trials)
-    p_mom, p_single = _mean(mom, "eval/params"), _mean(single, "eval/params")
-    measured = {"params_mom": p_mom, "params_single": p_single, "param_gap": abs(p_mom - p_single) / p_mom}
+    """Every baseline's parameter count (single memory, the equal-state memories, softmax attention) is within PARAM_TOLERANCE of MoM's."""
+    mom, _, _ = _recall(trials)
+    p_mom = _mean(mom, "eval/params")
+    measured = {"params_mom": p_mom}
+    names = sorted({label(t) for t in trials if t.get("task", "mqar") == "mqar"} - {"mom"})
+    for name in names:
+        measured[f"params_{name}"] = _mean(_of(trials, name), "eval/params")
+    measured["param_gap"] = max(abs(measured[f"params_{n}"] - p_mom) / p_mom for n in names)
     return measured["param_gap"] <= PARAM_TOLERANCE, measured
+
+
+def equal_state_memory_matched(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
+    """Every equal-state baseline's memory matrices hold exactly as many numbers as all of MoM's; single memory's hold one memory's worth (MoM's over num_memories + shared)."""
+    mom = _of(trials, "mom")
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for t in _of(trials, EQUAL_STATE):
+        groups[label(t)].append(t)
+    if not mom or not groups:
+        raise ValueError(f"needs MQAR trials of 'mom' and {EQUAL_STATE!r}")
+    measured = {"memory_mom": _mean(mom, "eval/memory_numbers")}
+    for name, runs in sorted(groups.items()):
+        measured[f"memory_{name}"] = _mean(runs, "eval/memory_numbers")
+    holds = all(measured[f"memory_{n}"] == measured["memory_mom"] for n in groups)
+    single = _of(trials, "single")
+    if single:
+        memories = int(mom[0]["num_memories"]) + int(bool(mom[0]["shared_memory"]))
+        measured["memory_single"] = _mean(single, "eval/memory_numbers")
+        holds = holds and measured["memory_single"] * memories == measured["memory_mom"]
+    return holds, measured
 
 
 def state_constant_in_length(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
@@ -120,18 +230,22 @@ def state_constant_in_length(trials: list[dict[str, Any]]) -> tuple[bool, dict[s
     measured["softmax_growth"] = softmax[hi] / softmax[lo]
     measured["length_ratio"] = hi / lo
     measured["softmax_bytes_per_token"] = (softmax[hi] - softmax[lo]) / (hi - lo)
-    single = by_length(_of(trials, "single"), STATE_PREFIX)
-    if single:
-        measured["single_growth"] = max(single.values()) / min(single.values())
-    holds = (measured["mom_growth"] == 1.0 and measured.get("single_growth", 1.0) == 1.0
+    linear = sorted({label(t) for t in trials} - {"mom", "softmax"})
+    for name in linear:  # every other memory model: single and the equal-state ones
+        sizes = by_length(_of(trials, name), STATE_PREFIX)
+        if sizes:
+            measured[f"{name}_growth"] = max(sizes.values()) / min(sizes.values())
+    holds = (all(measured.get(f"{n}_growth", 1.0) == 1.0 for n in ["mom", *linear])
              and measured["softmax_growth"] >= KV_GROWTH * measured["length_ratio"])
     return holds, measured
 
 
-CLAIMS = [mom_recalls_more_than_single_memory, mom_gap_grows_with_pairs]
-CHECKS = [state_constant_in_length, parameter_counts_matched]
+CLAIMS = [mom_recalls_more_than_every_equal_state_linear_model, mom_recall_comparable_to_softmax,
+          mom_recalls_more_than_single_memory, mom_gap_grows_with_pairs]
+CHECKS = [state_constant_in_length, parameter_counts_matched, equal_state_memory_matched]
 
-COLORS = {"mom": "tab:red", "single": "tab:blue", "softmax": "tab:gray"}
+COLORS = {"mom": "tab:red", "single": "tab:blue", "expanded_linear": "tab:green", "expanded_gated": "tab:orange",
+          "expanded_gated_delta": "tab:purple", "softmax": "tab:gray"}
 
 
 def plot(trials: list[dict[str, Any]], path: str | Path) -> None:

@@ -5,6 +5,8 @@ Per memory e and head h the state is a matrix S in R^{dk x dv}. A token routed t
 with one of two rules (unrouted memories stay exactly as they were):
 
 - 'linear':      S <- S + k v^T                                  (the paper's simplest rule, Eq. 5)
+- 'gated':       S <- alpha S + k v^T                            (a data-dependent decay gate, the
+                 scalar-gate form of GLA and Mamba-2; a baseline of the paper's Table 2)
 - 'gated_delta': S <- alpha (I - beta k k^T) S + beta k v^T       (the backend of the paper's code)
 
 and the token reads o = sum_e w_e q^T S_e over the memories it was routed to, with the router's
@@ -23,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-UPDATES = ("linear", "gated_delta")
+UPDATES = ("linear", "gated", "gated_delta")
 
 
 def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
@@ -66,6 +68,8 @@ def memory_update(
     if update == "linear":
         return state + k[..., :, None] * v[..., None, :]
     alpha, beta = log_alpha.exp()[..., None, None], beta[..., None, None]
+    if update == "gated":
+        return alpha * state + k[..., :, None] * v[..., None, :]
     kS = torch.einsum("...k,...kv->...v", k, state)  # k^T S
     return alpha * (state - beta * k[..., :, None] * kS[..., None, :]) + beta * k[..., :, None] * v[..., None, :]
 
@@ -106,8 +110,8 @@ def chunked(
     B, T, E, H, dk = k.shape
     dv = v.shape[-1]
     r = routed.to(k.dtype)[..., None]  # [B, T, E, 1]
-    linear = update == "linear"
-    beta = r.expand(B, T, E, H) if linear else beta * r  # the write strength; 0 where not routed
+    linear, delta = update == "linear", update == "gated_delta"
+    beta = beta * r if delta else r.expand(B, T, E, H)  # the write strength; 0 where not routed
     log_alpha = log_alpha * r  # no decay where not routed
     q = q[:, :, None]  # [B, T, 1, H, dk]: one query for every memory
     pad = (-T) % chunk
@@ -130,11 +134,14 @@ def chunked(
         g = blocks(log_alpha).cumsum(-1)  # log Gamma_i
         decay = (g[..., :, None] - g[..., None, :]).masked_fill(~causal, float("-inf")).exp()  # Gamma_i / Gamma_j
         scores = (q @ k.transpose(-1, -2)) * decay
-        eye = torch.eye(chunk, dtype=k.dtype, device=k.device)
-        a = ((beta[..., :, None] * (k @ k.transpose(-1, -2))) * decay).tril(-1)
-        tri = torch.linalg.solve_triangular(eye + a, eye.expand_as(a), upper=False, unitriangular=True)
-        u_free = tri @ (beta[..., None] * v)  # the pseudo-values with S_0 = 0
-        w = tri @ (beta[..., None] * g.exp()[..., None] * k)  # how S_0 enters them
+        if delta:
+            eye = torch.eye(chunk, dtype=k.dtype, device=k.device)
+            a = ((beta[..., :, None] * (k @ k.transpose(-1, -2))) * decay).tril(-1)
+            tri = torch.linalg.solve_triangular(eye + a, eye.expand_as(a), upper=False, unitriangular=True)
+            u_free = tri @ (beta[..., None] * v)  # the pseudo-values with S_0 = 0
+            w = tri @ (beta[..., None] * g.exp()[..., None] * k)  # how S_0 enters them
+        else:  # gated, no delta: the values are written as they are (T = I, S_0 enters only by decay)
+            u_free, w = beta[..., None] * v, None
     s = k.new_zeros(B, E, H, dk, dv) if state is None else state
     outs = []
     for c in range(n):
@@ -142,7 +149,7 @@ def chunked(
             outs.append(q[:, :, :, c] @ s + scores[:, :, :, c] @ u_free[:, :, :, c])
             s = s + k[:, :, :, c].transpose(-1, -2) @ u_free[:, :, :, c]
             continue
-        u = u_free[:, :, :, c] - w[:, :, :, c] @ s
+        u = u_free[:, :, :, c] if w is None else u_free[:, :, :, c] - w[:, :, :, c] @ s
         gc = g[:, :, :, c]  # [B, E, H, C]
         outs.append((q[:, :, :, c] * gc.exp()[..., None]) @ s + scores[:, :, :, c] @ u)
         tail = (gc[..., -1:] - gc).exp()[..., None]  # Gamma_C / Gamma_j

@@ -8,12 +8,20 @@ RMSNorm, output head); only the token mixer differs:
   memory every token uses; the query projection is shared by all of them.
 - 'single': the same layer with one memory and no router (single-memory linear attention with the
   same update rule, per-memory state and head sizes).
-- 'single_expanded': one memory whose value dimension is expanded to hold as much state as the
-  memories a MoM token reads (topk routed + the shared one): the paper's Table 4 control, which
-  separates MoM's routing from its larger state.
+- 'single_expanded': one memory whose value dimension is expanded to hold as much memory state as
+  all of MoM's memories together (num_memories routed + the shared one): the paper's Table 4
+  control ("expanded single memory"), which separates MoM's routing from its larger state.
 - 'softmax': causal softmax attention over a growing key/value cache.
 
-All three put a short causal depthwise convolution (SiLU) on q, k and v: it is the only positional
+Each memory model runs any update rule of `memory.py`; the equal-state baselines of the smoke are
+'single_expanded' with MoM's rule, with a data-dependent decay gate ('gated': the scalar-gate form
+of GLA, "Gated Linear Attention Transformers with Hardware-Efficient Training",
+https://arxiv.org/abs/2312.06635, and of Mamba-2, "Transformers are SSMs",
+https://arxiv.org/abs/2405.21060) and with the gated delta rule (Gated DeltaNet, "Gated Delta
+Networks: Improving Mamba2 with Delta Rule", https://arxiv.org/abs/2412.06464, the paper's main
+linear baseline). Both gates use Mamba-2's parametrisation alpha = exp(-exp(A_log) softplus(a + dt_bias)).
+
+All of them put a short causal depthwise convolution (SiLU) on q, k and v: it is the only positional
 signal (no position embeddings), and it lets one layer pair a key with the token after it.
 
 A forward pass takes and returns a per-layer inference state, so generation is `forward` on one
@@ -74,6 +82,7 @@ class MemoryMixer(nn.Module):
         self.v_proj = nn.Linear(d_model, self.E * hv, bias=False)
         if update == "gated_delta":
             self.b_proj = nn.Linear(d_model, self.E * heads, bias=False)  # beta, per memory
+        if update in ("gated", "gated_delta"):
             self.a_proj = nn.Linear(d_model, self.E * heads, bias=False)  # decay input, per memory
             # Decay alpha = exp(-exp(A_log) softplus(a + dt_bias)), Mamba-2's initialisation.
             self.A_log = nn.Parameter(torch.empty(heads).uniform_(1, 16).log())
@@ -110,11 +119,11 @@ class MemoryMixer(nn.Module):
         q = F.normalize(q.reshape(B, T, H, dk), dim=-1)
         k = F.normalize(k.reshape(B, T, E, H, dk), dim=-1)
         v = v.reshape(B, T, E, H, dv)
+        beta = log_alpha = x.new_zeros(B, T, E, H)  # what the linear rule leaves unused
         if self.update == "gated_delta":
             beta = torch.sigmoid(self.b_proj(x)).reshape(B, T, E, H)
+        if self.update in ("gated", "gated_delta"):
             log_alpha = -self.A_log.exp() * F.softplus(self.a_proj(x).reshape(B, T, E, H) + self.dt_bias)
-        else:
-            beta = log_alpha = x.new_zeros(B, T, E, H)  # unused by the linear rule
         args = (q, k, v, log_alpha, beta, weights, routed)
         if self.impl == "recurrent" or T == 1:  # generation steps take the reference path: exact, no padding
             o, memory = recurrent_reference(*args, update=self.update, state=state.get("memory"))
@@ -195,7 +204,8 @@ class LM(nn.Module):
             if mixer == "softmax":
                 return SoftmaxMixer(d_model, heads, head_dim, conv_size=conv_size)
             many = mixer == "mom"
-            expand = expand_v * (topk + int(shared_memory)) if mixer == "single_expanded" else expand_v
+            # The Table 4 control holds as many memory numbers as all of MoM's memories together.
+            expand = expand_v * (num_memories + int(shared_memory)) if mixer == "single_expanded" else expand_v
             return MemoryMixer(
                 d_model, heads, head_dim, expand, num_memories=num_memories if many else 1,
                 topk=topk if many else 1, shared_memory=shared_memory and many, update=update,

@@ -32,10 +32,11 @@ class Config:
     """'mqar' (multi-query associative recall, generated) or 'lm' (byte-level LM on the corpus)."""
     mixer: str = "mom"
     """Token mixer: 'mom' (mixture of memories), 'single' (one memory, no router), 'single_expanded'
-    (one memory holding as much state as the topk + shared memories a MoM token reads: the paper's
+    (one memory holding as many numbers as all of MoM's num_memories + shared memories: the paper's
     Table 4 control) or 'softmax'."""
     update: str = "gated_delta"
-    """Memory update of 'mom' and 'single': 'gated_delta' (the paper's backend) or 'linear' (S += k v^T)."""
+    """Memory update of the memory mixers: 'gated_delta' (the paper's backend), 'gated' (S <- alpha S
+    + k v^T, a data-dependent decay gate: GLA / Mamba-2 with a scalar gate) or 'linear' (S += k v^T)."""
     num_memories: int = 4
     """Routed memories per MoM layer (the paper: 4)."""
     topk: int = 2
@@ -253,6 +254,14 @@ def measure_state(model: LM, lengths: tuple[int, ...], vocab: int, gen: torch.Ge
     return out
 
 
+@torch.no_grad()
+def memory_numbers(model: LM, device) -> int:
+    """Numbers held in the memory matrices of every layer after one token (0 for softmax attention):
+    the state the equal-state baselines must match, without the convolution windows."""
+    state = model(torch.zeros(1, 1, dtype=torch.long, device=device))[2]
+    return sum(s["memory"].numel() for s in state if "memory" in s)
+
+
 def make_optimizer(model: LM, cfg: Config) -> torch.optim.AdamW:
     """AdamW with weight decay on the projection and embedding matrices only."""
     decay, rest = [], []
@@ -327,7 +336,8 @@ def train(cfg: Config, run) -> dict[str, float]:
                       "data": get_data_state()})
 
     model.eval()
-    final = {"train/loss": train_loss, "perf/tokens_per_s": tokens_per_s, "eval/params": float(param_count(model))}
+    final = {"train/loss": train_loss, "perf/tokens_per_s": tokens_per_s, "eval/params": float(param_count(model)),
+             "eval/memory_numbers": float(memory_numbers(model, device))}
     if cfg.task == "mqar":
         accs = []
         for length in cfg.eval_lens:
