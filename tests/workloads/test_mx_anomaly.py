@@ -17,7 +17,9 @@ from components.lm import pretrain as lm
 from workloads import celerity_lm
 from workloads import mx_anomaly as m
 from workloads.mx_anomaly import claims
-from workloads.mx_anomaly.workload import lm_recipe, measure_block, narrowed, rel_mse, synthetic, validate
+from workloads.mx_anomaly.workload import (
+    heldout_loss, lm_recipe, measure_block, narrowed, rel_mse, subnormal_share, synthetic, validate,
+)
 
 from conftest import DiesAtSave, judged_claim, run_cli, shifted
 
@@ -50,6 +52,20 @@ def test_bad_configs_name_the_fix(tmp_path):
         w.validate(dataclasses.replace(m.smoke(), lm_tpp=-1.0))
     with pytest.raises(ConfigError, match="workers=1"):
         w.validate(m.smoke(), world_size=2)
+    with pytest.raises(ConfigError, match=r"base_model='Qwen/Qwen2.5-0.5B': only the project's own 'tiny-local.*hf_model"):
+        w.validate(dataclasses.replace(m.smoke(), base_model="Qwen/Qwen2.5-0.5B"))
+    with pytest.raises(ConfigError, match=r"base_model='tiny-local:hiden=8'"):
+        w.validate(dataclasses.replace(m.smoke(), base_model="tiny-local:hiden=8"))
+
+
+def test_subnormal_share_counts_the_blocks_whose_ue4m3_scale_is_subnormal():
+    """Hand-worked: a block's UE4M3 scale is amax/6; below 2^-6 = 0.015625 it is subnormal."""
+    w = torch.tensor([[0.06] * 8 + [-0.3] * 8,  # amax 0.06 -> scale 0.01 (subnormal); 0.3 -> 0.05 (normal)
+                      [0.09] * 8 + [0.0] * 8])  # 0.09 -> 0.015 (subnormal); an all-zero block underflows too
+    assert subnormal_share(w, 8) == 0.75
+    assert subnormal_share(w, 16) == 0.5  # one block a row: amax 0.3 (normal), amax 0.09 (subnormal)
+    # a partial last block's scale comes from the elements present (kernels.mx's rule): 0.01/6 is subnormal
+    assert subnormal_share(torch.tensor([[0.3] * 8 + [0.01] * 4]), 8) == 0.5
 
 
 @pytest.mark.parametrize("distribution", ["gaussian", "laplace"])
@@ -131,18 +147,76 @@ def _lm_trial(t, weights, dloss, change=0.0):
 RISING = (0.0144, 0.0142, 0.0141, 0.0141, 0.0186, 0.0539)
 
 
+def _unscaled(t, weights, dloss, subnormal=(0.0, 0.0, 0.0, 0.0, 0.2, 0.6)):
+    """Add both unscaled LMs' (tiny-local 'base', the GPT 'lm') weight errors, UE4M3-subnormal block
+    shares and loss increases (largest block first) to a synthetic trial."""
+    for name in ("base", "lm"):
+        for b, w, d, z in zip(t["block_sizes"], weights, dloss, subnormal):
+            t[f"eval/rel_mse/{name}_weights/b{b}"] = w
+            t[f"eval/{name}_dloss_w4/b{b}"] = d
+            t[f"eval/ue4m3_subnormal/{name}_weights/b{b}"] = z
+        t[f"eval/{name}_weight_std"] = 0.02
+    return t
+
+
 def _papers_pattern():
-    return [_lm_trial(_trial("ue4m3", False, RISING), RISING, (0.010, 0.009, 0.009, 0.009, 0.012, 0.030)),
+    return [_unscaled(_lm_trial(_trial("ue4m3", False, RISING), RISING, (0.010, 0.009, 0.009, 0.009, 0.012, 0.030)),
+                      RISING, (0.010, 0.009, 0.009, 0.009, 0.012, 0.030)),
             _trial("ue4m3", True, MONOTONE),
             _lm_trial(_trial("ue5m3", False, MONOTONE), MONOTONE, (0.010, 0.009, 0.009, 0.008, 0.008, 0.007))]
 
 
 def _absent_pattern():
-    return [_lm_trial(_trial("ue4m3", False, MONOTONE), MONOTONE, (0.010, 0.009, 0.009, 0.009, 0.009, 0.009), 1e-3),
+    return [_unscaled(_lm_trial(_trial("ue4m3", False, MONOTONE), MONOTONE, (0.010, 0.009, 0.009, 0.009, 0.009, 0.009),
+                                1e-3), MONOTONE, (0.010, 0.009, 0.009, 0.008, 0.008, 0.007), (0.0,) * 6),
             _trial("ue4m3", True, (0.0125, 0.012, 0.011, 0.010, 0.009, 0.0095)),
             _lm_trial(_trial("ue5m3", False, RISING), RISING, (0.010, 0.009, 0.009, 0.009, 0.012, 0.030))]
 
 
+
+
+def test_the_headline_asks_both_unscaled_lms_for_a_loss_rise_beyond_resolution():
+    rising = _papers_pattern()
+    holds, measured = claims.unscaled_anomaly(rising)
+    assert holds and measured["min_excess_nats"] == pytest.approx(0.030 - 0.009)
+    assert measured["lm_best_block"] in (32.0, 64.0, 128.0) and measured["base_subnormal_share_b8"] == 0.6
+    assert measured["base_weight_mse_rise"] == pytest.approx(0.0539 / 0.0141)
+    # the anomaly in one LM only: not the headline, which asks it of both
+    one = _papers_pattern()
+    for b, d in zip(one[0]["block_sizes"], (0.010, 0.009, 0.009, 0.008, 0.008, 0.007)):
+        one[0][f"eval/base_dloss_w4/b{b}"] = d
+    assert not claims.unscaled_anomaly(one)[0] and claims.unscaled_anomaly(one)[1]["base_excess_nats"] == 0.0
+    # a rise within the loss resolution is not a rise
+    small = _papers_pattern()
+    for name in ("base", "lm"):
+        small[0][f"eval/{name}_dloss_w4/b8"] = 0.009 + 0.5 * claims.UNSCALED_EXCESS
+    assert not claims.unscaled_anomaly(small)[0]
+    del small[0]["eval/base_dloss_w4/b8"]
+    with pytest.raises(LookupError, match="set base_model='tiny-local'"):
+        claims.unscaled_anomaly(small)
+
+
+def test_other_lms_are_measured_on_their_own_batches():
+    """measure_block's `others` (tiny-local in the sweep): an LM with its own held-out batches and
+    full-precision loss, its weights quantized and restored like the GPT's."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from workloads.mx_anomaly.pretrained import CausalLM
+
+    torch.manual_seed(shifted(0))
+    llama = CausalLM(LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=48,
+                                                  num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                                                  max_position_embeddings=32))).eval()
+    batches = [(torch.randint(0, 50, (2, 16)), torch.randint(0, 50, (2, 16)))]
+    fp = heldout_loss(llama, batches, "cpu")
+    before = {k: v.clone() for k, v in llama.state_dict().items()}
+    cfg = m.Config(sigmas=(1.0,), synthetic_rows=16, lm_narrow_std=0.0, seed=shifted(0))
+    out = measure_block(cfg, 8, {}, None, torch.device("cpu"), 0.0, others={"base": (llama, batches, fp)})
+    assert {"eval/rel_mse/base_weights/b8", "eval/base_dloss_w4/b8", "eval/base_dloss_w4a4/b8",
+            "eval/rel_mse/base_acts/b8", "eval/ue4m3_subnormal/base_weights/b8"} <= set(out)
+    # Llama's init std 0.02: a block of 8 reaches amax/6 >= 2^-6 only past 4.7 std (odds ~2e-5 a block)
+    assert out["eval/ue4m3_subnormal/base_weights/b8"] > 0.9
+    assert out["eval/base_dloss_w4/b8"] != 0.0  # quantized, measured against its own full-precision loss
+    assert all(torch.equal(v, before[k]) for k, v in llama.state_dict().items())  # restored
 
 
 def test_claims_judge_the_curves_they_are_given():
@@ -288,13 +362,16 @@ def test_an_uncached_lm_is_trained_in_the_trials_checkpoints(workdir, monkeypatc
 
 
 @pytest.mark.slow
-def test_reproduce_mx_anomaly_on_ray(workdir):
-    """`ladder reproduce mx_anomaly --smoke` on the local Ray: every claim and check holds at its
-    seed, the tables and the plot are in MLflow."""
-    names = ("ue4m3_anomaly", "ue5m3_no_rise", "global_scale_also_removes_it", "ue5m3_matches_global_scale",
+def test_reproduce_mx_anomaly_on_ray(workdir, tiny_base):
+    """`ladder reproduce mx_anomaly --smoke` on the local Ray: every claim and check is judged at its
+    seed, the constructed claims hold, the tables and the plot are in MLflow."""
+    names = ("unscaled_anomaly", "ue4m3_anomaly", "ue5m3_no_rise", "global_scale_also_removes_it", "ue5m3_matches_global_scale",
              "lm_weight_anomaly", "lm_loss_anomaly")
     # A subprocess: conftest's seed shift does not reach it, the --seed does. Its own model cache: the
     # trials' curves below (one trains the LM, three read it) need one that does not hold this LM yet.
+    # tiny-local is the session's one build (seed 0 at every seed), linked in rather than built again.
+    (workdir / "ladder-cache" / "basemodel").mkdir(parents=True)
+    (workdir / "ladder-cache" / "basemodel" / tiny_base.name).symlink_to(tiny_base)
     proc = run_cli(["reproduce", "mx_anomaly", "--smoke", "--seed", str(shifted(0))], cwd=workdir, timeout=600,
                    env={"LADDER_CACHE": str(workdir / "ladder-cache")})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -302,7 +379,7 @@ def test_reproduce_mx_anomaly_on_ray(workdir):
     verdicts = {line.split()[0]: line.split()[-1] for line in proc.stdout.splitlines()
                 if line.split() and line.split()[0] in names}
     assert verdicts == {n: "inconclusive" for n in names}, proc.stdout
-    assert "claims: 6 inconclusive; checks: 1/1 hold (1 seed, 4 trials" in proc.stdout
+    assert "claims: 7 inconclusive; checks: 1/1 hold (1 seed, 4 trials" in proc.stdout
 
     from orchestrator.tracking import sink as tracking
 
@@ -311,7 +388,7 @@ def test_reproduce_mx_anomaly_on_ray(workdir):
     parents = [r for r in c.search_runs([exp.experiment_id]) if r.data.tags.get("ladder.kind") == "sweep"]
     assert len(parents) == 1
     parent = parents[0]
-    assert parent.data.tags["ladder.claims"] == "claims: 6 inconclusive; checks: 1/1 hold"
+    assert parent.data.tags["ladder.claims"] == "claims: 7 inconclusive; checks: 1/1 hold"
     # margin over seeds 1-9 (the smoke sweep's synthetic tensors, measured by measure_block as its
     # trials do; seeds 1-4 as in docs/reproductions.md): ue4m3_anomaly's margin worst 1.683
     # (threshold 1), its narrow rise worst 3.85 (threshold 2)
@@ -324,27 +401,29 @@ def test_reproduce_mx_anomaly_on_ray(workdir):
     assert {r["name"]: r["kind"] for r in recorded} == {**{n: "claim" for n in names},
                                                         "narrowing_keeps_the_function": "check"}
     # Every claim's record says what its declared effect against its threshold says (a mechanism
-    # check), and every claim but lm_loss_anomaly holds at the seed judged. margin over seeds 1-9
+    # check), and every constructed claim but lm_loss_anomaly holds at the seed judged. margin over seeds 1-9
     # (as above): ue5m3_no_rise worst 0.9669 (threshold 1.02), global_scale_also_removes_it worst
     # 0.9663 (1.02), ue5m3_matches_global_scale worst 0.0072 (0.05); lm_weight_anomaly worst 2.7 over
     # seeds 1-4 and 100-104 (1.3; docs/reproductions/mx_anomaly.notes.md); the check
     # narrowing_keeps_the_function's loss change 0.0 at seeds 0-4 (by construction).
     # lm_loss_anomaly is judged and reported, not asserted: its margin over the 0.002-nat floor is
     # 0.0007-0.0028 nats at seeds 0, 2, 3, 4 and -0.0008 at seed 1 (docs/reproductions.md), so at one
-    # seed its verdict is that seed's draw.
+    # seed its verdict is that seed's draw. The headline unscaled_anomaly is judged and reported, not
+    # asserted: whether the anomaly appears on the unscaled LMs is the reproduction's finding.
     specs = {fn.__name__: spec_of(fn) for fn in claims.CLAIMS}
     for r in recorded:
         (at_seed,) = r["per_seed"]
         if r["kind"] == "claim":
             assert specs[r["name"]].passes(at_seed["measured"][specs[r["name"]].effect]) == at_seed["holds"], r
-        if r["name"] != "lm_loss_anomaly":
+        if r["name"] not in ("lm_loss_anomaly", "unscaled_anomaly"):
             assert at_seed["holds"] is True, r
     # The four trials quantize one LM: one trial trained it (a curve of held-out LM losses), the
     # others read it from the cache (one point), and all measured the same full-precision loss.
     trials = [r for r in c.search_runs([exp.experiment_id]) if "ladder.trial_id" in r.data.tags]
     curves = sorted(len(c.get_metric_history(r.info.run_id, "eval/lm_loss")) for r in trials)
     assert len(trials) == 4 and curves[:3] == [1, 1, 1] and curves[3] > 1, curves
-    assert len({json.loads(r.data.tags["ladder.final"])["eval/lm_loss_fp"] for r in trials}) == 1
+    # (the final metrics are too many for one MLflow tag now: get_final reads them from final.json)
+    assert len({tracking.get_final(r, mlflow_client=c)["eval/lm_loss_fp"] for r in trials}) == 1
     assert validate(m.smoke()) is None
 
 

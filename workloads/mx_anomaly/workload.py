@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -21,6 +22,9 @@ LINEARS = ("qkv", "proj", "fc", "out")  # every hidden matrix; embeddings and re
 LM_PRESETS = tuple(lm.PRESETS)  # components.lm.pretrain's recipes: celerity_lm's default and smoke sizes
 DISTRIBUTIONS = ("gaussian", "laplace")
 PRETRAIN_SHARE = 0.9  # progress given to pre-training the LM when the trial trains it
+UE4M3_MIN_NORMAL = 2.0**-6  # below it a UE4M3 scale is subnormal: its step is 2^-9, coarse (the paper's cause)
+FP4_MAX = 6.0  # E2M1's largest magnitude: a block's scale is amax / 6
+BASE_SEED = 0  # the project's tiny base model is one cached build (components.basemodel: seed 0 everywhere)
 
 
 MAX_WORKERS = 1
@@ -67,6 +71,10 @@ class Config:
     lm_narrow_std: float = 0.005
     """Also measure a narrowed copy of the LM: qkv and fc weights rescaled to this std, their LayerNorms
     compensating, so the function is unchanged (large LLMs' weights are this narrow; 0 skips it)."""
+    base_model: str = ""
+    """Also measure the project's tiny base model, unscaled: 'tiny-local' (components.basemodel's Llama,
+    built here once and cached, seed 0 as every workload loads it), its weights and its held-out loss on
+    its own held-out sentences and sums; metrics named 'base'. Empty skips it."""
     eval_tokens: int = 32768
     """Held-out tokens for the loss of the quantized LM."""
     hf_model: str = ""
@@ -120,6 +128,15 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError(f"ue5m3_bias must lie in 1..30, got {cfg.ue5m3_bias}")
     if cfg.lm_narrow_std < 0:
         raise ValueError(f"lm_narrow_std must be >= 0 (0 skips the narrowed LM), got {cfg.lm_narrow_std}")
+    if cfg.base_model:
+        from components.basemodel import parse_tiny
+
+        try:
+            if parse_tiny(cfg.base_model) is None:
+                raise ValueError("only the project's own 'tiny-local[:key=value,...]' is measured here; a hub LLM "
+                                 "goes in hf_model")
+        except ValueError as exc:
+            raise ValueError(f"base_model={cfg.base_model!r}: {exc}") from None
     if cfg.hf_seq_len < 2:
         raise ValueError(f"hf_seq_len must be >= 2, got {cfg.hf_seq_len}")
     if cfg.hf_model:
@@ -287,6 +304,30 @@ def narrowed(model: torch.nn.Module, std: float) -> torch.nn.Module:
     return out
 
 
+def base_lm(cfg: Config, device: Any) -> tuple[torch.nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """tiny-local (components.basemodel, built once and cached) as the measurements see an LM, and its
+    held-out batches: the held-out phrasing's sentences and the held-out sums, `<bos> text <eos>` packed."""
+    from components.basemodel import base_world, load_base
+    from components.lm.corpus import heldout_batches
+
+    hf, tokenizer = load_base(cfg.base_model, seed=BASE_SEED, dtype=torch.float32)
+    world = base_world(cfg.base_model, seed=BASE_SEED)
+    examples = world.sentences("heldout") + world.arithmetic("heldout")
+    ids = np.asarray([t for e in examples for t in tokenizer(e.text).input_ids + [tokenizer.eos_token_id]], dtype=np.int64)
+    seq_len = 64  # tiny-local's training row length
+    return pretrained.CausalLM(hf).to(device).eval(), heldout_batches(ids, seq_len, cfg.eval_tokens, batch=32)
+
+
+def subnormal_share(w: torch.Tensor, block_size: int) -> float:
+    """Share of a matrix's blocks (along its rows, a partial last block from the elements present, as
+    `kernels.mx` does) whose UE4M3 scale amax/6 without a global scale is subnormal or underflows:
+    the regime the paper blames for the anomaly."""
+    x = w.detach().float().reshape(-1, w.shape[-1]).abs()
+    nb = -(-x.shape[-1] // block_size)
+    amax = F.pad(x, (0, nb * block_size - x.shape[-1])).view(x.shape[0], nb, block_size).amax(-1)  # [R, nb]
+    return float((amax / FP4_MAX < UE4M3_MIN_NORMAL).double().mean())
+
+
 def heldout_loss(model: torch.nn.Module, batches, device) -> float:
     total, count = 0.0, 0
     with torch.no_grad():
@@ -298,8 +339,9 @@ def heldout_loss(model: torch.nn.Module, batches, device) -> float:
 
 
 def measure_block(cfg: Config, block_size: int, models: dict[str, Any], batches, device,
-                  loss_fp: float) -> dict[str, float]:
-    """Every metric of one block size (this trial's scale format)."""
+                  loss_fp: float, others: dict[str, tuple[Any, Any, float]] | None = None) -> dict[str, float]:
+    """Every metric of one block size (this trial's scale format); `others` are LMs with held-out
+    batches and a full-precision loss of their own, name -> (model, batches, loss_fp)."""
     opts = quant_options(cfg, block_size)
     b = f"b{block_size}"
     out: dict[str, float] = {}
@@ -308,6 +350,8 @@ def measure_block(cfg: Config, block_size: int, models: dict[str, Any], batches,
         out[f"eval/rel_mse/{sigma_key(sigma)}/{b}"] = rel_mse(x, mx.fake_quant(x, **opts))
     for name, model in models.items():
         out.update(measure_lm(cfg, opts, name, model, batches, device, loss_fp, b))
+    for name, (model, own_batches, own_fp) in (others or {}).items():
+        out.update(measure_lm(cfg, opts, name, model, own_batches, device, own_fp, b))
     return out
 
 
@@ -328,6 +372,8 @@ def measure_lm(cfg: Config, opts: dict[str, Any], name: str, model, batches, dev
             w.copy_(w_hat)
     # Each matrix counts alike: pooled power would let the widest matrices hide the narrow ones.
     out[f"eval/rel_mse/{name}_weights/{b}"] = sum(errors) / len(errors)
+    shares = [subnormal_share(w, opts["block_size"]) for w in originals]
+    out[f"eval/ue4m3_subnormal/{name}_weights/{b}"] = sum(shares) / len(shares)
     try:
         out[f"eval/{name}_dloss_w4/{b}"] = heldout_loss(model, batches, device) - loss_fp
         if cfg.quantize_activations:
@@ -379,12 +425,19 @@ def train(cfg: Config, run) -> dict[str, float]:
         models["lm_narrow"] = narrowed(model, cfg.lm_narrow_std)
         # The narrowing must not change the function; measured, not assumed.
         results["eval/lm_narrow_loss_change"] = heldout_loss(models["lm_narrow"], batches, run.device) - loss_fp
+    others = {}
+    if cfg.base_model:  # reloaded from the cache on a restart: its weights are not in the checkpoint
+        base, base_batches = base_lm(cfg, run.device)
+        base_fp = heldout_loss(base, base_batches, run.device)
+        results.update({"eval/base_loss_fp": base_fp, "eval/base_weight_std": weight_std(base)})
+        others["base"] = (base, base_batches, base_fp)
 
-    return _measure_blocks(cfg, run, models, batches, loss_fp, results, step, share, "lm")
+    return _measure_blocks(cfg, run, models, batches, loss_fp, results, step, share, "lm", others=others)
 
 
 def _measure_blocks(cfg: Config, run, models: dict[str, Any], batches, loss_fp: float, results: dict[str, float],
-                    step: int, share: float, name: str, extra_state: dict[str, Any] | None = None) -> dict[str, float]:
+                    step: int, share: float, name: str, extra_state: dict[str, Any] | None = None,
+                    others: dict[str, tuple[Any, Any, float]] | None = None) -> dict[str, float]:
     """Every block size not yet measured (a restarted trial skips those in `results`), a report and
     a checkpoint after each."""
     model = models[name]
@@ -395,7 +448,7 @@ def _measure_blocks(cfg: Config, run, models: dict[str, Any], batches, loss_fp: 
         if block_size not in todo:
             continue
         step += 1
-        metrics = measure_block(cfg, block_size, models, batches, run.device, loss_fp)
+        metrics = measure_block(cfg, block_size, models, batches, run.device, loss_fp, others)
         results.update(metrics)
         progress = share + (1 - share) * (i + 1) / len(cfg.block_sizes)
         loss_key = f"eval/{name}_dloss_w4a4/b{block_size}" if cfg.quantize_activations else f"eval/{name}_dloss_w4/b{block_size}"
