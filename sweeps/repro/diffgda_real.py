@@ -1,8 +1,11 @@
 """diffgda on the papers' graph-transfer tasks: node classification from a labelled source graph
 to an unlabelled target graph, the GCN trained on the source alone (source-only), with a
-gradient-reversal domain classifier on its embeddings (DANN, the adversarial GDA baseline), and on
-the source plus source subgraphs evolved towards the target by the guided SDE (DiffGDA), scored by
-Macro-F1 (the objective) and Micro-F1 over every target node.
+gradient-reversal domain classifier on its embeddings (DANN, the adversarial GDA baseline), with
+MMD^2 between source and target embeddings in its loss (DAN-style, the moment-matching GDA
+baseline), and on the source plus source subgraphs evolved towards the target by the guided SDE
+(DiffGDA), scored by Macro-F1 (the objective) and Micro-F1 over every target node. (The smoke's
+third baseline, a discrete path of intermediate graphs, pairs small graphs node by node and runs
+on the generated domains only.)
 
 The tasks are the paper's citation transfers between ACMv9, Citationv1 and DBLPv7 (all six
 directions) and Blog1 <-> Blog2. ladder downloads nothing: fetch the .mat files once, where the
@@ -36,6 +39,7 @@ TASKS = (
 ARMS = (
     {"mode": "source_only", "select_by": "source"},
     {"mode": "dann", "select_by": "source", "dann_weight": 1.0},
+    {"mode": "mmd", "select_by": "source", "mmd_weight": 1.0},
     {"mode": "evolve", "guidance_scale": 1.0, "mmd_weight": 0.05, "select_by": "evolved"},
 )
 REAL = {

@@ -1,6 +1,7 @@
 """Reproduce PFT's claims: on held-out target subjects, adapting only the latent translator on the
-subject's unlabelled neutral frames beats the unadapted source model and a plain fine-tune of the
-source model towards 'neutral' on the same frames, L_exp is what keeps the translator from
+subject's unlabelled neutral frames beats the SFDA baselines SHOT and AaD adapted on the same
+frames (the paper's headline), the unadapted source model and (a negative control) a plain
+fine-tune of the source model towards 'neutral', L_exp is what keeps the translator from
 collapsing onto 'neutral', and nothing but the translator changes.
 
 Each trial is one target subject and runs every arm from one source model, so the comparison is

@@ -15,14 +15,16 @@ import torch
 from orchestrator.runners import registry
 from orchestrator.runners.config import ConfigError
 from orchestrator.run import LocalRun
-from workloads.diffgda import CHECKS, CLAIMS, Config, plot, smoke, train, validate
+from workloads.diffgda import CHECKS, CLAIMS, Config, plot, train, validate
 from workloads.diffgda import workload as wl
-from workloads.diffgda.claims import DOMAIN_ACC_MARGIN, beats_source_only, guided_closer_to_target
+from workloads.diffgda.claims import (
+    DOMAIN_ACC_MARGIN, GDA_MARGIN, beats_gda_baselines, beats_source_only, guided_closer_to_target,
+)
 from workloads.diffgda.data import (
-    Domains, Graphs, Unlabelled, class_means, csbm, edge_homophily, expected_homophily, make_domains, shifted_means,
+    Graphs, Unlabelled, class_means, csbm, edge_homophily, expected_homophily, make_domains, shifted_means,
 )
 from workloads.diffgda.model import GCN, DomainNet, ScoreNet, macro_f1, median_bandwidths, mmd2
-from workloads.diffgda.pipeline import classifier_step, score_step
+from workloads.diffgda.pipeline import classifier_step, intermediate_graphs, score_step
 from workloads.diffgda.sde import VESDE, VPSDE, dsm_loss, perturb, reverse_sample, sym_noise
 from conftest import judged_claim, shifted
 
@@ -294,13 +296,15 @@ def test_stages_of_each_arm():
 
 
 @pytest.mark.parametrize("kw", [{}, {"guidance": "ratio", "select_by": "source"}, {"evolve_from": 0.5, "train_on": "evolved"},
-                                {"mode": "source_only", "select_by": "last", "mmd_weight": 0.1}])
+                                {"mode": "source_only", "select_by": "last", "mmd_weight": 0.1},
+                                {"mode": "dann", "select_by": "source"}, {"mode": "mmd", "select_by": "source", "mmd_weight": 1.0},
+                                {"mode": "gradual", "select_by": "source"}])
 def test_a_trial_runs_to_the_end_with_valid_graphs(tmp_path, kw):
     run = LocalRun(tmp_path)
     out = train(tiny(**kw), run)
     assert run.history[-1][1]["progress"] == pytest.approx(1.0)
     assert 0.0 <= out["eval/target_macro_f1"] <= 1.0 and math.isfinite(out["train/loss"])
-    if kw.get("mode") != "source_only":
+    if kw.get("mode") not in wl.BASELINES:
         assert 0.0 <= out["eval/evolved_density"] < 1.0 and math.isfinite(out["eval/evolved_mmd"])
 
 
@@ -342,6 +346,80 @@ def test_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
     assert again == pytest.approx(whole, rel=1e-6, nan_ok=True)
 
 
+# --- the GDA baselines ----------------------------------------------------------------------------
+
+
+def test_intermediate_graphs_hand_worked_case():
+    # 3 nodes of classes 0, 1, 2; the target graph's pseudo-labels 2, 0, 1: source node u is matched
+    # to the one target node of its class, match = [1, 2, 0]. The target's only edge (0, 1) joins the
+    # matches of source nodes 2 and 0; the source's only edge is (0, 1).
+    src = Graphs(torch.tensor([[[0.0], [2.0], [4.0]]]), torch.tensor([[[0.0, 1, 0], [1, 0, 0], [0, 0, 0]]]), torch.tensor([[0, 1, 2]]))
+    tgt = Unlabelled(torch.tensor([[[10.0], [20.0], [30.0]]]), torch.tensor([[[0.0, 1, 0], [1, 0, 0], [0, 0, 0]]]))
+    pseudo = torch.tensor([[2, 0, 1]])
+    same = intermediate_graphs(src, tgt, pseudo, 0.0, gen())
+    assert torch.equal(same.x, src.x) and torch.equal(same.a, src.a) and torch.equal(same.y, src.y)
+    far = intermediate_graphs(src, tgt, pseudo, 1.0, gen())
+    torch.testing.assert_close(far.x, torch.tensor([[[20.0], [30.0], [10.0]]]))  # x_t[match]
+    assert torch.equal(far.a, torch.tensor([[[0.0, 0, 1], [0, 0, 0], [1, 0, 0]]])) and torch.equal(far.y, src.y)
+    half = intermediate_graphs(src, tgt, pseudo, 0.5, gen())
+    torch.testing.assert_close(half.x, torch.tensor([[[10.0], [16.0], [7.0]]]))
+    # every node pair is either the source's or the target's edge, chosen once for both directions
+    assert torch.equal(half.a, half.a.transpose(1, 2))
+    assert bool(((half.a == src.a) | (half.a == far.a)).all())
+
+
+def test_intermediate_graphs_are_valid_and_move_with_the_ratio():
+    d = make_domains(seed=shifted(0), classes=3, nodes=12, dim=4, feature_sep=2.5, feature_std=1.0, source_graphs=100,
+                     source_val_graphs=1, target_graphs=100, source_p_in=0.5, source_p_out=0.05, target_p_in=0.2,
+                     target_p_out=0.2, shift=3.0, rotation_deg=0.0)
+    # perfect pseudo-labels (a test may read them): every source node meets a target node of its class
+    for lam in (0.25, 0.75):
+        g = intermediate_graphs(d.source, d.target.unlabelled(), d.target.y, lam, gen(shifted(1)))
+        assert set(g.a.unique().tolist()) <= {0.0, 1.0} and float(g.a.diagonal(dim1=1, dim2=2).abs().sum()) == 0.0
+        torch.testing.assert_close(g.a, g.a.transpose(1, 2))
+        # class means move lam of the way to the target's (shift 3, so a ratio off by 1/4 is 0.75
+        # away); margin: the sampling noise of the means, error at most 0.21 over seeds 0-3, 10, 20
+        for c in range(3):
+            want = (1 - lam) * d.means_source[c] + lam * d.means_target[c]
+            assert float((g.x[g.y == c].mean(0) - want).norm()) < 0.5
+    # one-class pseudo-labels: the classes with no match fall back to any node, nothing breaks
+    g = intermediate_graphs(d.source, d.target.unlabelled(), torch.zeros_like(d.target.y), 0.5, gen())
+    assert g.x.shape == d.source.x.shape and bool(torch.isfinite(g.x).all())
+
+
+def test_gradual_arm_walks_its_intermediate_domains_and_resumes(tmp_path):
+    cfg = tiny(mode="gradual", select_by="source", gradual_steps=3, log_every=1, checkpoint_every=5)
+    run = LocalRun(tmp_path / "whole")
+    whole = train(cfg, run)
+    ratios = [(step, h["train/gradual_ratio"]) for step, h in run.history if "train/gradual_ratio" in h]
+    assert ratios == [(4, 0.25), (7, 0.5), (10, 0.75)]  # 12 epochs in 4 phases: the source alone, then 3 domains
+
+    class Dies(LocalRun):
+        def save(self, state):
+            super().save(state)
+            raise KeyboardInterrupt  # at step 5: inside phase 1, its intermediate domain in the checkpoint
+
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, Dies(tmp_path / "cut"))
+    resumed = LocalRun(tmp_path / "cut")
+    again = train(cfg, resumed)
+    assert resumed.restored_step == 5 and again == pytest.approx(whole, rel=1e-6, nan_ok=True)
+
+
+def test_mmd_arm_adds_the_embedding_mmd_to_the_loss(tmp_path):
+    # Same seed, same initial GCN, same dropout draws for the source nodes: the first epoch's loss of
+    # the MMD arm is source-only's cross-entropy plus weight * MMD^2 (> 0 between two domains), and
+    # the GCNs they end with differ.
+    runs = {}
+    for mode, w in (("source_only", 0.0), ("mmd", 1.0)):
+        runs[mode] = LocalRun(tmp_path / mode)
+        train(tiny(mode=mode, select_by="source", mmd_weight=w, log_every=1), runs[mode])
+    first = {m: r.history[0][1]["train/gcn_loss"] for m, r in runs.items()}
+    assert first["mmd"] > first["source_only"]
+    gcns = {m: r.restore()["nets"]["gcn"] for m, r in runs.items()}
+    assert not all(torch.equal(gcns["mmd"][k], gcns["source_only"][k]) for k in gcns["mmd"])
+
+
 # --- configs ------------------------------------------------------------------------------------
 
 
@@ -367,6 +445,11 @@ def test_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
     ({"threads": -1}, "threads must be"),
     ({"mode": "dann"}, "mode='dann' has no evolved graphs"),
     ({"mode": "dann", "select_by": "source", "dann_weight": 0.0}, "mode='dann' needs dann_weight > 0"),
+    ({"mode": "mmd"}, "mode='mmd' has no evolved graphs"),
+    ({"mode": "mmd", "select_by": "source"}, "mode='mmd' needs mmd_weight > 0"),
+    ({"mode": "gradual", "select_by": "source", "gcn_epochs": 3}, "gcn_epochs >= gradual_steps \\+ 1"),
+    ({"mode": "gradual", "select_by": "source", "data_dir": "gda", "source": "acmv9", "target": "dblpv7"},
+     "CSBM domains only"),
     ({"data_dir": "gda", "target": "dblpv7"}, "data_dir is set but source is empty"),
     ({"data_dir": "gda", "source": "acmv9", "target": "acmv9"}, "a transfer task needs two domains"),
     ({"source": "acmv9", "target": "dblpv7"}, "name domains of data_dir, which is not set"),
@@ -391,11 +474,15 @@ def trial(mode: str, scale: float, seed: int, f1: float, mmd: float, acc: float,
             "eval/evolved_mmd": mmd, "eval/evolved_domain_acc": acc, "eval/source_mmd": 0.15}
 
 
-def arms(f1=(0.4, 0.4, 0.5), mmd=(0.15, 0.16, 0.04), acc=(0.74, 0.75, 0.6), seeds=(0, 1), **task) -> list[dict]:
+def arms(f1=(0.4, 0.4, 0.5), mmd=(0.15, 0.16, 0.04), acc=(0.74, 0.75, 0.6), seeds=(0, 1), gda=(0.42, 0.44, 0.41),
+         **task) -> list[dict]:
+    """source-only, unguided, guided at scale 2 (f1, mmd, acc of each) and the GDA baselines
+    DANN, MMD and gradual (their Macro-F1 `gda`)."""
     out = []
     for s in seeds:
         out += [trial("source_only", 2.0, s, f1[0], mmd[0], acc[0], **task), trial("evolve", 0.0, s, f1[1], mmd[1], acc[1], **task),
                 trial("evolve", 2.0, s, f1[2], mmd[2], acc[2], **task)]
+        out += [trial(mode, 2.0, s, f, mmd[0], acc[0], **task) for mode, f in zip(("dann", "mmd", "gradual"), gda)]
     return out
 
 
@@ -411,6 +498,22 @@ def test_claims_hold_on_the_papers_pattern():
     assert results["beats_source_only"][1]["gain"] == pytest.approx(0.1)
     assert results["beats_source_only"][1]["worst_gain"] == pytest.approx(0.1)
     assert results["beats_source_only"][1]["f1_unguided"] == pytest.approx(0.4)
+    head = results["beats_gda_baselines"][1]  # the best baseline is the MMD arm's 0.44
+    assert head["f1_best_baseline"] == pytest.approx(0.44) and head["best_baseline"] == 1.0
+    assert head["gap"] == pytest.approx(0.06) and head["f1_dann"] == pytest.approx(0.42)
+
+
+def test_the_headline_needs_the_margin_over_the_best_baseline_on_every_task():
+    assert CLAIMS[0] is beats_gda_baselines and 0.0 < GDA_MARGIN < 0.2
+    above, below = 0.5 - GDA_MARGIN - 0.005, 0.5 - GDA_MARGIN + 0.005
+    assert judged_claim(beats_gda_baselines, arms(gda=(0.3, 0.3, above)))
+    for best in range(3):  # whichever baseline is the strong one
+        gda = tuple(below if i == best else 0.3 for i in range(3))
+        assert not judged_claim(beats_gda_baselines, arms(gda=gda))
+    holds, measured = beats_gda_baselines(arms(gda=(0.3, 0.3, 0.3)) + arms(gda=(0.3, 0.3, below), shift=2.5))
+    assert not holds and measured["worst_gap"] == pytest.approx(GDA_MARGIN - 0.005)
+    with pytest.raises(ValueError, match="no \\['gradual'\\] trials"):
+        beats_gda_baselines([t for t in arms() if t["mode"] != "gradual"])
 
 
 def test_claims_fail_without_the_effect():
@@ -452,12 +555,14 @@ def test_smoke_reproduction_holds(workdir):
 
     rep = reproduce("diffgda", smoke=True, local=True)
     assert not rep.failed_trials
-    assert len(rep.trials) == 3
-    # margin: guided_closer_to_target worst_slack 0.090 0.117 0.085 0.099 at seeds 1-4 (docs/reproductions.md),
-    # 0.154 at seed 10, 0.136 at 20 (threshold 0); beats_source_only worst_gain 0.127 0.110 0.154 0.145 at
-    # seeds 1-4, 0.213 at 10, 0.132 at 20 (threshold 0.037)
+    assert len(rep.trials) == 6
+    # margin: beats_gda_baselines worst_gap 0.073 0.063 0.089 0.123 at seeds 1-4 (docs/reproductions/diffgda.json),
+    # 0.142 at seed 10, 0.091 at 20 (threshold 0.018); guided_closer_to_target worst_slack 0.090 0.117 0.085
+    # 0.099 at seeds 1-4, 0.154 at seed 10, 0.136 at 20 (threshold 0); beats_source_only worst_gain 0.127 0.110
+    # 0.154 0.145 at seeds 1-4, 0.213 at 10, 0.132 at 20 (threshold 0.037)
     assert rep.holds, rep.failures()
     measured = {c.name: c.measured for c in rep.claims}
+    assert {"f1_dann", "f1_mmd", "f1_gradual", "f1_best_baseline", "gap"} <= set(measured["beats_gda_baselines"])
     assert {"mmd_unguided", "mmd_guided_s2", "acc_unguided", "acc_guided_s2"} <= set(measured["guided_closer_to_target"])
     assert {"f1_source_only", "f1_unguided", "f1_guided", "gain"} <= set(measured["beats_source_only"])
     assert all(math.isfinite(v) for m in measured.values() for v in m.values())
@@ -503,7 +608,8 @@ def real_tiny(data_dir, **kw) -> Config:
     from orchestrator.sweep import load_sweep_file
 
     real = load_sweep_file(REAL_SWEEP)
-    base = {**real.overrides, **real.points[2], "data_dir": str(data_dir), "source": "acmv9", "target": "dblpv7",
+    method = next(p for p in real.points if p["mode"] == "evolve")
+    base = {**real.overrides, **method, "data_dir": str(data_dir), "source": "acmv9", "target": "dblpv7",
             "dim": 8, "nodes": 16, "source_graphs": 16, "target_graphs": 8, "gcn_hidden": 16, "gcn_epochs": 30,
             "gcn_lr": 1e-2, "log_every": 5, "checkpoint_every": 10, "threads": 1}
     keep = {k: v for k, v in dataclasses.asdict(tiny()).items() if k not in base}
@@ -601,6 +707,6 @@ def test_the_real_sweep_checks_and_names_its_missing_data(workdir, monkeypatch):
     sweep = load_sweep_file(REAL_SWEEP)
     sweep.check()
     assert {(p["source"], p["target"]) for p in sweep.points} >= {("acmv9", "dblpv7"), ("dblpv7", "acmv9")}
-    assert {p["mode"] for p in sweep.points} == {"source_only", "dann", "evolve"}
+    assert {p["mode"] for p in sweep.points} == {"source_only", "dann", "mmd", "evolve"}
     with pytest.raises(SweepError, match="data_dir='.*/data/gda' is not a folder"):
         sweep.preflight()

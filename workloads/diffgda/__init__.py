@@ -15,12 +15,19 @@ the GCN's epoch is chosen on held-out evolved graphs by default.
 
 The papers' own tasks (`data_dir`, `source`, `target`): two whole attributed graphs read from the
 published .mat files (networks.py; ACMv9/Citationv1/DBLPv7, Blog1/Blog2), the GCN on each whole
-graph through a sparse adjacency, the diffusion on breadth-first subgraphs cut from them, and a
-DANN baseline (`mode="dann"`) beside source-only; `sweeps/repro/diffgda_real.py` runs them.
+graph through a sparse adjacency, the diffusion on breadth-first subgraphs cut from them;
+`sweeps/repro/diffgda_real.py` runs them.
 
-The claims: guided evolution lands closer to the target domain than unguided evolution (MMD of
-node descriptors, and a fresh domain classifier's accuracy), and the GCN trained on the guided
-evolution beats the source-only GCN in target Macro-F1.
+Graph domain adaptation baselines at the same GCN: DANN (`mode="dann"`, a gradient-reversal domain
+classifier on the node embeddings), an MMD-aligned GCN (`mode="mmd"`, DAN-style), and, on the
+generated domains, a discrete path of intermediate graphs mixed from source and target at fixed
+ratios (`mode="gradual"`, GIFT-style), the kind of discrete path the paper's continuous SDE
+trajectory replaces.
+
+The claims, headline first: the GCN trained on the guided evolution beats the best of the GDA
+baselines in target Macro-F1; guided evolution lands closer to the target domain than unguided
+evolution (MMD of node descriptors, and a fresh domain classifier's accuracy); and it beats the
+source-only GCN in target Macro-F1.
 """
 
 from workloads.diffgda.claims import CHECKS, CLAIMS, plot

@@ -168,7 +168,8 @@ def grl_coeff(progress: float) -> float:
 
 
 class DomainDiscriminator(nn.Module):
-    """DANN's domain classifier on node embeddings: an MLP with one hidden layer, a logit per node
+    """DANN's domain classifier on node embeddings (Ganin et al. 2016, "Domain-Adversarial Training of
+    Neural Networks", https://arxiv.org/abs/1505.07818): an MLP with one hidden layer, a logit per node
     (source 0, target 1). Behind a gradient reversal layer, the GCN learns embeddings it cannot tell apart."""
 
     def __init__(self, dim: int, hidden: int) -> None:

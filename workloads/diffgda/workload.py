@@ -13,8 +13,8 @@ from workloads.diffgda.data import Domains, Graphs, Unlabelled, edge_homophily, 
 from workloads.diffgda.model import GCN, DomainDiscriminator, DomainNet, ScoreNet
 from workloads.diffgda.networks import Network
 from workloads.diffgda.pipeline import (
-    classifier_distance, classifier_step, domain_bandwidths, evolve, f1_on, gcn_epoch, gcn_sets, mmd_distance,
-    predict, ratio_step, score_step,
+    classifier_distance, classifier_step, domain_bandwidths, evolve, f1_on, gcn_epoch, gcn_sets, intermediate_graphs,
+    mmd_distance, predict, ratio_step, score_step,
 )
 from workloads.diffgda.sde import make_sde
 
@@ -25,11 +25,15 @@ MAX_WORKERS = 1
 
 @dataclass(frozen=True)
 class Config:
-    mode: Literal["evolve", "source_only", "dann"] = "evolve"
+    mode: Literal["evolve", "source_only", "dann", "mmd", "gradual"] = "evolve"
     """'evolve': train the GCN on the source plus source graphs evolved by the SDE; 'source_only':
     the baseline, the same GCN on the source alone; 'dann': the GCN on the source alone with a
     domain classifier on its node embeddings behind a gradient reversal layer (DANN, the
-    adversarial baseline of the GDA tables; UDAGCN's domain loss), weighted by dann_weight."""
+    adversarial baseline of the GDA tables; UDAGCN's domain loss), weighted by dann_weight; 'mmd':
+    the GCN on the source alone plus mmd_weight * MMD^2 between source and target node embeddings
+    (DAN's alignment); 'gradual': the GCN trained through gradual_steps discrete intermediate
+    graph domains between source and target (GIFT-style, the discrete path the paper's continuous
+    trajectory replaces; generated CSBM domains only)."""
     data_dir: str = ""
     """A folder of the papers' graph-transfer datasets, DATA_DIR/<domain>.mat (ACDNE's release:
     acmv9, citationv1, dblpv7, Blog1, Blog2; docs/datasets.md): the GCN trains on the whole source
@@ -146,6 +150,10 @@ class Config:
     reaches the GCN reversed, scaled by DANN's schedule 2 / (1 + exp(-10 p)) - 1 over the epochs."""
     dann_hidden: int = 32
     """mode='dann': hidden width of the domain classifier (an MLP on the GCN's last hidden layer)."""
+    gradual_steps: int = 3
+    """mode='gradual': intermediate domains K at the fixed ratios k / (K + 1); the GCN's epochs run
+    in K + 1 equal phases, the source alone, then the source plus intermediate domain k in phase k
+    (each built when its phase starts, its target nodes matched by the GCN's pseudo-labels then)."""
     select_by: Literal["evolved", "source", "last"] = "evolved"
     """GCN epoch selection without target labels: 'evolved', Macro-F1 on held-out evolved graphs
     (labelled samples of the estimated target domain); 'source', on the held-out source graphs;
@@ -172,6 +180,8 @@ def smoke() -> Config:
 
 
 STAGES = ("score", "guide", "ratio", "evolve", "gcn")
+BASELINES = ("source_only", "dann", "mmd", "gradual")
+"""Modes with no evolution: the GCN alone, with or without a GDA baseline's alignment."""
 
 
 def stage_lengths(cfg: Config) -> dict[str, int]:
@@ -189,14 +199,15 @@ def stage_lengths(cfg: Config) -> dict[str, int]:
 
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Checks that need no training: raised before anything is launched."""
-    choices = {"mode": ("evolve", "source_only", "dann"), "guidance": ("classifier", "ratio"), "sde_x": ("vp", "ve"),
+    choices = {"mode": ("evolve", "source_only", "dann", "mmd", "gradual"), "guidance": ("classifier", "ratio"), "sde_x": ("vp", "ve"),
                "sde_adj": ("vp", "ve"), "train_on": ("source+evolved", "evolved"), "select_by": ("evolved", "source", "last")}
     for name, allowed in choices.items():
         if getattr(cfg, name) not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {getattr(cfg, name)!r}")
     for name in ("classes", "nodes", "dim", "source_graphs", "source_val_graphs", "target_graphs", "score_hidden",
                  "score_layers", "score_batch", "guide_hidden", "guide_layers", "sample_steps", "evolved_copies",
-                 "gcn_hidden", "gcn_layers", "gcn_epochs", "log_every", "checkpoint_every", "dann_hidden"):
+                 "gcn_hidden", "gcn_layers", "gcn_epochs", "log_every", "checkpoint_every", "dann_hidden",
+                 "gradual_steps"):
         if getattr(cfg, name) <= 0:
             raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
     for name in ("score_steps", "guide_steps"):
@@ -229,11 +240,19 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError("guidance_scale > 0 needs a trained domain network: set guide_steps > 0 (or guidance_scale=0)")
     if not 0.0 < cfg.evolve_from <= 1.0:
         raise ValueError(f"evolve_from is a diffusion time in (0, 1], got {cfg.evolve_from}")
-    if cfg.mode in ("source_only", "dann") and (cfg.select_by == "evolved" or cfg.train_on == "evolved"):
+    if cfg.mode in BASELINES and (cfg.select_by == "evolved" or cfg.train_on == "evolved"):
         raise ValueError(f"mode={cfg.mode!r} has no evolved graphs: use select_by='source' or 'last' and "
                          "train_on='source+evolved'")
     if cfg.mode == "dann" and not cfg.dann_weight > 0:
         raise ValueError(f"mode='dann' needs dann_weight > 0 (0 is mode='source_only'), got {cfg.dann_weight}")
+    if cfg.mode == "mmd" and not cfg.mmd_weight > 0:
+        raise ValueError(f"mode='mmd' needs mmd_weight > 0 (0 is mode='source_only'), got {cfg.mmd_weight}")
+    if cfg.mode == "gradual" and cfg.data_dir:
+        raise ValueError("mode='gradual' builds intermediate graphs from node-matched pairs of small graphs: it runs on "
+                         "the generated CSBM domains only, leave data_dir empty")
+    if cfg.mode == "gradual" and cfg.gcn_epochs < cfg.gradual_steps + 1:
+        raise ValueError(f"mode='gradual' needs gcn_epochs >= gradual_steps + 1 (one phase per domain), got "
+                         f"{cfg.gcn_epochs} < {cfg.gradual_steps + 1}")
     if cfg.select_by == "evolved" and not 0.0 < cfg.evolved_val_frac < 1.0:
         raise ValueError(f"select_by='evolved' needs evolved_val_frac in (0, 1), got {cfg.evolved_val_frac}")
     if cfg.select_by == "evolved" and round(cfg.evolved_val_frac * cfg.source_graphs * cfg.evolved_copies) < 1:
@@ -387,6 +406,8 @@ def adapt(cfg: Config, source: Graphs, source_val: Graphs | Network, target: Unl
         "eval/source_domain_acc": classifier_distance(source, target, seed + 7),
     }
     evolved: Graphs | None = None
+    inter: Graphs | None = None  # mode='gradual': the intermediate domain of the current phase
+    inter_phase = 0
     best: dict[str, Any] = {"f1": -math.inf, "epoch": 0, "state": None}
 
     step, state = 0, run.restore()
@@ -402,6 +423,8 @@ def adapt(cfg: Config, source: Graphs, source_val: Graphs | Network, target: Unl
         metrics.update(state["metrics"])
         if state["evolved"] is not None:
             evolved = Graphs(**state["evolved"])
+        if state.get("inter") is not None:
+            inter, inter_phase = Graphs(**state["inter"]), int(state["inter_phase"])
         best = state["best"]
 
     def save() -> None:
@@ -410,6 +433,7 @@ def adapt(cfg: Config, source: Graphs, source_val: Graphs | Network, target: Unl
             "nets": {s: n.state_dict() for s, n in nets.items()}, "opts": {s: o.state_dict() for s, o in opts.items()},
             "gens": {s: g.get_state() for s, g in gens.items()},
             "evolved": None if evolved is None else {"x": evolved.x, "a": evolved.a, "y": evolved.y},
+            "inter": None if inter is None else {"x": inter.x, "a": inter.a, "y": inter.y}, "inter_phase": inter_phase,
         })
 
     guide = None
@@ -442,10 +466,19 @@ def adapt(cfg: Config, source: Graphs, source_val: Graphs | Network, target: Unl
             metrics["eval/evolved_density"] = float(evolved.a.mean())
             report.update(metrics)
         else:
+            epoch = step - offset["gcn"]
+            phase = (epoch - 1) * (cfg.gradual_steps + 1) // cfg.gcn_epochs if cfg.mode == "gradual" else 0
+            if phase > inter_phase:  # the next discrete domain, matched by the GCN's pseudo-labels as it stands
+                inter = intermediate_graphs(source, target, predict(gcn, target), phase / (cfg.gradual_steps + 1),
+                                            gens["gcn"])
+                inter_phase, train_set = phase, None
+                report["train/gradual_ratio"] = phase / (cfg.gradual_steps + 1)
             if train_set is None:
                 train_set, val_set = gcn_sets(source if whole is None else whole[0], source_val, evolved, n_val,
                                               select_by=cfg.select_by, train_on=cfg.train_on)
-            epoch = step - offset["gcn"]
+                if inter is not None:  # the source keeps training beside the intermediate domain
+                    train_set = Graphs(*(torch.cat([u, v]) for u, v in
+                                         ((source.x, inter.x), (source.a, inter.a), (source.y, inter.y))))
             loss, extra = gcn_epoch(gcn, opts["gcn"], train_set, target if whole is None else whole[1], cfg.mmd_weight,
                                     gens["gcn"], disc=disc, dann_weight=cfg.dann_weight,
                                     progress=(epoch - 1) / cfg.gcn_epochs)

@@ -8,9 +8,10 @@ subjects, F and C frozen, so that T(F(x2)) keeps x2's expression (L_exp) and tak
 subject's style (L_style, computed on T's output so that its gradient trains T); then adapts T
 alone on the target's neutral frames (cross-entropy towards neutral plus L_exp), and evaluates
 C(T(F(x))) on the target's frames of every expression. The same trial runs the arms PFT is
-compared with: the unadapted source model, the pre-trained translator before adaptation, a plain
-fine-tune of the source model towards 'neutral' on the same frames, and PFT from an untrained
-translator.
+compared with: the SFDA baselines SHOT and AaD (`sfda.py`) adapted on the same neutral frames with
+the same budget, the unadapted source model, the pre-trained translator before adaptation, a plain
+fine-tune of the source model towards 'neutral' on the same frames (a negative control), and PFT
+from an untrained translator.
 
 The target subject's offset leans towards one expression (`target_lean`): a resting face that
 the source model reads as that expression, the failure that neutral frames can reveal and the
@@ -21,9 +22,9 @@ With `data_dir` and `backbone` the frames are real: an image folder per subject 
 (the paper's BioVid/StressID layout), each frame the pooled feature of a frozen pretrained image
 backbone (`frames.py`).
 
-The claims: on the target, PFT's accuracy beats the unadapted source model's and the plain
-fine-tune's; without L_exp the translator collapses towards 'neutral'; and PFT changes nothing
-but the translator.
+The claims, headline first: on the target, PFT's accuracy beats the best SFDA baseline's (SHOT,
+AaD) and the unadapted source model's, and (a control) the plain fine-tune's; without L_exp the
+translator collapses towards 'neutral'. The check: PFT changes nothing but the translator.
 """
 
 from workloads.pft.claims import CHECKS, CLAIMS, plot

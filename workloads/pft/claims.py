@@ -21,6 +21,18 @@ from typing import Any
 from orchestrator.claims import claim
 from workloads.pft.workload import ARMS
 
+SFDA_ARMS = ("shot", "aad")
+"""The SFDA baselines (`sfda.py`), run on the same neutral frames as PFT; the headline beats the best."""
+SFDA_MARGIN = 0.067
+"""PFT's mean target accuracy must exceed the best SFDA baseline's (the higher of SHOT's and AaD's
+setting means) by this much. Rule, written before any seed was run: the seed noise of the beaten
+measure, as for the margins below: the mean absolute change of the best SFDA baseline's mean
+target accuracy between adjacent replicates of the smoke reproduction at calibration seeds
+100-108 (`ladder report pft --smoke --seeds 5 --seed 100`; replicate r runs worlds r and r + 1,
+so these use worlds 100-109 and never those of the judged seeds 0-9), rounded up to 3 decimals.
+Calibration: best SFDA accuracy 0.7253 0.6644 0.7244 0.6322 0.6838 (SHOT each time; AaD 0.434-0.588),
+adjacent changes 0.0609 0.0600 0.0922 0.0516, mean 0.0662 -> 0.067. PFT's gain over it there:
+0.016 0.037 0.039 0.111 -0.035 (mean 0.034)."""
 SOURCE_MARGIN = 0.028
 """PFT's mean target accuracy must exceed the unadapted source model's by this much: the seed noise
 of the source model's accuracy (its mean change between adjacent replicates) on calibration seeds
@@ -63,6 +75,30 @@ def _mean(trials: list[dict[str, Any]], key: str) -> float:
     return sum(float(t[key]) for t in trials) / len(trials)
 
 
+def _sfda_gain(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
+    groups = settings(trials)
+    measured: dict[str, float] = {}
+    gains = []
+    for key, group in groups.items():
+        name = _label(key, groups)
+        pft = _mean(group, "eval/acc/pft")
+        means = {arm: _mean(group, f"eval/acc/{arm}") for arm in SFDA_ARMS}
+        best = max(means.values())
+        gains.append(pft - best)
+        measured[f"pft{name}"] = pft
+        measured.update({f"{arm}{name}": v for arm, v in means.items()})
+        measured[f"best_sfda{name}"] = best
+        measured[f"gain{name}"] = pft - best
+        # Per target subject, against the better of the baselines on that subject (a stricter pairing).
+        measured[f"wins{name}"] = sum(
+            float(t["eval/acc/pft"]) > max(float(t[f"eval/acc/{a}"]) for a in SFDA_ARMS) for t in group) / len(group)
+        measured[f"recall_neutral_pft{name}"] = _mean(group, "eval/recall_neutral/pft")
+        for arm in SFDA_ARMS:
+            measured[f"recall_neutral_{arm}{name}"] = _mean(group, f"eval/recall_neutral/{arm}")
+    measured["min_gain"] = min(gains)
+    return measured["min_gain"] >= SFDA_MARGIN, measured
+
+
 def _compare(trials: list[dict[str, Any]], arm: str, margin: float) -> tuple[bool, dict[str, float]]:
     groups = settings(trials)
     measured: dict[str, float] = {}
@@ -81,6 +117,18 @@ def _compare(trials: list[dict[str, Any]], arm: str, margin: float) -> tuple[boo
     return measured["min_gain"] >= margin, measured
 
 
+@claim("min_gain", at_least=SFDA_MARGIN,
+       paper="PFT outperforms state-of-the-art source-free domain adaptation methods, which were not built "
+             "for target data of one class, when all adapt on the target subject's neutral frames only; the "
+             "paper's metric is the accuracy averaged over target subjects (no verified numbers in the notes; "
+             "one aggregator lists PFT at 60.83% on an Aff-Wild2 subject, low trust)",
+       threshold_from="ours: the seed noise of the best SFDA baseline's mean accuracy on calibration seeds 100-108 "
+                      f"(worlds 100-109) ({SFDA_MARGIN:g})")
+def pft_beats_sfda(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
+    """PFT's mean target accuracy beats the best SFDA baseline's (SHOT, AaD), all adapted on the same neutral frames, by >= 0.067."""
+    return _sfda_gain(trials)
+
+
 @claim("min_gain", at_least=SOURCE_MARGIN,
        paper="adapting only the latent translator on the target subject's unlabelled neutral frames improves "
              "expression recognition on that subject over the source model (no verified numbers in the notes)",
@@ -95,7 +143,7 @@ def pft_beats_source(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, floa
              "the notes); the plain neutral fine-tune is the notes' negative control, not a baseline of the paper",
        threshold_from=CALIBRATED.format(FINETUNE_MARGIN) + "; it was 0.02, then 0.03 after runs of seeds 0-1")
 def pft_beats_finetune(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
-    """PFT's mean target accuracy beats a plain fine-tune towards 'neutral' on the same frames and budget by >= 0.07."""
+    """Control: PFT's mean target accuracy beats a plain fine-tune towards 'neutral' on the same frames and budget by >= 0.07."""
     return _compare(trials, "finetune", FINETUNE_MARGIN)
 
 
@@ -126,7 +174,7 @@ def only_translator_adapted(trials: list[dict[str, Any]]) -> tuple[bool, dict[st
     return measured["max_frozen_tensors_changed"] == 0 and measured["min_translator_tensors_changed"] > 0, measured
 
 
-CLAIMS = [pft_beats_source, pft_beats_finetune, exp_loss_prevents_collapse]
+CLAIMS = [pft_beats_sfda, pft_beats_source, pft_beats_finetune, exp_loss_prevents_collapse]
 CHECKS = [only_translator_adapted]
 
 

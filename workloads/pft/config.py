@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 
-ARMS = ("source", "translator", "finetune", "pft", "scratch", "no_exp")
+ARMS = ("source", "translator", "finetune", "pft", "scratch", "no_exp", "shot", "aad")
 """Evaluated arms: the unadapted source model, the pretrained translator before adaptation, the
-plain fine-tune on neutral frames, PFT, PFT from an untrained (identity) translator, and PFT
-without L_exp in the target phase."""
+plain fine-tune on neutral frames, PFT, PFT from an untrained (identity) translator, PFT
+without L_exp in the target phase, and the SFDA baselines SHOT and AaD on the same neutral frames."""
 
 
 MAX_WORKERS = 1
@@ -107,6 +107,17 @@ class Config:
     """Also run PFT from an untrained identity translator (no source pretraining), an ablation."""
     no_exp_arm: bool = True
     """Also run PFT without L_exp in the target phase (neutral cross-entropy alone), an ablation."""
+    sfda_arms: bool = True
+    """Also run the SFDA baselines the paper compares with, SHOT and AaD (`sfda.py`), on the same
+    neutral frames with the same steps, batch, lr and minibatch draws as PFT."""
+    shot_cls_weight: float = 0.3
+    """SHOT: weight of the pseudo-label cross-entropy next to information maximisation (released cls_par)."""
+    aad_k: int = 5
+    """AaD: nearest bank neighbours whose predictions attract a frame's (released K)."""
+    aad_alpha: float = 1.0
+    """AaD: initial weight of the dispersion term (released alpha)."""
+    aad_beta: float = 5.0
+    """AaD: decay exponent of the dispersion weight, alpha (1 + 10 t/T)^-beta (released beta)."""
     log_every: int = 50
     """Report the training loss every this many steps."""
     checkpoint_every_frac: float = 0.25

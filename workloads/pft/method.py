@@ -56,7 +56,8 @@ def build_models(cfg: Config) -> dict[str, torch.nn.Module]:
         "encoder": encoder, "classifier": classifier, "translator": translator,
         "ft_encoder": copy.deepcopy(encoder), "ft_classifier": copy.deepcopy(classifier),
         "pft_translator": copy.deepcopy(translator), "scratch_translator": copy.deepcopy(translator),
-        "no_exp_translator": copy.deepcopy(translator),
+        "no_exp_translator": copy.deepcopy(translator), "shot_encoder": copy.deepcopy(encoder),
+        "aad_encoder": copy.deepcopy(encoder), "aad_classifier": copy.deepcopy(classifier),
     }
 
 
@@ -116,6 +117,10 @@ def phase_params(cfg: Config, phase: str, nets: dict[str, torch.nn.Module]) -> l
     if phase == "finetune":
         parts = {"model": ("ft_encoder", "ft_classifier"), "classifier": ("ft_classifier",), "encoder": ("ft_encoder",)}
         return [p for name in parts[cfg.finetune_params] for p in nets[name].parameters()]
+    if phase == "shot":  # SHOT freezes the source hypothesis (the classifier)
+        return list(nets["shot_encoder"].parameters())
+    if phase == "aad":  # the released AaD code trains the classifier too
+        return [*nets["aad_encoder"].parameters(), *nets["aad_classifier"].parameters()]
     return list(nets[f"{phase}_translator"].parameters())
 
 

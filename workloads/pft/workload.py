@@ -10,12 +10,12 @@ import torch
 from components import pretrained
 from orchestrator.run import fraction_steps
 
-from workloads.pft import data, frames, method
+from workloads.pft import data, frames, method, sfda
 from workloads.pft.config import ARMS, MAX_WORKERS, Config  # noqa: F401  (the contract's names)
 from workloads.pft.model import accuracy_report, changed_tensors, freeze, predict
 
 def smoke() -> Config:
-    """A CPU-sized run: 16-d frames, 6 source subjects, a few hundred steps per phase, ~1-2 s."""
+    """A CPU-sized run: 16-d frames, 6 source subjects, a few hundred steps per phase, a few seconds."""
     return Config(
         dim=16, source_subjects=6, frames_per_class=60, source_eval_per_class=10, target_neutral_frames=100,
         target_eval_per_class=100, hidden=64, feat=32, translator_hidden=64, source_steps=600,
@@ -31,6 +31,8 @@ def phases(cfg: Config) -> list[tuple[str, int]]:
         out.append(("scratch", cfg.target_steps))
     if cfg.no_exp_arm:
         out.append(("no_exp", cfg.target_steps))
+    if cfg.sfda_arms:  # last, so that they leave every earlier arm's minibatch draws alone
+        out += [("shot", cfg.target_steps), ("aad", cfg.target_steps)]
     return out
 
 
@@ -46,7 +48,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError(f"dim must be positive, got {cfg.dim}")
     for name in ("source_subjects", "frames_per_class", "source_eval_per_class", "target_neutral_frames",
                  "target_eval_per_class", "hidden", "feat", "translator_hidden", "batch", "source_steps",
-                 "translator_steps", "target_steps", "target_batch", "log_every"):
+                 "translator_steps", "target_steps", "target_batch", "log_every", "aad_k"):
         if getattr(cfg, name) <= 0:
             raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
     if cfg.classes < 2:
@@ -61,7 +63,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         if not getattr(cfg, name) > 0:
             raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
     for name in ("style_rotation", "style_scale", "style_shift", "target_rotation", "target_scale", "target_shift",
-                 "exp_weight", "style_weight", "target_exp_weight"):
+                 "exp_weight", "style_weight", "target_exp_weight", "shot_cls_weight", "aad_alpha", "aad_beta"):
         if not getattr(cfg, name) >= 0:
             raise ValueError(f"{name} must be non-negative, got {getattr(cfg, name)}")
     if cfg.exp_loss not in ("ce", "mse", "kl"):
@@ -132,6 +134,7 @@ def train(cfg: Config, run) -> dict[str, float]:
     results: dict[str, dict[str, float]] = {}  # arm -> accuracy report on the target
     diag: dict[str, float] = {}
     frozen: dict[str, dict[str, torch.Tensor]] = {}  # nets as they were when they were frozen
+    memory: dict[str, torch.Tensor] = {}  # the SFDA arms' state besides weights: pseudo-labels, banks
     start, opt_state = 0, None
     state = run.restore()
     if state is not None:
@@ -139,6 +142,7 @@ def train(cfg: Config, run) -> dict[str, float]:
             nets[name].load_state_dict(sd)
         gen.set_state(state["gen"])
         results, diag, frozen, start, opt_state = state["results"], state["diag"], state["frozen"], state["step"], state["optimizer"]
+        memory = state.get("memory", {})
     for name in frozen:
         freeze(nets[name])
 
@@ -165,6 +169,12 @@ def train(cfg: Config, run) -> dict[str, float]:
                 nets["ft_classifier"].load_state_dict(nets["classifier"].state_dict())
             elif phase == "pft":
                 nets["pft_translator"].load_state_dict(nets["translator"].state_dict())
+            elif phase == "shot":
+                nets["shot_encoder"].load_state_dict(nets["encoder"].state_dict())
+            elif phase == "aad":
+                nets["aad_encoder"].load_state_dict(nets["encoder"].state_dict())
+                nets["aad_classifier"].load_state_dict(nets["classifier"].state_dict())
+                memory["aad_feats"], memory["aad_scores"] = sfda.aad_banks(neutral, nets["aad_encoder"], nets["aad_classifier"])
             optimizer = make_optimizer(phase)
 
         if phase == "source":
@@ -175,9 +185,20 @@ def train(cfg: Config, run) -> dict[str, float]:
             l_exp, l_style = method.translator_losses(cfg, x1, x2, nets["encoder"], nets["classifier"], nets["translator"])
             loss = cfg.exp_weight * l_exp + cfg.style_weight * l_style
         else:
-            x = neutral[torch.randint(len(neutral), (cfg.target_batch,), generator=gen)]
+            idx = torch.randint(len(neutral), (cfg.target_batch,), generator=gen)
+            x = neutral[idx]
             if phase == "finetune":
                 loss = method.finetune_loss(x, nets["ft_encoder"], nets["ft_classifier"])
+            elif phase == "shot":  # the source classifier stays frozen: SHOT adapts the encoder to it
+                if (local - 1) % max(1, length // sfda.SHOT_REFRESHES) == 0:
+                    memory["shot_labels"] = sfda.shot_pseudo_labels(neutral, nets["shot_encoder"], nets["classifier"])
+                loss = sfda.shot_loss(x, memory["shot_labels"][idx], nets["shot_encoder"], nets["classifier"],
+                                      cls_weight=cfg.shot_cls_weight)
+            elif phase == "aad":
+                alpha = sfda.aad_alpha(local - 1, length, alpha=cfg.aad_alpha, beta=cfg.aad_beta)
+                loss, memory["aad_feats"], memory["aad_scores"] = sfda.aad_loss(
+                    x, idx, memory["aad_feats"], memory["aad_scores"], nets["aad_encoder"], nets["aad_classifier"],
+                    k=cfg.aad_k, alpha=alpha)
             else:
                 loss = method.pft_loss(x, nets["encoder"], nets["classifier"], nets[f"{phase}_translator"],
                                        exp_weight=0.0 if phase == "no_exp" else cfg.target_exp_weight, exp_loss=cfg.exp_loss)
@@ -202,6 +223,10 @@ def train(cfg: Config, run) -> dict[str, float]:
                 evaluate("translator", nets["encoder"], nets["classifier"], nets["translator"])
             elif phase == "finetune":
                 evaluate("finetune", nets["ft_encoder"], nets["ft_classifier"])
+            elif phase == "shot":
+                evaluate("shot", nets["shot_encoder"], nets["classifier"])
+            elif phase == "aad":
+                evaluate("aad", nets["aad_encoder"], nets["aad_classifier"])
             else:
                 # Only the adapted translator may differ from what the phase started with.
                 diag[f"frozen_changed_by_{phase}"] = float(sum(
@@ -217,7 +242,8 @@ def train(cfg: Config, run) -> dict[str, float]:
                         "progress": step / total}, step=step)
         if step in save_at or local == length:
             run.save({"step": step, "nets": {n: net.state_dict() for n, net in nets.items()}, "gen": gen.get_state(),
-                      "optimizer": optimizer.state_dict(), "results": results, "diag": diag, "frozen": frozen})
+                      "optimizer": optimizer.state_dict(), "results": results, "diag": diag, "frozen": frozen,
+                      "memory": memory})
     out = {f"eval/{k}/{arm}": v for arm, r in results.items() for k, v in r.items()}
     out.update({f"diag/{k}": v for k, v in diag.items()})
     out.update({"train/loss": loss_value, "perf/steps_per_s": steps_per_s})
