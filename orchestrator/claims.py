@@ -36,6 +36,8 @@ from typing import Any, Callable, Iterable
 CONFIDENCE = 0.95
 FULL_SEEDS = 5
 """Seeds a full-size reproduction runs unless told otherwise (a smoke run: 1)."""
+SIZES = ("smoke", "bench", "full")
+"""The sizes a reproduction may be built at, smallest first (`orchestrator.reproduction.reproduce`)."""
 HOLDS, FAILS, INCONCLUSIVE, NOT_JUDGED = "holds", "fails", "inconclusive", "not judged"
 
 

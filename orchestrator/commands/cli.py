@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from orchestrator.runners import registry
-from orchestrator.claims import FULL_SEEDS as FULL_REPRO_SEEDS
+from orchestrator.claims import FULL_SEEDS as FULL_REPRO_SEEDS, SIZES
 from orchestrator.runners.config import ConfigError, apply_overrides, describe_type, field_docs, parse_sets
 
 
@@ -205,13 +205,20 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
     if args.local and args.resume:
         raise UsageError("--resume continues a reproduction on Ray; drop --local")
+    if args.check and args.resume:
+        raise UsageError("--check runs nothing, so there is nothing to resume: give one of them")
+    size = reproduce.size_of(args.size, args.smoke)
+    if args.check:
+        print(reproduce.check(args.name, size=size, seed=args.seed, seeds=args.seeds, local=args.local))
+        return 0
     from orchestrator.sweeps.tune_run import SweepInterrupted
 
     try:
-        rep = reproduce.reproduce(args.name, smoke=args.smoke, seed=args.seed, seeds=args.seeds, local=args.local,
+        rep = reproduce.reproduce(args.name, size=size, seed=args.seed, seeds=args.seeds, local=args.local,
                                   resume=args.resume, verbose=args.verbose)
     except SweepInterrupted as stop:
-        again = [args.name] + (["--smoke"] if args.smoke else []) + (["--seed", str(args.seed)] if args.seed else []) \
+        shown = {"smoke": ["--smoke"], "bench": ["--size", "bench"], "full": []}[size]
+        again = [args.name] + shown + (["--seed", str(args.seed)] if args.seed else []) \
             + (["--seeds", str(args.seeds)] if args.seeds else [])
         print(f"ladder: reproduction of {args.name!r} interrupted ({stop}); its MLflow runs are KILLED and nothing was "
               f"judged. Continue it: ladder reproduce {' '.join(again)} --resume", file=sys.stderr)
@@ -228,7 +235,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     if args.from_mlflow and args.local:
         raise UsageError("--from-mlflow reads recorded reproductions; --local says how to run them: give one or the other")
-    out = report.build(args.names or None, smoke=args.smoke, seeds=args.seeds, local=args.local,
+    from orchestrator.reproduction.reproduce import DEFAULT_SEEDS, size_of
+
+    size = size_of(args.size, args.smoke)
+    seeds = args.seeds or (report.SEEDS if size == "smoke" else DEFAULT_SEEDS[size])
+    out = report.build(args.names or None, size=size, seeds=seeds, local=args.local,
                        use_mlflow=args.from_mlflow, out=Path(args.out), seed=args.seed)
     print(f"wrote {out} (and its data in {out.parent / 'reproductions'})")
     return 0
@@ -360,11 +371,17 @@ def build_parser() -> argparse.ArgumentParser:
                                    "at every seed, print both tables and log them to MLflow. Exits 1 when a claim "
                                    "fails, a check fails or a trial failed; an inconclusive claim exits 0.")
     p.add_argument("name", help=WORKLOAD_HELP)
-    p.add_argument("--smoke", action="store_true", help="the CPU-sized reproduction (what CI runs)")
+    p.add_argument("--size", choices=SIZES, default=None,
+                   help="smoke: CPU-sized, about a minute a seed (what CI runs); bench: the largest one 2-core machine "
+                        "finishes for 3 seeds in 90 minutes, for effects a minute cannot show; full (default): the "
+                        "paper's comparison at cluster size")
+    p.add_argument("--smoke", action="store_true", help="short for --size smoke")
     p.add_argument("--seed", type=int, default=0, help="first seed of the reproduction; claims should hold for any")
     p.add_argument("--seeds", type=_positive_int, default=None,
-                   help="seeds to judge the claims over, run as one sweep (default 1 with --smoke, "
+                   help="seeds to judge the claims over, run as one sweep (default 1 at smoke size, 3 at bench, "
                         f"{FULL_REPRO_SEEDS} at full size); one seed gives no interval")
+    p.add_argument("--check", action="store_true", help="run nothing: build every seed's sweep and check its configs, "
+                   "the data and base models it needs and the CPUs it asks for, then say what would run")
     p.add_argument("--local", action="store_true", help="run the trials one after another in this process, without Ray")
     p.add_argument("--resume", action="store_true", help="continue an interrupted reproduction on Ray")
     p.add_argument("--verbose", action="store_true", help="also show Ray's own output: Tune's configuration box and "
@@ -378,8 +395,12 @@ def build_parser() -> argparse.ArgumentParser:
                                    "verdict, the size, date and commit, and the claim plot. Sections of workloads not "
                                    "named are kept.")
     p.add_argument("names", nargs="*", metavar="NAME", help="workloads to (re)measure; default: all with CLAIMS")
-    p.add_argument("--smoke", action="store_true", help="the CPU-sized reproductions")
-    p.add_argument("--seeds", type=_positive_int, default=5, help="seeds per reproduction (default 5)")
+    p.add_argument("--size", choices=SIZES, default=None, help="smoke, bench or full (default full): as for "
+                   "`ladder reproduce`; the report keeps a row per size measured")
+    p.add_argument("--smoke", action="store_true", help="short for --size smoke")
+    p.add_argument("--seeds", type=_positive_int, default=None,
+                   help="seeds per reproduction (default 5 at smoke size, 3 at bench, "
+                        f"{FULL_REPRO_SEEDS} at full size)")
     p.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
     p.add_argument("--local", action="store_true", help="run the trials in this process, without Ray")
     p.add_argument("--from-mlflow", action="store_true", help="read the newest finished reproductions of this size and "

@@ -2,17 +2,28 @@
 
 `sweeps/repro/<name>.py` defines the comparison at one seed as a function
 
-    def build(*, smoke: bool = False, seed: int = 0) -> Sweep
+    def build(*, size: str = "full", seed: int = 0) -> Sweep
 
 (and usually `sweep = build()`, so that `ladder sweep sweeps/repro/<name>.py` runs the full size
-too). The workload exports `CLAIMS` (effects its paper reports, declared with
-`orchestrator.claims.claim`) and `CHECKS` (invariants and mechanism sanity), lists of functions;
+too). A reproduction has up to three sizes (`SIZES`): *smoke*, CPU-sized, about a minute a seed,
+what CI runs; *bench*, the largest run one 2-core machine finishes for 3 seeds in at most 90
+minutes, run on demand, for the effects a minute of training cannot show; *full*, the paper's
+comparison at cluster size. A file may instead define `build(*, smoke: bool = False, seed: int = 0)`,
+the older form with a smoke and a full size only.
+
+The workload exports `CLAIMS` (effects its paper reports, declared with `orchestrator.claims.claim`) and `CHECKS` (invariants and mechanism sanity), lists of functions;
 each takes the finished trials of one seed, one dict per trial holding its config fields and its
 final metrics (metric keys contain a '/', config fields do not, so the two never collide), and
 returns `(holds, measured)`: whether it holds at that seed and the numbers it was judged on.
 `holds` may be None when the trials cannot decide it (e.g. it needs the full size). A claim's
 name is its function's name, its statement the first line of its docstring. A workload may also
 export `plot(trials, path)`, which draws the claim plot as a PNG.
+
+A workload may judge a size by claims of its own, `BENCH_CLAIMS` (and `BENCH_CHECKS`) beside
+`CLAIMS`: thresholds set by seed noise at one size do not carry over to another.
+
+`--check` runs nothing: it builds every seed's sweep and checks each trial's config, the data and
+base models this machine must have and the CPUs asked for, as a run would before it starts.
 
 `--seeds K` builds the sweep at K seeds (the seed passed to `build` steps by the number of seeds
 one build uses, so the replicates never share a seed) and runs them as one sweep. Every claim
@@ -28,6 +39,7 @@ trial, and the claim tables, their numbers and the plot are logged to the parent
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import math
 import os
@@ -49,6 +61,9 @@ from orchestrator.sweep import Sweep, SweepError
 REPRO_DIR = Path(__file__).resolve().parents[2] / "sweeps" / "repro"
 LOCAL_DIR = "ladder-runs/repro"
 FULL_SEEDS = judging.FULL_SEEDS
+SIZES = judging.SIZES
+DEFAULT_SEEDS = {"smoke": 1, "bench": 3, "full": FULL_SEEDS}
+"""Seeds a reproduction runs at when --seeds is not given."""
 
 Trial = dict[str, Any]
 Claim = Callable[[list[Trial]], tuple[bool | None, Mapping[str, float]]]
@@ -134,7 +149,11 @@ class Reproduction:
     tracking_uri: str | None
     wall_s: float
     seeds: list[int] = field(default_factory=lambda: [0])
-    smoke: bool = False
+    size: str = "full"
+
+    @property
+    def smoke(self) -> bool:
+        return self.size == "smoke"
 
     @property
     def claims(self) -> list[Outcome]:
@@ -188,8 +207,34 @@ def repro_file(name: str) -> Path:
     return Path(module.__file__).resolve().parent / "repro.py"
 
 
-def load_repro(name: str, *, smoke: bool = False, seed: int = 0) -> Sweep:
-    """The reproduction sweep of workload `name`, checked; errors name the file and the fix."""
+def size_of(size: str | None, smoke: bool = False) -> str:
+    """The size asked for: `size` when given (checked), else 'smoke' or 'full' as `smoke` says."""
+    if size is None:
+        return "smoke" if smoke else "full"
+    if size not in SIZES:
+        raise ConfigError(f"size {size!r} is not one of {', '.join(SIZES)}: give --size smoke, bench or full")
+    if smoke and size != "smoke":
+        raise ConfigError(f"--smoke is --size smoke; it cannot be combined with --size {size}: give one")
+    return size
+
+
+def experiment_name(name: str, size: str) -> str:
+    """The MLflow experiment of a reproduction of `name` at `size`: one per size."""
+    return f"repro-{name}" + ("" if size == "full" else f"-{size}")
+
+
+def takes_size(build: Callable[..., Any]) -> bool:
+    """Whether a repro file's build() has the `size` keyword (else it is the older `smoke` form)."""
+    try:
+        return "size" in inspect.signature(build).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def load_repro(name: str, *, smoke: bool = False, seed: int = 0, size: str | None = None) -> Sweep:
+    """The reproduction sweep of workload `name` at `size` (or smoke/full as `smoke` says), checked;
+    errors name the file and the fix."""
+    size = size_of(size, smoke)
     workload = registry.load(name)
     if not workload.claims:
         raise ConfigError(f"workload {name!r} has no CLAIMS: there is nothing to reproduce")
@@ -203,17 +248,25 @@ def load_repro(name: str, *, smoke: bool = False, seed: int = 0) -> Sweep:
         raise SweepError(f"{path}: {exc}") from None
     build = namespace.get("build")
     if not callable(build):
-        raise SweepError(f"{path} must define `build(*, smoke: bool = False, seed: int = 0) -> Sweep`")
+        raise SweepError(f"{path} must define `build(*, size: str = 'full', seed: int = 0) -> Sweep` "
+                         "(or the older `build(*, smoke: bool = False, seed: int = 0)`)")
+    if takes_size(build):
+        kwargs: dict[str, Any] = {"size": size, "seed": seed}
+    elif size == "bench":
+        raise ConfigError(f"workload {name!r} has no bench size: {path.name}'s build() takes `smoke`, not `size`. "
+                          "Give it `size: str = 'full'` and return the bench sweep for size='bench'")
+    else:
+        kwargs = {"smoke": size == "smoke", "seed": seed}
     try:
-        sweep = build(smoke=smoke, seed=seed)
+        sweep = build(**kwargs)
     except (ConfigError, SweepError) as exc:
-        raise SweepError(f"{path}: build(smoke={smoke}, seed={seed}): {exc}") from None
+        raise SweepError(f"{path}: build({', '.join(f'{k}={v!r}' for k, v in kwargs.items())}): {exc}") from None
     if not isinstance(sweep, Sweep):
         raise SweepError(f"{path}: build() returned {type(sweep).__name__}, not a Sweep")
     if sweep.workload != name and registry.resolve(sweep.workload).module != registry.resolve(name).module:
         raise SweepError(f"{path}: its sweep runs workload {sweep.workload!r}, not {name!r}")
     # One MLflow experiment per reproduction size; each invocation is a parent run in it.
-    sweep = dataclasses.replace(sweep, name=f"repro-{name}{'-smoke' if smoke else ''}", scheduler="fifo")
+    sweep = dataclasses.replace(sweep, name=experiment_name(name, size), scheduler="fifo")
     sweep.check()
     return sweep
 
@@ -237,12 +290,13 @@ class Plan:
     """The trial params of each replicate, as the merged sweep runs them."""
 
 
-def plan(name: str, *, smoke: bool = False, seed: int = 0, seeds: int = 1) -> Plan:
+def plan(name: str, *, smoke: bool = False, seed: int = 0, seeds: int = 1, size: str | None = None) -> Plan:
     """Build the reproduction at `seeds` seeds and merge them into one sweep; every check of the
     input happens here, before anything runs."""
+    size = size_of(size, smoke)
     if seeds < 1:
         raise ConfigError(f"--seeds {seeds}: a reproduction needs at least one seed (give --seeds 1 or more)")
-    first = load_repro(name, smoke=smoke, seed=seed)
+    first = load_repro(name, size=size, seed=seed)
     if seeds == 1:
         return Plan(first, [seed], [first.trial_params()])
     if first.model_based:
@@ -251,7 +305,7 @@ def plan(name: str, *, smoke: bool = False, seed: int = 0, seeds: int = 1) -> Pl
     used = seeds_used(first)
     stride = max(used) - min(used) + 1 if used else 1
     labels = [seed + i * stride for i in range(seeds)]
-    builds = [first] + [load_repro(name, smoke=smoke, seed=s) for s in labels[1:]]
+    builds = [first] + [load_repro(name, size=size, seed=s) for s in labels[1:]]
     common = {k: v for k, v in first.overrides.items()
               if all(k in b.overrides and b.overrides[k] == v for b in builds)}
     groups = []
@@ -351,6 +405,23 @@ def source_commit(folder: Path | None = None) -> str:
     return sha + ("-dirty" if dirty else "")
 
 
+def processor() -> str:
+    """This machine's processor as the OS names it (Linux: /proc/cpuinfo's model name) and its CPU
+    count: what a bench result is recorded with, since numbers and times depend on it."""
+    import platform
+
+    name = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    name = name or platform.processor() or platform.machine() or "unknown processor"
+    return f"{name}, {os.cpu_count() or '?'} CPUs"
+
+
 def trial_record(cfg: Any, final: Mapping[str, float], trial_id: str) -> Trial:
     """One finished trial as claims read it: its config fields (a Config, or its dict) and its final metrics."""
     fields = dict(cfg) if isinstance(cfg, Mapping) else to_dict(cfg)
@@ -419,13 +490,42 @@ def _run_ray(sweep: Sweep, resume: bool, verbose: bool, tags: Mapping[str, str])
     return trials, ran, failed, result.parent_run_id, result.tracking_uri
 
 
+def check(name: str, *, size: str | None = None, smoke: bool = False, seed: int = 0, seeds: int | None = None,
+          local: bool = False) -> str:
+    """`ladder reproduce NAME --check`: everything `reproduce` checks before it runs, and nothing
+    run: the builds at every seed, each trial's config, the data and base models this machine must
+    have (`Sweep.preflight`) and, for Ray, the CPUs the trials ask for. Returns what would run;
+    raises the error a run would meet first."""
+    size = size_of(size, smoke)
+    seeds = DEFAULT_SEEDS[size] if seeds is None else seeds
+    p = plan(name, size=size, seed=seed, seeds=seeds)
+    sweep = p.sweep
+    base = sweep.check()
+    sweep.preflight()
+    if local:
+        from orchestrator.runners import zero
+
+        for params in sweep.trial_params():
+            zero.check_in_process(apply_overrides(base, params))
+    elif not os.environ.get("RAY_ADDRESS"):
+        from orchestrator.runners.launch import check_resources
+
+        check_resources(sweep.workers, sweep.cpus_per_worker)
+    per_seed, workload = len(p.groups[0]), registry.load(name)
+    return (f"{name} at {size} size: {sweep.trial_count()} trials ({per_seed} a seed, seeds "
+            f"{', '.join(map(str, p.seeds))}), MLflow experiment {sweep.name!r}; "
+            f"{len(workload.claims_at(size))} claims, {len(workload.checks_at(size))} checks: ready to run")
+
+
 def reproduce(name: str, *, smoke: bool = False, seed: int = 0, seeds: int | None = None, local: bool = False,
-              resume: bool = False, verbose: bool = False) -> Reproduction:
-    """Run the reproduction of workload `name` at `seeds` seeds (default: 1 with `smoke`, else
-    FULL_SEEDS) from `seed` on, and judge its claims and checks."""
+              resume: bool = False, verbose: bool = False, size: str | None = None) -> Reproduction:
+    """Run the reproduction of workload `name` at `size` (smoke, bench or full; or as `smoke`
+    says) and `seeds` seeds (default `DEFAULT_SEEDS` of the size) from `seed` on, and judge its
+    claims and checks."""
+    size = size_of(size, smoke)
     if seeds is None:
-        seeds = 1 if smoke else FULL_SEEDS
-    p = plan(name, smoke=smoke, seed=seed, seeds=seeds)  # every input check before anything runs
+        seeds = DEFAULT_SEEDS[size]
+    p = plan(name, size=size, seed=seed, seeds=seeds)  # every input check before anything runs
     sweep = p.sweep
     if local and resume:
         raise ConfigError("--resume continues a reproduction on Ray; a --local one runs again from the start")
@@ -434,20 +534,21 @@ def reproduce(name: str, *, smoke: bool = False, seed: int = 0, seeds: int | Non
 
         check_resources(sweep.workers, sweep.cpus_per_worker)
     workload = sweep.load_workload()
-    tags = {"ladder.seeds": ",".join(map(str, p.seeds)), "ladder.smoke": str(smoke).lower(),
-            "ladder.commit": source_commit()}
+    tags = {"ladder.seeds": ",".join(map(str, p.seeds)), "ladder.size": size,
+            "ladder.smoke": str(size == "smoke").lower(), "ladder.commit": source_commit(),
+            "ladder.processor": processor()}
     started = time.monotonic()
     if local:
         trials, ran, failed, parent, uri = _run_local(sweep, tags)
     else:
         trials, ran, failed, parent, uri = _run_ray(sweep, resume, verbose, tags)
     by_seed = split_by_seed(p, trials, ran)
-    claim_fns, check_fns = workload.claims, workload.checks
+    claim_fns, check_fns = workload.claims_at(size), workload.checks_at(size)
     outcomes = []
     if trials:
         outcomes = (judge(claim_fns, [evaluate(claim_fns, ts, s) for s, ts in zip(p.seeds, by_seed)], "claim")
                     + judge(check_fns, [evaluate(check_fns, ts, s) for s, ts in zip(p.seeds, by_seed)], "check"))
-    rep = Reproduction(name, sweep, trials, outcomes, failed, parent, uri, time.monotonic() - started, p.seeds, smoke)
+    rep = Reproduction(name, sweep, trials, outcomes, failed, parent, uri, time.monotonic() - started, p.seeds, size)
     if parent:
         _log(rep, workload)
     return rep
@@ -482,6 +583,7 @@ def _log(rep: Reproduction, workload: registry.Workload) -> None:
         "ladder.seed": str(rep.seeds[0]),
         "ladder.seeds": ",".join(map(str, rep.seeds)),
         "ladder.smoke": str(rep.smoke).lower(),
+        "ladder.size": rep.size,
         **{f"ladder.verdict.{o.name}": o.verdict for o in rep.outcomes},
     }, uri=uri)
     tracking.log_text(run_id, format_claims(rep), "claims.txt", uri=uri)

@@ -142,6 +142,16 @@ class Workload:
         """Invariants and mechanism sanity (CHECKS), which must hold at every seed."""
         return list(getattr(self.module, "CHECKS", []))
 
+    def claims_at(self, size: str) -> list[Any]:
+        """The claims judged at reproduction size `size`: `<SIZE>_CLAIMS` (e.g. BENCH_CLAIMS) where
+        the workload exports it, since a threshold set by seed noise at one size does not carry to
+        another; else CLAIMS."""
+        return list(getattr(self.module, f"{size.upper()}_CLAIMS", None) or self.claims)
+
+    def checks_at(self, size: str) -> list[Any]:
+        """The checks run at reproduction size `size`: `<SIZE>_CHECKS` where exported, else CHECKS."""
+        return list(getattr(self.module, f"{size.upper()}_CHECKS", None) or self.checks)
+
     @property
     def paper(self) -> str:
         return paper_title(self.name)

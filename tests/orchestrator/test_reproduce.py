@@ -53,7 +53,7 @@ def test_a_workload_without_claims_is_refused_with_the_reason():
 def test_a_repro_file_without_build_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(reproduce, "REPRO_DIR", tmp_path)
     (tmp_path / "mx_anomaly.py").write_text("sweep = None\n")
-    with pytest.raises(SweepError, match=r"must define `build\(\*, smoke"):
+    with pytest.raises(SweepError, match=r"must define `build\(\*, size: str = 'full'"):
         reproduce.load_repro("mx_anomaly")
     (tmp_path / "mx_anomaly.py").write_text(
         "from orchestrator.sweep import Sweep\n"
@@ -67,6 +67,55 @@ def test_a_repro_file_without_build_is_refused(tmp_path, monkeypatch):
         "    return Sweep(name='x', workload='mx_anomaly', overrides={'blok_size': 8})\n")
     with pytest.raises(SweepError, match="block_sizes"):
         reproduce.load_repro("mx_anomaly")
+
+
+SIZED = (
+    "from orchestrator.sweep import Sweep, grid\n"
+    "STEPS = {'smoke': 2, 'bench': 7, 'full': 50}\n"
+    "def build(*, size='full', seed=0):\n"
+    "    return Sweep(name='x', workload='mx_anomaly', base='smoke' if size == 'smoke' else 'default',\n"
+    "                 overrides={'seed': seed, 'block_sizes': (8, 16)[:1 + (size != 'smoke')],\n"
+    "                            'blocks': STEPS[size]})\n")
+
+
+def test_a_repro_file_with_sizes_builds_each_and_the_older_form_refuses_bench(tmp_path, monkeypatch):
+    monkeypatch.setattr(reproduce, "REPRO_DIR", tmp_path)
+    (tmp_path / "mx_anomaly.py").write_text(SIZED.replace("'blocks'", "'synthetic_rows'"))
+    built = {size: reproduce.load_repro("mx_anomaly", size=size, seed=4) for size in reproduce.SIZES}
+    assert {size: sw.name for size, sw in built.items()} == {
+        "smoke": "repro-mx_anomaly-smoke", "bench": "repro-mx_anomaly-bench", "full": "repro-mx_anomaly"}
+    assert [built[s].base_config().synthetic_rows for s in reproduce.SIZES] == [2, 7, 50]
+    assert built["bench"].base_config().seed == 4
+    # --smoke is --size smoke; the two together must agree
+    assert reproduce.load_repro("mx_anomaly", smoke=True).name == "repro-mx_anomaly-smoke"
+    with pytest.raises(ConfigError, match="--smoke is --size smoke; it cannot be combined with --size bench"):
+        reproduce.load_repro("mx_anomaly", smoke=True, size="bench")
+    with pytest.raises(ConfigError, match="'tiny' is not one of smoke, bench, full"):
+        reproduce.load_repro("mx_anomaly", size="tiny")
+    # a file of the older form (build(*, smoke, seed)) has smoke and full sizes, and no bench
+    (tmp_path / "mx_anomaly.py").write_text(
+        "from orchestrator.sweep import Sweep\n"
+        "def build(*, smoke=False, seed=0):\n"
+        "    return Sweep(name='x', workload='mx_anomaly', base='smoke' if smoke else 'default')\n")
+    assert reproduce.load_repro("mx_anomaly", size="smoke").base == "smoke"
+    assert reproduce.load_repro("mx_anomaly", size="full").base == "default"
+    with pytest.raises(ConfigError, match=r"no bench size: mx_anomaly.py's build\(\) takes `smoke`, not `size`"):
+        reproduce.load_repro("mx_anomaly", size="bench")
+
+
+def test_check_runs_nothing_and_names_what_would_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(reproduce, "REPRO_DIR", tmp_path)
+    (tmp_path / "mx_anomaly.py").write_text(SIZED.replace("'blocks'", "'synthetic_rows'"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'never.db'}")
+    monkeypatch.chdir(tmp_path)
+    said = reproduce.check("mx_anomaly", size="bench", seed=0, seeds=3, local=True)
+    assert said.startswith("mx_anomaly at bench size: 3 trials (1 a seed, seeds 0, 1, 2)")
+    assert "'repro-mx_anomaly-bench'" in said and said.endswith("ready to run")
+    assert not (tmp_path / "never.db").exists() and not (tmp_path / "ladder-runs").exists()
+    # a bad config of one size is the error a run would meet, before anything runs
+    (tmp_path / "mx_anomaly.py").write_text(SIZED.replace("'blocks'", "'synthetic_rowz'"))
+    with pytest.raises(SweepError, match="synthetic_rowz"):
+        reproduce.check("mx_anomaly", size="bench")
 
 
 def higher_is_better(trials):
