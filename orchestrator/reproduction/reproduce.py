@@ -477,8 +477,8 @@ def _run_ray(sweep: Sweep, resume: bool, verbose: bool, tags: Mapping[str, str])
     from orchestrator.sweeps import tune_run
 
     result = tune_run.run_sweep(sweep, resume=resume, verbose=verbose)
-    if result.parent_run_id and tags:
-        tracking.set_tags(result.parent_run_id, dict(tags), uri=result.tracking_uri)
+    if result.parent_run_id:  # a reproduction, as a local one's parent is (what `ladder report --from-mlflow` reads)
+        tracking.set_tags(result.parent_run_id, {**tags, "ladder.kind": "reproduce"}, uri=result.tracking_uri)
     trials, failed, ran = [], [], {}
     for t in sorted(result.trials, key=lambda t: t["trial_id"]):
         ran[t["trial_id"]] = dict(t["params"])

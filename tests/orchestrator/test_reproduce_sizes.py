@@ -53,7 +53,7 @@ def build(*, size="full", seed=0):
 
 
 @pytest.mark.slow
-def test_an_interrupted_bench_reproduction_resumes_without_rerunning_finished_trials(workdir):
+def test_an_interrupted_bench_reproduction_resumes_without_rerunning_finished_trials(workdir, monkeypatch):
     from orchestrator.commands import scaffold
 
     folder, module = scaffold.new("benchy", workdir / "lab")
@@ -100,8 +100,16 @@ def test_an_interrupted_bench_reproduction_resumes_without_rerunning_finished_tr
         steps = [m.step for m in c.get_metric_history(now.info.run_id, "train/loss")]
         assert steps == sorted(set(steps)), "a finished trial recorded a step again"
     exp = c.get_experiment_by_name("repro-lab.benchy-bench")
-    (parent,) = [r for r in c.search_runs([exp.experiment_id]) if r.data.tags.get("ladder.kind") == "sweep"]
+    (parent,) = [r for r in c.search_runs([exp.experiment_id]) if r.data.tags.get("ladder.kind") == "reproduce"]
     assert parent.info.status == "FINISHED"
     assert parent.data.tags["ladder.size"] == "bench" and parent.data.tags["ladder.seeds"] == "0,1"
     assert parent.data.tags["ladder.processor"]  # a bench result is recorded with the machine it ran on
     assert {"claims.txt", "claims.json"} <= {a.path for a in c.list_artifacts(parent.info.run_id)}
+
+    # the report reads it back as a bench record: its own row, the processor and wall time shown
+    from orchestrator.reproduction import report
+
+    monkeypatch.syspath_prepend(str(workdir))  # lab.benchy, imported in this process too
+    page = report.build([module], size="bench", seeds=2, use_mlflow=True, out=workdir / "docs" / "r.md").read_text()
+    assert f"| [`{module}`](#{module}-bench) | bench | 2 |" in page
+    assert f"## {module}, bench size: " in page and parent.data.tags["ladder.processor"] in page

@@ -1,5 +1,5 @@
 """mx_anomaly: the measurements, the LM narrowing, the LM it quantizes (components.lm.pretrain's, or a
-celerity_lm run folder's), the claims' logic, and the reproduction on Ray."""
+celerity_lm run folder's), the claims' logic, and the smoke reproduction."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from workloads.mx_anomaly.workload import (
     heldout_loss, lm_recipe, measure_block, narrowed, rel_mse, subnormal_share, synthetic, validate,
 )
 
-from conftest import DiesAtSave, judged_claim, run_cli, shifted
+from conftest import DiesAtSave, judged_claim, shifted
 
 
 def test_bad_configs_name_the_fix(tmp_path):
@@ -362,30 +362,32 @@ def test_an_uncached_lm_is_trained_in_the_trials_checkpoints(workdir, monkeypatc
 
 
 @pytest.mark.slow
-def test_reproduce_mx_anomaly_on_ray(workdir, tiny_base):
-    """`ladder reproduce mx_anomaly --smoke` on the local Ray: every claim and check is judged at its
-    seed, the constructed claims hold, the tables and the plot are in MLflow."""
+def test_smoke_reproduction(workdir, tiny_base, monkeypatch):
+    """`ladder reproduce mx_anomaly --smoke` (in this process, as the other workloads' tests run theirs;
+    the Ray path of a reproduction is tests/orchestrator/test_reproduce_sizes.py's): every claim and
+    check is judged at its seed, the constructed claims hold, the tables and the plot are in MLflow."""
+    from orchestrator.reproduction.reproduce import format_claims, reproduce
+
     names = ("unscaled_anomaly", "ue4m3_anomaly", "ue5m3_no_rise", "global_scale_also_removes_it", "ue5m3_matches_global_scale",
              "lm_weight_anomaly", "lm_loss_anomaly")
-    # A subprocess: conftest's seed shift does not reach it, the --seed does. Its own model cache: the
-    # trials' curves below (one trains the LM, three read it) need one that does not hold this LM yet.
-    # tiny-local is the session's one build (seed 0 at every seed), linked in rather than built again.
+    # Its own model cache: the trials' curves below (one trains the LM, three read it) need one that
+    # does not hold this LM yet. tiny-local is the session's one build (seed 0 at every seed), linked
+    # in rather than built again.
     (workdir / "ladder-cache" / "basemodel").mkdir(parents=True)
     (workdir / "ladder-cache" / "basemodel" / tiny_base.name).symlink_to(tiny_base)
-    proc = run_cli(["reproduce", "mx_anomaly", "--smoke", "--seed", str(shifted(0))], cwd=workdir, timeout=600,
-                   env={"LADDER_CACHE": str(workdir / "ladder-cache")})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    monkeypatch.setenv("LADDER_CACHE", str(workdir / "ladder-cache"))
+    rep = reproduce("mx_anomaly", smoke=True, local=True)
+    out = format_claims(rep)
+    assert not rep.failed_trials and rep.ok, out
     # one seed gives no interval: every claim is inconclusive, none fails, and the check holds
-    verdicts = {line.split()[0]: line.split()[-1] for line in proc.stdout.splitlines()
-                if line.split() and line.split()[0] in names}
-    assert verdicts == {n: "inconclusive" for n in names}, proc.stdout
-    assert "claims: 7 inconclusive; checks: 1/1 hold (1 seed, 4 trials" in proc.stdout
+    assert {o.name: o.verdict for o in rep.claims} == {n: "inconclusive" for n in names}, out
+    assert "claims: 7 inconclusive; checks: 1/1 hold (1 seed, 4 trials" in out
 
     from orchestrator.tracking import sink as tracking
 
     c = tracking.client(tracking.tracking_uri(workdir))
     exp = c.get_experiment_by_name("repro-mx_anomaly-smoke")
-    parents = [r for r in c.search_runs([exp.experiment_id]) if r.data.tags.get("ladder.kind") == "sweep"]
+    parents = [r for r in c.search_runs([exp.experiment_id]) if r.data.tags.get("ladder.kind") == "reproduce"]
     assert len(parents) == 1
     parent = parents[0]
     assert parent.data.tags["ladder.claims"] == "claims: 7 inconclusive; checks: 1/1 hold"
