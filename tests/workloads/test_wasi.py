@@ -16,14 +16,16 @@ from orchestrator.runners import registry
 from orchestrator.runners.config import ConfigError
 from orchestrator.run import LocalRun
 from workloads.wasi import CHECKS, CLAIMS, Config, plot, smoke, train, validate
-from workloads.wasi.claims import accuracy_within_one_point, flops_not_higher, memory_ten_times_lower
+from workloads.wasi.claims import (
+    accuracy_within_one_point, flops_fewer, inference_faster, memory_ten_times_lower, peak_memory_lower, training_faster,
+)
 from workloads.wasi.data import augment_batch, make_splits
 from workloads.wasi.lowrank import (
     WASILinearFunction, energy_rank, init_weight_factors, orthonormalize, subspace_step, subspace_step_flops,
     tucker_core, tucker_power_step, tucker_power_step_flops, tucker_restore,
 )
-from workloads.wasi.measure import SavedTensorMeter, count_flops
-from workloads.wasi.model import Dense, WASILinear
+from workloads.wasi.measure import PeakMemoryMeter, SavedTensorMeter, count_flops, measure_peak, time_steps
+from workloads.wasi.model import Dense, ViT, WASILinear, to_dense, to_wasi
 
 f64 = torch.float64
 
@@ -260,6 +262,55 @@ def test_wasi_layer_saves_only_the_factors():
     assert layer.weight.grad is not None and layer.weight.grad.shape == (5, 6)
 
 
+def test_peak_meter_on_a_hand_worked_sequence():
+    a = torch.zeros(1000)  # 4000 bytes, alive before: resident
+    with PeakMemoryMeter([a, a[:10]]) as meter:  # a view of a counts once
+        b = a + 1  # 8000 alive
+        c = b * 2  # 12000: the peak
+        del b  # 8000
+        d = c[:10] + 0  # a fresh 40-byte storage: 8040
+        c.add_(1)  # in place: nothing new
+    assert (meter.resident, meter.peak, meter.current) == (4000, 12000, 8040)
+    del d
+
+
+def test_peak_of_a_step_holds_the_weights_state_and_saved_activations():
+    """The whole-step peak is at least what the step holds at the end of its forward: resident
+    state (weights, AdamW's two moments, the previous gradients, the batch) plus every tensor
+    saved for the backward; a WASI step of the same model saves less and peaks lower."""
+    torch.manual_seed(0)
+    model = ViT(8, 2, 16, 1, 2, 2, 3, 0.02)
+    x, y = torch.rand(32, 8, 8), torch.randint(0, 3, (32,))
+    params = sum(p.numel() * 4 for p in model.parameters())
+    out = measure_peak(model, x, y, "adamw", 2.0)
+    # W, its gradient, AdamW's two moments and step count (a float32 scalar per parameter), the batch
+    assert out["perf/resident_bytes"] == 4 * params + 4 * len(list(model.parameters())) + x.numel() * 4 + y.numel() * 8
+    with SavedTensorMeter(model, torch.nn.Linear) as meter:
+        torch.nn.functional.cross_entropy(model(x), y)
+    assert out["perf/peak_step_bytes"] >= out["perf/resident_bytes"] + meter.result().total
+    wasi = ViT(8, 2, 16, 1, 2, 2, 3, 0.02)
+    wasi.load_state_dict(model.state_dict())
+    for layer in to_wasi(wasi, (4, 4, 4), "new", 0, sequential=True):
+        layer.init_subspace(0.5)
+    assert measure_peak(wasi, x, y, "adamw", 2.0)["perf/peak_step_bytes"] < out["perf/peak_step_bytes"]
+
+
+def test_dense_twin_has_the_same_weights_and_timing_reports_each_model():
+    torch.manual_seed(0)
+    model = ViT(8, 2, 16, 1, 2, 2, 3, 0.02)
+    x, y = torch.rand(32, 8, 8), torch.randint(0, 3, (32,))
+    expected = model(x)
+    wasi = ViT(8, 2, 16, 1, 2, 2, 3, 0.02)
+    wasi.load_state_dict(model.state_dict())
+    for layer in to_wasi(wasi, (4, 4, 4), "new", 0):
+        layer.init_subspace(0.5)
+    twin = to_dense(wasi)
+    assert not any(isinstance(m, WASILinear) for m in twin.modules()) and any(isinstance(m, WASILinear) for m in wasi.modules())
+    assert torch.allclose(twin(x), expected)  # the dense W, not the rank-k L R
+    times = time_steps({"wasi": wasi, "dense": twin}, x, y, "sgd", 2.0, rounds=2, warmup=1)
+    assert set(times) == {"wasi/train", "wasi/infer", "dense/train", "dense/infer"} and min(times.values()) > 0
+
+
 # --- data -------------------------------------------------------------------------------------
 
 
@@ -305,7 +356,8 @@ def tiny(**kw) -> Config:
     base = dict(seed=shifted(0),
                 image_size=8, patch=2, dim=16, depth=1, heads=2, mlp_ratio=2, act_ranks=(4, 4, 4), threshold=0.8,
                 pretrain_steps=8, finetune_steps=8, batch_size=32, pretrain_batch_size=32, log_every=2,
-                eval_every_frac=0.5, checkpoint_every_frac=0.5, probe_thresholds=(0.5, 0.9), probe_act_scales=(0.5, 1.0))
+                eval_every_frac=0.5, checkpoint_every_frac=0.5, probe_thresholds=(0.5, 0.9), probe_act_scales=(0.5, 1.0),
+                time_rounds=2)
     return Config(**{**base, **kw})
 
 
@@ -339,7 +391,8 @@ def test_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path, method, die_
     again = train(cfg, resumed)
     assert resumed.restored_step == die_at
     assert resumed.history[0][0] > die_at
-    for key in ("eval/acc", "train/loss", "eval/pretrain_acc", "perf/saved_linear_bytes", "perf/flops_step"):
+    for key in ("eval/acc", "train/loss", "eval/pretrain_acc", "perf/saved_linear_bytes", "perf/flops_step",
+                "perf/peak_step_bytes"):
         assert again[key] == pytest.approx(whole[key], rel=1e-6), key
     cached = train(cfg, LocalRun(tmp_path / "cached"))  # pretraining from the cache changes nothing
     assert cached["eval/acc"] == whole["eval/acc"] and cached["train/loss"] == pytest.approx(whole["train/loss"], rel=1e-6)
@@ -387,6 +440,7 @@ def test_wasi_run_reports_ranks_probes_and_orthonormal_factors(tmp_path):
     ({"augment": 3.0}, "augment in"),
     ({"probe_thresholds": (0.5, 1.2)}, "probe_thresholds must lie"),
     ({"threads": -1}, "threads must be"),
+    ({"time_rounds": -1}, "time_rounds must be"),
     ({"checkpoint_every_frac": 0.0}, "checkpoint_every_frac must lie"),
 ])
 def test_bad_configs_name_the_problem(change, message):
@@ -407,48 +461,63 @@ def test_defaults_and_smoke_are_valid():
 # --- claims -----------------------------------------------------------------------------------
 
 
-def trial(method, seed, *, acc, linear_bytes, flops, threshold=0.8, act_ranks=(16, 8, 16)):
-    return {"method": method, "seed": seed, "threshold": threshold, "act_ranks": act_ranks, "r_from": "new",
-            "eval/acc": acc, "eval/test_size": 448.0, "diag/rank_mean": 20.0,
-            "perf/saved_linear_bytes": linear_bytes, "perf/saved_linear_act_bytes": 0.9 * linear_bytes,
-            "perf/saved_linear_weight_bytes": 0.1 * linear_bytes, "perf/saved_total_bytes": 3 * linear_bytes,
-            "perf/flops_step": flops, "perf/flops_forward": flops / 3, "perf/flops_backward": 2 * flops / 3,
-            "perf/probe/eps=0.5/saved_linear_bytes": linear_bytes / 2, "perf/probe/eps=0.5/saved_linear_weight_bytes": 1.0,
-            "perf/probe/eps=0.5/rank_mean": 5.0, "perf/probe/act=1/saved_linear_bytes": linear_bytes,
-            "perf/probe/act=1/saved_linear_weight_bytes": 1.0, "perf/probe/act=1/act_rank_sum": 40.0}
-
-
-def paper_pattern(gaps=(0.5, -0.2, 0.9), mem=12.0, flops=0.7):
-    out = []
-    for s, gap in enumerate(gaps):
-        out.append(trial("vanilla", s, acc=0.96, linear_bytes=8e6, flops=1e9))
-        out.append(trial("wasi", s, acc=0.96 - gap / 100, linear_bytes=8e6 / mem, flops=flops * 1e9))
+def trial(method, seed, *, acc, linear_bytes, flops, peak=20e6, speedup=1.5, threshold=0.8, act_ranks=(16, 8, 16)):
+    out = {"method": method, "seed": seed, "threshold": threshold, "act_ranks": act_ranks, "r_from": "new",
+           "eval/acc": acc, "eval/test_size": 448.0, "diag/rank_mean": 20.0,
+           "perf/saved_linear_bytes": linear_bytes, "perf/saved_linear_act_bytes": 0.9 * linear_bytes,
+           "perf/saved_linear_weight_bytes": 0.1 * linear_bytes, "perf/saved_total_bytes": 3 * linear_bytes,
+           "perf/peak_step_bytes": peak, "perf/resident_bytes": 1e6,
+           "perf/flops_step": flops, "perf/flops_forward": flops / 3, "perf/flops_backward": 2 * flops / 3,
+           "perf/probe/eps=0.5/saved_linear_bytes": linear_bytes / 2, "perf/probe/eps=0.5/saved_linear_weight_bytes": 1.0,
+           "perf/probe/eps=0.5/rank_mean": 5.0, "perf/probe/act=1/saved_linear_bytes": linear_bytes,
+           "perf/probe/act=1/saved_linear_weight_bytes": 1.0, "perf/probe/act=1/act_rank_sum": 40.0}
+    if method == "wasi":  # timed in the WASI trial against its dense twin
+        out.update({f"perf/{k}_speedup": speedup for k in ("train", "infer")})
+        out.update({f"perf/{k}_step_s": 0.01 for k in ("train", "infer")})
+        out.update({f"perf/dense_{k}_step_s": 0.01 * speedup for k in ("train", "infer")})
     return out
 
 
+def paper_pattern(gaps=(0.5, -0.2, 0.9), mem=12.0, flops=0.7, peak=2.0, speedup=1.5):
+    out = []
+    for s, gap in enumerate(gaps):
+        out.append(trial("vanilla", s, acc=0.96, linear_bytes=8e6, flops=1e9))
+        out.append(trial("wasi", s, acc=0.96 - gap / 100, linear_bytes=8e6 / mem, flops=flops * 1e9, peak=20e6 / peak,
+                         speedup=speedup))
+    return out
 
 
 def test_claims_hold_on_the_papers_pattern():
     results = {c.__name__: c(paper_pattern()) for c in CLAIMS}
-    assert all(holds for holds, _ in results.values()), results
-    assert all(judged_claim(c, paper_pattern()) for c in CLAIMS) and CHECKS == []
-    assert all(judged_claim(c, paper_pattern(gaps=(0.5,))) for c in CLAIMS)  # one seed per build, as the smoke runs
+    judged = [c for c in CLAIMS if c is not inference_faster]  # not judged at smoke size (claims.INFER_JUDGED)
+    assert all(results[c.__name__][0] for c in judged), results
+    assert results["inference_faster"][0] is None
+    assert all(judged_claim(c, paper_pattern()) for c in judged) and CHECKS == []
+    assert all(judged_claim(c, paper_pattern(gaps=(0.5,))) for c in judged)  # one seed per build, as the smoke runs
+    assert CLAIMS[0] is peak_memory_lower  # the headline
+    assert results["peak_memory_lower"][1]["worst_ratio"] == pytest.approx(2.0)
+    assert results["peak_memory_lower"][1]["vanilla_peak_MB"] == pytest.approx(20.0)
     mem = results["memory_ten_times_lower"][1]
     assert mem["eps0.8_r16x8x16/min_ratio"] == pytest.approx(12.0) and mem["worst_ratio"] == pytest.approx(12.0)
     acc = results["accuracy_within_one_point"][1]
     assert acc["eps0.8_r16x8x16/gap_pts"] == pytest.approx(0.4) and acc["worst_gap_pts"] == pytest.approx(0.4)
     assert acc["eps0.8_r16x8x16/gap_pts_seed2"] == pytest.approx(0.9)
     assert acc["eps0.8_r16x8x16/gap_sd_pts"] == pytest.approx(math.sqrt(((0.1) ** 2 + 0.6**2 + 0.5**2) / 2))
-    assert results["flops_not_higher"][1]["eps0.8_r16x8x16/max_ratio"] == pytest.approx(0.7)
-    assert results["flops_not_higher"][1]["worst_ratio"] == pytest.approx(0.7)
+    assert results["flops_fewer"][1]["eps0.8_r16x8x16/min_factor"] == pytest.approx(1 / 0.7)
+    assert results["flops_fewer"][1]["worst_factor"] == pytest.approx(1 / 0.7)
+    assert results["training_faster"][1]["worst_speedup"] == pytest.approx(1.5)
+    assert results["inference_faster"][1]["eps0.8_r16x8x16/dense_ms"] == pytest.approx(15.0)
 
 
 def test_claims_fail_when_the_pattern_is_absent():
+    assert not judged_claim(peak_memory_lower, paper_pattern(peak=1.0))
     assert not judged_claim(memory_ten_times_lower, paper_pattern(mem=9.0))
     assert not judged_claim(accuracy_within_one_point, paper_pattern(gaps=(1.5, 0.5, 1.2)))
     assert judged_claim(accuracy_within_one_point, paper_pattern(gaps=(1.5, 0.5, 0.9)))  # judged on the mean gap
     assert not judged_claim(accuracy_within_one_point, paper_pattern(gaps=(1.5,)))  # one seed: its own gap
-    assert not judged_claim(flops_not_higher, paper_pattern(flops=1.05))
+    assert not judged_claim(flops_fewer, paper_pattern(flops=1.05))
+    assert not judged_claim(training_faster, paper_pattern(speedup=0.9))
+    assert inference_faster(paper_pattern(speedup=0.9))[1]["worst_speedup"] == pytest.approx(0.9)  # measured, not judged
 
 
 def test_only_arms_run_at_every_seed_are_judged():
@@ -460,7 +529,7 @@ def test_only_arms_run_at_every_seed_are_judged():
     with pytest.raises(ValueError, match="no vanilla trials"):
         memory_ten_times_lower([t for t in trials if t["method"] == "wasi"])
     with pytest.raises(ValueError, match="ran at every vanilla seed"):
-        flops_not_higher([t for t in trials if t["method"] == "vanilla" or t["seed"] == 0])
+        flops_fewer([t for t in trials if t["method"] == "vanilla" or t["seed"] == 0])
 
 
 def test_plot_writes_a_png(tmp_path):
@@ -471,30 +540,48 @@ def test_plot_writes_a_png(tmp_path):
 
 # --- the reproduction -------------------------------------------------------------------------
 
-@pytest.mark.slow
-def test_smoke_reproduction(workdir):
-    from orchestrator.reproduction.reproduce import reproduce
+CI_FINETUNE_STEPS = 400
+"""This test runs one seed of the smoke reproduction at 400 fine-tuning steps, not the report's 800
+(sweeps/repro/wasi.py): the memory, peak and flops claims it asserts do not depend on the step
+count (the ranks are fixed at the start of fine-tuning), and 800 steps would add about a minute
+to this file."""
 
-    rep = reproduce("wasi", smoke=True, local=True)
+
+@pytest.mark.slow
+def test_smoke_reproduction(workdir, monkeypatch):
+    from orchestrator.reproduction import reproduce as reproduction
+
+    built = reproduction.load_repro
+
+    def shorter(*args, **kwargs):
+        sweep = built(*args, **kwargs)
+        return dataclasses.replace(sweep, overrides={**sweep.overrides, "finetune_steps": CI_FINETUNE_STEPS})
+
+    monkeypatch.setattr(reproduction, "load_repro", shorter)
+    rep = reproduction.reproduce("wasi", smoke=True, local=True)
     assert not rep.failed_trials
     seed = shifted(0)
     assert sorted((t["method"], t["seed"]) for t in rep.trials) == [("vanilla", seed), ("wasi", seed)]  # one seed
     claims = {c.name: c for c in rep.claims}
-    # margin: memory_ten_times_lower worst_ratio 13.60 over seeds 1-5 (>= 10); flops_not_higher worst_ratio
-    # 0.732 over seeds 1-5 (<= 1)
-    assert_claims_hold(rep, ["memory_ten_times_lower", "flops_not_higher"])
+    # margin: over the calibration seeds 100-104: peak_memory_lower worst_ratio 1.281
+    # (>= 1.20); memory_ten_times_lower worst_ratio 13.25 (>= 10); flops_fewer worst_factor 1.304 (>= 1)
+    assert_claims_hold(rep, ["peak_memory_lower", "memory_ten_times_lower", "flops_fewer"])
     memory = claims["memory_ten_times_lower"].measured
     # The whole step's saved bytes fall far less than the linear layers' (attention, norms and
     # activations are not compressed). margin: whole_step_ratio / min_ratio worst 0.119 (1.62 / 13.6)
     # over seeds 1-5 (threshold 1)
     assert memory["eps0.8_r16x8x16/whole_step_ratio"] < 1.0 * memory["eps0.8_r16x8x16/min_ratio"]
+    # The whole step's peak is above the linear layers' saved bytes (it holds them and more), for both.
+    peak = claims["peak_memory_lower"].measured
+    assert peak["vanilla_peak_MB"] > memory["vanilla_MB"] and peak["eps0.8_r16x8x16/wasi_peak_MB"] > memory["eps0.8_r16x8x16/wasi_MB"]
+    # Inference speed is not judged at smoke size (unstable on seeds 100-104), but it is measured.
+    assert claims["inference_faster"].holds is None and claims["inference_faster"].measured["worst_speedup"] > 0
     # accuracy_within_one_point is judged across seeds by `ladder reproduce --seeds K`, not asserted:
-    # one seed of 448 test images cannot decide 1 point, and the processor moves it (seed 0: -0.53
-    # points on the machine the step count was chosen on, 2.09 with ATen's AVX2 kernels). Asserted
+    # one seed of 448 test images cannot decide 1 point, and the processor moves it. Asserted
     # instead: WASI trains to above 90% and trails vanilla by less than 3 points at this seed.
     accuracy = claims["accuracy_within_one_point"].measured
-    # margin: acc worst 0.937 (seed 2) over seeds 1-5 (threshold 0.9); gap_pts worst 1.37 (seed 1) over
-    # seeds 1-5 (threshold 3)
+    # margin: acc worst 0.942 (seed 101) and gap_pts worst 0.95 (seed 101) over seeds 100-104 at 400
+    # fine-tuning steps (thresholds 0.9 and 3)
     assert accuracy["eps0.8_r16x8x16/acc"] > 0.9, accuracy
     assert accuracy["eps0.8_r16x8x16/gap_pts"] < 3.0, accuracy
 

@@ -11,12 +11,16 @@ in every transformer-block linear layer (qkv, proj, fc1, fc2):
   found by one warm-started power step per mode;
 - grad_x = (g L) R and grad_W is contracted from g and the Tucker factors, never rebuilding x.
 
-Each trial reports the fine-tuned test accuracy and, measured on one training step, the bytes of
-every tensor autograd saves for the backward (saved-tensor hooks; by storage, deduplicated;
-split into the linear layers' activations and weights and the rest) and the flops of forward,
-backward and the subspace refresh (FlopCounterMode, QR by formula). The claims: the linear
-layers' saved activation+weight bytes at least 10x below vanilla, test accuracy within 1 point
-of vanilla (mean over the seeds of a reproduction), step flops not above vanilla's.
+Each trial reports the fine-tuned test accuracy and, measured on one training step of one batch:
+the peak bytes of the whole step (weights, optimizer state, gradients, saved activations and
+temporaries: a dispatch mode following every tensor storage's life); the bytes of every tensor
+autograd saves for the backward (saved-tensor hooks; by storage, deduplicated; split into the
+linear layers' activations and weights and the rest); the flops of forward, backward and the
+subspace refresh (FlopCounterMode, QR by formula); and, for WASI, the wall-clock time of a
+training step and of an inference forward against its dense twin (the same W), interleaved in
+one process. The claims, headline first: the whole step's peak memory below vanilla's; the
+linear layers' saved bytes at least 10x below (the paper's accounting); test accuracy within 1
+point of vanilla; fewer step flops; faster training and inference steps (machine-dependent).
 
 The paper's setting is a config away: `data_path` reads CIFAR-10 (a `datasets` save_to_disk
 folder) or any image folder through Hugging Face `datasets`, and `model` fine-tunes a transformers

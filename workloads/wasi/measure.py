@@ -11,6 +11,16 @@ layers WASI replaces, plus the patch embedding and head, dense in both variants)
 Flops come from `torch.utils.flop_counter.FlopCounterMode` (matmuls, bmm, einsum: 2 m n p per
 product), with a formula for `linalg_qr`, which it does not count. Elementwise ops, softmax,
 layer norm and the optimizer update are not counted, for either variant.
+
+Whole-step peak memory comes from `PeakMemoryMeter`, a dispatch mode that follows the live bytes
+of every tensor storage through one whole training step (forward, backward, clip, optimizer step,
+WASI refresh): the storages alive when it starts (parameters, buffers, WASI's L, R and activation
+factors, optimizer state, the previous step's gradients, the batch) plus every storage an op
+creates, each freed when its storage dies. Its peak is everything the step holds at once.
+LAPACK's internal workspace (QR, SVD) is not a torch tensor and is not seen.
+
+Time per step (`time_steps`) is wall-clock on this machine, interleaved between the models timed
+so that load from other processes falls on each alike: machine-dependent, reported as ratios.
 """
 
 from __future__ import annotations
@@ -20,10 +30,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import copy
+import statistics
+import time
+import weakref
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
 from workloads.wasi.lowrank import qr_flops
@@ -123,6 +138,122 @@ class SavedTensorMeter:
             if rec["layers"]:  # charged to the first layer that saved it
                 out.by_layer[rec["layers"][0]] = out.by_layer.get(rec["layers"][0], 0) + rec["bytes"]
         return out
+
+
+class PeakMemoryMeter(TorchDispatchMode):
+    """Context manager: the peak of live tensor bytes while active, by storage (a view and its base
+    count once). `resident` are the tensors alive at the start (weights, optimizer state, ...)."""
+
+    def __init__(self, resident: list[torch.Tensor]) -> None:
+        super().__init__()
+        self._live: dict[int, int] = {}  # storage address -> bytes
+        self._refs: dict[int, weakref.ref] = {}  # weak: a dying storage calls _free
+        self.current = self.peak = 0
+        for t in resident:
+            self._track(t)
+        self.resident = self.current
+
+    def _free(self, key: int) -> None:
+        self.current -= self._live.pop(key, 0)
+        self._refs.pop(key, None)
+
+    def _track(self, t: object) -> None:
+        if not isinstance(t, torch.Tensor):
+            return
+        storage = t.untyped_storage()
+        key, nbytes = storage._cdata, storage.nbytes()
+        if key in self._live:  # seen already; an in-place resize may have grown it
+            self.current += max(0, nbytes - self._live[key])
+            self._live[key] = max(nbytes, self._live[key])
+        else:
+            self._live[key] = nbytes
+            self._refs[key] = weakref.ref(storage, lambda _, key=key: self._free(key))
+            self.current += nbytes
+        self.peak = max(self.peak, self.current)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            self._track(t)
+        return out
+
+
+def resident_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """What a training step finds alive: parameters, their gradients, buffers, WASI's activation
+    factors and the optimizer's state."""
+    out = [p for p in model.parameters()] + [p.grad for p in model.parameters() if p.grad is not None]
+    out += list(model.buffers())
+    out += [u for m in wasi_layers(model) for u in (m.act_factors or []) if u is not None]
+    out += [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+    return out
+
+
+def training_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+                  grad_clip: float) -> torch.Tensor:
+    """One fine-tuning step as `train` runs it: forward, backward, clip, optimizer step and, for
+    WASI, one subspace-iteration refresh per layer. Returns the loss (detached)."""
+    loss = F.cross_entropy(model(x), y)
+    optimizer.zero_grad(set_to_none=True)  # after the forward: the previous gradients live through it
+    loss.backward()
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    for layer in wasi_layers(model):
+        layer.refresh()
+    return loss.detach()
+
+
+def make_optimizer(model: nn.Module, name: str, lr: float, weight_decay: float, momentum: float = 0.0
+                   ) -> torch.optim.Optimizer:
+    if name == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+
+
+def measure_peak(model: nn.Module, x: torch.Tensor, y: torch.Tensor, optimizer: str, grad_clip: float,
+                 lr: float = 1e-3, weight_decay: float = 0.0, momentum: float = 0.0) -> dict[str, float]:
+    """Peak bytes of one whole training step on a copy of the model, after one unmeasured step
+    so that the optimizer's state and the previous gradients exist, as in the middle of training."""
+    model = copy.deepcopy(model)
+    model.train()
+    opt = make_optimizer(model, optimizer, lr, weight_decay, momentum)
+    training_step(model, opt, x, y, grad_clip)
+    with PeakMemoryMeter(resident_tensors(model, opt) + [x, y]) as meter:
+        training_step(model, opt, x, y, grad_clip)
+    return {"perf/peak_step_bytes": float(meter.peak), "perf/resident_bytes": float(meter.resident)}
+
+
+def time_steps(models: dict[str, nn.Module], x: torch.Tensor, y: torch.Tensor, optimizer: str, grad_clip: float,
+               rounds: int = 12, warmup: int = 2, lr: float = 1e-3, weight_decay: float = 0.0,
+               momentum: float = 0.0) -> dict[str, float]:
+    """Median wall-clock seconds of a training step and of an inference forward (eval, no_grad) of
+    each model on the same batch, on copies. Rounds are interleaved across the models so that a
+    change in the machine's load falls on each model alike."""
+    copies = {name: copy.deepcopy(m).train() for name, m in models.items()}
+    opts = {name: make_optimizer(m, optimizer, lr, weight_decay, momentum) for name, m in copies.items()}
+    times: dict[str, list[float]] = {f"{name}/{kind}": [] for name in copies for kind in ("train", "infer")}
+    def sync() -> None:  # a GPU runs asynchronously: wait for it before reading the clock
+        if x.is_cuda:
+            torch.cuda.synchronize(x.device)
+
+    for r in range(warmup + rounds):
+        for name, m in copies.items():
+            sync()
+            start = time.perf_counter()
+            training_step(m, opts[name], x, y, grad_clip)
+            sync()
+            train_s = time.perf_counter() - start
+            m.eval()
+            with torch.no_grad():
+                start = time.perf_counter()
+                m(x)
+                sync()
+                infer_s = time.perf_counter() - start
+            m.train()
+            if r >= warmup:
+                times[f"{name}/train"].append(train_s)
+                times[f"{name}/infer"].append(infer_s)
+    return {key: statistics.median(v) for key, v in times.items()}
 
 
 def _qr_formula(a_shape, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001

@@ -8,6 +8,7 @@ their parameters; the patch embedding and the classifier head stay dense in both
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -214,6 +215,19 @@ def to_wasi(model: nn.Module, act_ranks: tuple[int, int, int], r_from: str, seed
         setattr(model.get_submodule(block), attr, layer)
         layers.append(layer)
     return layers
+
+
+def to_dense(model: nn.Module) -> nn.Module:
+    """A copy of a WASI model with every WASILinear back to a Dense holding the same W and bias:
+    the vanilla model at the same weights, the twin that WASI's step is timed against."""
+    twin = copy.deepcopy(model)
+    for name, layer in list(twin.named_modules()):
+        if isinstance(layer, WASILinear):
+            dense = Dense(layer.in_features, layer.out_features, bias=layer.bias is not None)
+            dense.weight, dense.bias = layer.weight, layer.bias
+            parent, _, attr = name.rpartition(".")
+            setattr(twin.get_submodule(parent) if parent else twin, attr, dense)
+    return twin
 
 
 def wasi_layers(model: nn.Module) -> list[WASILinear]:

@@ -15,8 +15,10 @@ import torch.nn.functional as F
 
 from workloads.wasi import files
 from workloads.wasi.data import TRANSFERS, Split, augment_batch, load_digits, make_splits
-from workloads.wasi.measure import measure_step, probe_ranks, subspace_diagnostics
-from workloads.wasi.model import ViT, WASILinear, load_pretrained, new_head, to_wasi
+from workloads.wasi.measure import (
+    make_optimizer, measure_peak, measure_step, probe_ranks, subspace_diagnostics, time_steps, training_step,
+)
+from workloads.wasi.model import ViT, WASILinear, load_pretrained, new_head, to_dense, to_wasi
 from components import pretrained
 from orchestrator.run import fraction_steps
 
@@ -126,6 +128,10 @@ class Config:
     the weight rank re-chosen at each of these thresholds: the memory-vs-rank curve."""
     probe_act_scales: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0)
     """WASI: the same, with act_ranks scaled by each factor (rounded, at least 1, capped by the shape)."""
+    time_rounds: int = 12
+    """WASI: after training, time this many interleaved rounds of a training step and an inference
+    forward of the WASI model and of its dense twin (the same W) on one batch; the medians give the
+    speed-ups (0: not timed)."""
     checkpoint_every_frac: float = 0.25
     """Checkpoint at every multiple of this fraction of each phase (and at its end)."""
     log_every: int = 50
@@ -153,7 +159,7 @@ def smoke() -> Config:
         image_size=16, patch=4, dim=48, depth=2, heads=3, act_ranks=(16, 8, 16), tucker="sequential",
         pretrain_steps=100, pretrain_lr=2e-3, pretrain_batch_size=64, finetune_steps=60, optimizer="adamw", lr=2e-3,
         weight_decay=1e-4, log_every=20, eval_every_frac=0.5, probe_thresholds=(0.5, 0.7, 0.8, 0.9, 0.99),
-        probe_act_scales=(0.5, 1.0, 2.0),
+        probe_act_scales=(0.5, 1.0, 2.0), time_rounds=3,
     )
 
 
@@ -221,6 +227,8 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     for name in ("eval_every_frac", "checkpoint_every_frac"):
         if not 0 < getattr(cfg, name) <= 1:
             raise ValueError(f"{name} must lie in (0, 1], got {getattr(cfg, name)}")
+    if cfg.time_rounds < 0:
+        raise ValueError(f"time_rounds must be >= 0 (0: not timed), got {cfg.time_rounds}")
     if cfg.threads < 0:
         raise ValueError(f"threads must be >= 0 (0: torch's own setting), got {cfg.threads}")
 
@@ -435,10 +443,7 @@ def _finetune(cfg: Config, run, model: ViT, data: Split, state: dict | None, tot
     if state is None:
         for layer in layers:
             layer.init_subspace(cfg.threshold)  # truncated SVD, k by explained variance, fixed from here
-    if cfg.optimizer == "sgd":
-        optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    else:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = make_optimizer(model, cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.momentum)
     batches = Batches(len(data.y_train), cfg.batch_size, cfg.seed + 4)
     shifts = torch.Generator().manual_seed(cfg.seed + 5)
     start = cfg.pretrain_steps
@@ -460,16 +465,10 @@ def _finetune(cfg: Config, run, model: ViT, data: Split, state: dict | None, tot
             group["lr"] = cfg.lr * cosine(step - cfg.pretrain_steps, steps)
         idx = batches.next()
         x = augment_batch(data.x_train[idx], cfg.augment, shifts).to(run.device)
-        loss = F.cross_entropy(model(x), data.y_train[idx].to(run.device))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
         previous = [layer.left for layer in layers]
-        for layer in layers:  # WASI: one warm-started subspace-iteration step per training step
-            layer.refresh()
-        window, window_n = window + float(loss.detach()), window_n + 1
+        # forward, backward, clip, step and, for WASI, one warm-started subspace-iteration step per layer
+        loss = training_step(model, optimizer, x, data.y_train[idx].to(run.device), cfg.grad_clip)
+        window, window_n = window + float(loss), window_n + 1
         report = {}
         if step % cfg.log_every == 0 or step == total:
             train_loss = window / window_n
@@ -493,6 +492,15 @@ def _finetune(cfg: Config, run, model: ViT, data: Split, state: dict | None, tot
     probe = torch.arange(cfg.batch_size)  # the same first training batch for every method
     x_probe, y_probe = data.x_train[probe].to(run.device), data.y_train[probe].to(run.device)
     measured = measure_step(model, x_probe, y_probe)
+    opt_args = dict(optimizer=cfg.optimizer, grad_clip=cfg.grad_clip, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                    momentum=cfg.momentum)
+    measured.update(measure_peak(model, x_probe, y_probe, **opt_args))
+    if layers and cfg.time_rounds > 0:  # WASI against its dense twin (same W), interleaved, same batch
+        timed = time_steps({"wasi": model, "dense": to_dense(model)}, x_probe, y_probe, rounds=cfg.time_rounds, **opt_args)
+        measured.update({"perf/train_step_s": timed["wasi/train"], "perf/infer_step_s": timed["wasi/infer"],
+                         "perf/dense_train_step_s": timed["dense/train"], "perf/dense_infer_step_s": timed["dense/infer"],
+                         "perf/train_speedup": timed["dense/train"] / timed["wasi/train"],
+                         "perf/infer_speedup": timed["dense/infer"] / timed["wasi/infer"]})
     if layers:
         measured.update(probe_ranks(model, x_probe, y_probe, tuple(cfg.probe_thresholds),
                                     tuple(cfg.act_ranks), tuple(cfg.probe_act_scales)))
