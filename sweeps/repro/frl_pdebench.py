@@ -1,4 +1,4 @@
-"""Breaking Scale Anchoring on PDEBench's data: each backbone (FNO and CNN, width 32, 4 blocks)
+"""Breaking Scale Anchoring on PDEBench's data: each backbone (FNO, CNN and Galerkin Transformer, width 32, 4 blocks)
 trained at one resolution and evaluated zero-shot at 2x and 4x, as a baseline and with FRL, on
 PDEBench's 1-D Burgers (nu = 0.01, 1,024 points: trained at 256) and on the vorticity of its
 periodic 2-D compressible flow (128^2: trained at 32^2).
@@ -35,7 +35,7 @@ sweep = Sweep(
     base="default",
     overrides={"width": 32, "depth": 4, "n_train": 1000, "n_test": 200},
     points=tuple({**data, "backbone": backbone, **variant}
-                 for data in (BURGERS, FLOW_2D) for backbone in ("fno", "cnn") for variant in (BASELINE, FRL)),
+                 for data in (BURGERS, FLOW_2D) for backbone in ("fno", "cnn", "transformer") for variant in (BASELINE, FRL)),
     space={"seed": seeds(3)},
     scheduler="fifo",
     objective=("eval/rel_l2/x4", "min"),

@@ -18,6 +18,7 @@ from workloads.frl import claims as C
 from workloads.frl import workload as W
 from workloads.frl.losses import cross_scale_loss, rel_mse, spectral_loss
 from workloads.frl.model import CNN, FNO, AlignedConv, FRLSpectralConv, SpectralConv, frequency_channels
+from workloads.frl.transformer import GalerkinAttention, GalerkinTransformer, physical_coordinates
 from workloads.frl.solver import Burgers, NavierStokes2d, burgers_initial, truncate, upsample
 from conftest import assert_claims_hold, judged_claim, shifted
 
@@ -166,13 +167,76 @@ def test_aligned_conv_is_the_same_physical_filter_on_a_finer_grid():
     assert (c128[..., ::4] - c32).abs().max() > 1e-2  # grid taps shrink with the cell
 
 
-@pytest.mark.parametrize("backbone", ["fno", "cnn"])
+def test_frl_weights_in_two_dimensions_are_aligned_held_and_not_only_radial():
+    torch.manual_seed(0)
+    layer = FRLSpectralConv(2, 2, rho0=16, coord="physical")
+    w16, _ = layer.weights(16, torch.device("cpu"))
+    w64, keep = layer.weights(64, torch.device("cpu"))
+    # Mode (kx, ky) = (3, 5) and (-3, 5): the same on both grids, and told apart (advection is not isotropic).
+    torch.testing.assert_close(w64[3, 5], w16[3, 5])
+    torch.testing.assert_close(w64[-3, 5], w16[-3, 5])
+    assert (w16[3, 5] - w16[-3, 5]).abs().max() > 1e-4
+    torch.testing.assert_close(w64[20, 30], w64[8, 8])  # held at the training Nyquist on both axes
+    assert keep[:32, :32].all() and not keep[32].any()
+
+
+# --- the Galerkin Transformer ------------------------------------------------------------------
+
+
+def test_galerkin_attention_by_hand():
+    # Two tokens, two channels, one head, Q = K = V = the input: a layer norm of two channels maps
+    # [1, 0] to [1, -1] and [0, 1] to [-1, 1], so K^T V / n = ([1,-1]^T[1,-1] + [-1,1]^T[-1,1]) / 2
+    # = [[1, -1], [-1, 1]], and z = Q K^T V / n = [[1, -1], [-1, 1]].
+    attn = GalerkinAttention(2, heads=1)
+    with torch.no_grad():
+        attn.qkv.weight.copy_(torch.eye(2).repeat(3, 1))
+        attn.qkv.bias.zero_()
+        attn.out.weight.copy_(torch.eye(2))
+        attn.out.bias.zero_()
+    z = attn(torch.eye(2)[None])
+    torch.testing.assert_close(z[0], torch.tensor([[1.0, -1.0], [-1.0, 1.0]]), atol=1e-4, rtol=0)
+
+
+def test_galerkin_attention_is_a_quadrature_so_refining_the_grid_keeps_the_operator():
+    # Every token twice: the mean over points (1/n K^T V) is unchanged, so each token's output is too.
+    torch.manual_seed(0)
+    attn = GalerkinAttention(8, heads=2)
+    h = torch.randn(3, 10, 8)
+    torch.testing.assert_close(attn(h.repeat_interleave(2, dim=1))[:, ::2], attn(h), atol=1e-5, rtol=0)
+    # Softmax-free and linear in the number of points: permuting the tokens permutes the outputs.
+    perm = torch.randperm(10)
+    torch.testing.assert_close(attn(h[:, perm]), attn(h)[:, perm], atol=1e-5, rtol=0)
+
+
+def test_transformer_positions_are_a_function_of_the_physical_coordinate():
+    fine = physical_coordinates((64,), torch.float64, torch.device("cpu"))
+    torch.testing.assert_close(fine[:, ::4], physical_coordinates((16,), torch.float64, torch.device("cpu")))
+    torch.testing.assert_close(fine[0], torch.sin(grid(64)))
+    two = physical_coordinates((8, 4), torch.float64, torch.device("cpu"))
+    assert two.shape == (4, 8, 4) and (two[2, 0] == two[2, 5]).all()  # the y channels do not vary along x
+
+
+def test_baseline_transformer_has_no_learned_response_above_its_modes():
+    # The baseline's spectral regressor is a table of `modes` (Theorem 1's blind zone above it);
+    # FRL's regressor is a function of the wavenumber and responds there.
+    torch.manual_seed(0)
+    base = GalerkinTransformer(1, 8, 2, 4, 8, False, residual=False)
+    frl = GalerkinTransformer(1, 8, 2, 4, 8, True, residual=False)
+    assert isinstance(base.spectral[0], SpectralConv) and isinstance(frl.spectral[0], FRLSpectralConv)
+    h = torch.sin(12 * grid(64)).float().expand(2, 8, 64)  # k = 12 above the training Nyquist of 4
+    assert base.spectral[0](h).abs().max() < 1e-5 and frl.spectral[0](h).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("backbone", ["fno", "cnn", "transformer"])
 @pytest.mark.parametrize("frl", [False, True])
 @pytest.mark.parametrize("dims", [1, 2])
 def test_backbones_map_any_grid_to_itself(backbone, frl, dims):
     torch.manual_seed(0)
-    cls = FNO if backbone == "fno" else CNN
-    model = cls(dims, 8, 2, 4 if backbone == "fno" else 3, 8, frl)
+    if backbone == "transformer":
+        model = GalerkinTransformer(dims, 8, 2, 4, 8, frl)
+    else:
+        cls = FNO if backbone == "fno" else CNN
+        model = cls(dims, 8, 2, 4 if backbone == "fno" else 3, 8, frl)
     for n in (8, 16, 32):
         u = torch.randn(2, *([n] * dims))
         assert model(u).shape == u.shape
@@ -231,8 +295,8 @@ def test_lr_factor_warms_up_and_decays_to_zero():
 # --- claims on synthetic trials ----------------------------------------------------------------
 
 
-def _trial(backbone: str, frl: bool, e1: float, e4: float, solver=(0.1, 0.01)) -> dict:
-    cfg = W.Config(backbone=backbone, frl=frl, multires_levels=2 if frl else 0,
+def _trial(backbone: str, frl: bool, e1: float, e4: float, solver=(0.1, 0.01), pde: str = "burgers") -> dict:
+    cfg = W.Config(pde=pde, backbone=backbone, frl=frl, multires_levels=2 if frl else 0,
                    spectral_weight=0.1 if frl else 0.0, cross_scale_weight=0.1 if frl else 0.0)
     t = dataclasses.asdict(cfg)
     t.update({"eval/rel_l2/x1": e1, "eval/rel_l2/x2": (e1 + e4) / 2, "eval/rel_l2/x4": e4,
@@ -241,12 +305,21 @@ def _trial(backbone: str, frl: bool, e1: float, e4: float, solver=(0.1, 0.01)) -
     return t
 
 
+def _paper_pattern() -> list[dict]:
+    """Anchored baselines and FRL errors that fall, each FRL at 4x at 0.8 of its threshold times the baseline's."""
+    out = []
+    for pde, threshold in (("burgers", C.FAR_BELOW_1D), ("navier_stokes", C.FAR_BELOW_2D)):
+        for backbone, (e1, e4) in {"fno": (0.05, 0.052), "cnn": (0.06, 0.12), "transformer": (0.05, 0.06)}.items():
+            frl4 = 0.8 * threshold * e4
+            out += [_trial(backbone, False, e1, e4, pde=pde), _trial(backbone, True, 1.1 * frl4, frl4, pde=pde)]
+    return out
 
 
 def test_claims_hold_on_the_paper_pattern_and_fail_without_it():
-    paper = [_trial("fno", False, 0.05, 0.052), _trial("fno", True, 0.05, 0.02),
-             _trial("cnn", False, 0.06, 0.12), _trial("cnn", True, 0.06, 0.04)]
+    paper = _paper_pattern()
+    assert C.CLAIMS[0] is C.frl_far_below_baseline  # the headline first
     assert C.CHECKS == [C.solver_calibration] and spec_of(C.solver_calibration) is None
+    assert 0 < C.FAR_BELOW_1D <= 1 and 0 < C.FAR_BELOW_2D <= 1
     for claim in C.CLAIMS + C.CHECKS:
         holds, measured = claim(paper)
         assert holds, claim.__name__
@@ -255,15 +328,26 @@ def test_claims_hold_on_the_paper_pattern_and_fail_without_it():
         assert judged_claim(claim, paper)
     holds, measured = C.baseline_anchored(paper)
     assert measured["burgers/fno/baseline_ratio"] == pytest.approx(1.04)
-    assert measured["least_baseline_ratio"] == pytest.approx(1.04)  # the CNN's is 2
+    assert measured["least_baseline_ratio"] == pytest.approx(1.04)  # the CNN's is 2, the Transformer's 1.2
+    assert "navier_stokes/fno/baseline_ratio" not in measured  # each PDE is judged apart
+    holds, measured = C.frl_far_below_baseline(paper)
+    assert measured["worst_frl_over_baseline"] == pytest.approx(0.8 * C.FAR_BELOW_1D)
+    assert measured["burgers/transformer/frl_over_baseline_x4"] == pytest.approx(0.8 * C.FAR_BELOW_1D)
 
-    unanchored = [_trial("fno", False, 0.05, 0.04)] + paper[1:]
-    assert not judged_claim(C.baseline_anchored, unanchored)
-    rising = paper[:1] + [_trial("fno", True, 0.05, 0.06)] + paper[2:]
+    def swap(trials, pde, backbone, frl, e1, e4):
+        return [t for t in trials if not (t["pde"] == pde and t["backbone"] == backbone and C.is_frl(t) == frl)] + \
+               [_trial(backbone, frl, e1, e4, pde=pde)]
+
+    unanchored = swap(paper, "burgers", "fno", False, 0.05, 0.04)
+    assert not judged_claim(C.baseline_anchored, unanchored) and judged_claim(C.baseline_anchored_2d, unanchored)
+    rising = swap(paper, "burgers", "transformer", True, 0.03, 0.036)
     assert not judged_claim(C.frl_error_falls, rising)
     assert C.frl_error_falls(rising)[1]["worst_frl_ratio"] == pytest.approx(1.2)
-    worse = paper[:1] + [_trial("fno", True, 0.06, 0.055)] + paper[2:]
-    assert judged_claim(C.frl_error_falls, worse) and not judged_claim(C.frl_below_baseline, worse)
+    # One backbone whose FRL error falls but at 4x only meets the baseline's: the headline fails.
+    close = swap(paper, "burgers", "cnn", True, 0.13, 0.1201)
+    assert judged_claim(C.frl_error_falls, close) and not judged_claim(C.frl_far_below_baseline, close)
+    ns_close = swap(paper, "navier_stokes", "fno", True, 0.06, 0.0521)
+    assert judged_claim(C.frl_far_below_baseline, ns_close) and not judged_claim(C.frl_far_below_baseline_2d, ns_close)
     assert not C.solver_calibration([_trial("fno", False, 0.05, 0.05, solver=(0.01, 0.02))])[0]
 
 
@@ -273,7 +357,9 @@ def test_claims_average_seeds_and_need_both_variants():
     holds, measured = C.baseline_anchored(trials)
     assert measured["burgers/fno/baseline_x4"] == pytest.approx(0.04) and not holds
     with pytest.raises(LookupError, match="no frl"):
-        C.frl_below_baseline(trials[:2])
+        C.frl_far_below_baseline(trials[:2])
+    with pytest.raises(LookupError, match="of navier_stokes"):
+        C.frl_far_below_baseline_2d(trials)
 
 
 def test_plot_writes_a_png(tmp_path):
@@ -297,6 +383,8 @@ def test_plot_writes_a_png(tmp_path):
         ({"cross_scale_weight": 0.1}, "set multires_levels >= 1"),
         ({"multires_levels": 4}, "rho0=32 with multires_levels=4"),
         ({"kernel": 4, "backbone": "cnn"}, "positive odd number"),
+        ({"backbone": "transformer", "width": 30}, "multiple of heads=4"),
+        ({"backbone": "transformer", "modes": 17}, "modes=17 must lie in"),
         ({"frl_coord": "log"}, "frl_coord must be"),
         ({"lag": 0.0}, "lag must be positive"),
     ],
@@ -315,11 +403,11 @@ def test_more_than_one_worker_is_refused():
 
 
 TINY_NS = dict(pde="navier_stokes", nu=2e-2, dns_n=32, dns_dt=2e-2, ref_n=32, rho0=8, modes=4,
-               t_starts=(0.2,), lag=0.2, n_train=8, n_test=4, steps=3, width=6, depth=2,
+               t_starts=(0.2,), lag=0.2, n_train=8, n_test=4, steps=3, width=8, depth=2,
                batch_size=4, log_every=1, eval_batch=4)
 
 
-@pytest.mark.parametrize("backbone", ["fno", "cnn"])
+@pytest.mark.parametrize("backbone", ["cnn", "transformer"])  # the smoke reproduction trains the FNO in 2-D
 def test_frl_trains_in_two_dimensions(backbone, tmp_path):
     cfg = dataclasses.replace(W.Config(), backbone=backbone, frl=True, multires_levels=1,
                               spectral_weight=0.1, cross_scale_weight=0.1, seed=shifted(0), **TINY_NS)
@@ -340,29 +428,36 @@ def test_smoke_reproduction(workdir):
     assert set(by_name) == {c.__name__ for c in C.CLAIMS}
     for claim in rep.claims + rep.checks:
         assert claim.measured and not claim.error, claim.name
-    for backbone in ("fno", "cnn"):
+    for backbone in ("fno", "cnn", "transformer"):
         assert f"burgers/{backbone}/baseline_ratio" in by_name["baseline_anchored"].measured
         assert f"burgers/{backbone}/frl_ratio" in by_name["frl_error_falls"].measured
-    # margin, seeds 1-5, 10, 20: least_baseline_ratio 1.194 1.213 1.132 1.279 1.276 1.380 1.356 (threshold 1);
-    # worst_frl_over_baseline 0.727 0.612 0.672 0.680 0.675 0.629 0.704 (threshold 1); solver_calibration
-    # held at all seven.
-    assert_claims_hold(rep, ["baseline_anchored", "frl_below_baseline", "solver_calibration"])
-    # frl_error_falls (FRL's 4x error not above its 1x error, threshold 1) does not hold at every seed:
-    # worst_frl_ratio 0.854 0.922 0.935 0.941 0.891 0.980 1.049 at seeds 1-5, 10, 20, and
-    # docs/reproductions/frl.notes.md records 1.04 at seed 6 (both the CNN), so one seed cannot judge it
-    # (`ladder reproduce frl --seeds K` does). Asserted here by a written rule (issue 35): halfway
-    # between the worst FRL ratio measured (1.049, seed 20) and the least anchored baseline ratio
-    # measured (1.132, seed 3), 1.09: FRL's error never grows with resolution as the baseline's does.
+        assert f"burgers/{backbone}/frl_over_baseline_x4" in by_name["frl_far_below_baseline"].measured
+    assert "navier_stokes/fno/frl_over_baseline_x4" in by_name["frl_far_below_baseline_2d"].measured
+    # margin, calibration seeds 100-104: least_baseline_ratio 1.206 1.209 1.260 1.176 1.223 and
+    # ns_least_baseline_ratio 1.226 1.210 1.221 1.251 1.163 (threshold 1); solver_calibration held at all five.
+    assert_claims_hold(rep, ["baseline_anchored", "baseline_anchored_2d", "solver_calibration"])
+    # The headline (threshold 0.93) does not hold at every seed (worst_frl_over_baseline 0.775 0.841 0.997
+    # 0.759 0.899 at seeds 100-104, the Transformer each time): one seed cannot judge it (`ladder report
+    # frl --seeds 5` does). Asserted per backbone where its margin allows: the FNO's FRL at 4x is below
+    # 0.9 of the baseline's (0.683 0.710 0.786 0.655 0.782), and no backbone's FRL is more than 10% above
+    # its baseline (the worst measured 0.997).
+    far = by_name["frl_far_below_baseline"].per_seed[0].measured
+    assert far["burgers/fno/frl_over_baseline_x4"] < 0.9, far
+    assert far["worst_frl_over_baseline"] < 1.1, far
+    # frl_error_falls (threshold 1) does not hold at every seed either: worst_frl_ratio 0.981 0.937 1.022
+    # 0.859 1.035 at seeds 100-104. Asserted by a written rule (issue 35): halfway between the worst FRL
+    # ratio measured (1.035, seed 104) and the least anchored baseline ratio measured (1.176, seed 103),
+    # 1.1: FRL's error never grows with resolution as the baseline's does.
     worst = by_name["frl_error_falls"].per_seed[0].measured["worst_frl_ratio"]
-    assert worst < 1.09, by_name["frl_error_falls"].per_seed[0].measured
+    assert worst < 1.1, by_name["frl_error_falls"].per_seed[0].measured
     # The regime the claims are about: at the forecast horizon the input's own band above rho0/2 no
     # longer predicts the target's (copying it is no better than leaving it out), so no model gains
     # at 4x without a learned response there; the baseline FNO passes the input's band on almost unchanged.
-    # margin: persistence 1.193 1.149 1.123 1.278 1.263 1.355 1.307 at seeds 1-5, 10, 20 (threshold 1);
-    # the baseline FNO's transmission 0.967 0.989 0.968 0.962 0.984 0.971 0.988 (threshold 0.5)
+    # margin, seeds 100-104: persistence 1.18-1.28 (Burgers), 2.03-2.16 (Navier-Stokes) (threshold 1);
+    # the Burgers baseline FNO's transmission 0.95-0.99 (threshold 0.5)
     for t in rep.trials:
-        assert t["eval/blind_band_persistence/x4"] > 1.0, t["eval/blind_band_persistence/x4"]
-    fno_base = [t for t in rep.trials if t["backbone"] == "fno" and C.is_baseline(t)]
+        assert t["eval/blind_band_persistence/x4"] > 1.0, (t["pde"], t["eval/blind_band_persistence/x4"])
+    fno_base = [t for t in rep.trials if t["pde"] == "burgers" and t["backbone"] == "fno" and C.is_baseline(t)]
     assert fno_base and fno_base[0]["eval/blind_band_transmit/x4"] > 0.5
 
 

@@ -6,8 +6,9 @@ pseudo-spectral solvers run here (1-D viscous Burgers, 2-D Navier-Stokes in vort
 field at resolution rho is the DNS truncated to |k| < rho/2, so every grid sees the same physical
 field at its own bandwidth.
 
-Two backbones, a Fourier neural operator and a residual CNN, each as a baseline and with
-FRL-recon, a reconstruction of Frequency Representation Learning (the paper has no public code):
+Three backbones, a Fourier neural operator, a residual CNN and a Galerkin Transformer (Cao 2021,
+arXiv 2105.14995; `transformer.py`), each as a baseline and with FRL-recon, a reconstruction of
+Frequency Representation Learning (the paper has no public code):
 
 1. multi-resolution data: the training pairs also at rho0/2, rho0/4 (`multires_levels`);
 2. resolution-aligned frequency representations: spectral weights / convolution responses that

@@ -1,4 +1,5 @@
-"""Backbones (a Fourier neural operator and a residual CNN), each in a baseline and an FRL form.
+"""Backbones (a Fourier neural operator and a residual CNN; the Galerkin Transformer is in
+`transformer.py`), each in a baseline and an FRL form.
 
 Every model maps a field on a grid of n points per axis to a field on the same grid:
 `forward(u)` with u of shape [B, n] (1-D) or [B, n, n] (2-D). The resolution is read from the
@@ -123,7 +124,9 @@ class FRLSpectralConv(nn.Module):
         self.channels, self.dims, self.rho0 = channels, dims, rho0
         self.features, self.coord, self.diagonal = features, coord, diagonal
         out = channels * 2 if diagonal else channels * channels * 2
-        n_in = 2 * features + (1 if coord == "nyquist" else 0)
+        # 2-D 'physical': the signed (kx, ky), each held at +-1, not |k|; a radial weight W(|k|) cannot
+        # represent an anisotropic operator (advection, the Kolmogorov forcing's direction).
+        n_in = 2 * features * (dims if coord == "physical" else 1) + (1 if coord == "nyquist" else 0)
         self.mlp = nn.Sequential(nn.Linear(n_in, hidden), nn.GELU(), nn.Linear(hidden, out))
         with torch.no_grad():  # start near the scale of the table-initialised FNO layer
             self.mlp[-1].weight.mul_(0.1 / math.sqrt(1 if diagonal else channels))
@@ -133,7 +136,12 @@ class FRLSpectralConv(nn.Module):
         """The MLP's input per rfft coefficient of an n-point grid, and the below-Nyquist mask."""
         k, keep = mode_grid(n, self.dims, device)
         if self.coord == "physical":
-            return fourier_features((k / (self.rho0 / 2)).clamp(max=1.0), self.features), keep
+            if self.dims == 1:
+                return fourier_features((k / (self.rho0 / 2)).clamp(max=1.0), self.features), keep
+            kx = torch.fft.fftfreq(n, 1.0 / n).to(device).float()[:, None].expand(n, n // 2 + 1)
+            ky = torch.arange(n // 2 + 1, device=device, dtype=torch.float32)[None, :].expand(n, n // 2 + 1)
+            held = [(c / (self.rho0 / 2)).clamp(-1.0, 1.0) for c in (kx, ky)]
+            return torch.cat([fourier_features(c, self.features) for c in held], dim=-1), keep
         feats = fourier_features(k / (n / 2), self.features)
         res = torch.full_like(k, math.log2(n / self.rho0))
         return torch.cat([feats, res[..., None]], dim=-1), keep
@@ -210,18 +218,29 @@ class AlignedConv(nn.Module):
 class _Backbone(nn.Module):
     """Shared input/output plumbing: optional FRL frequency channels in, residual out."""
 
-    def __init__(self, dims: int, width: int, frl: bool, pe_count: int, pe_coord: str, residual: bool) -> None:
+    def __init__(self, dims: int, width: int, frl: bool, pe_count: int, pe_coord: str, residual: bool,
+                 coord_channels: int = 0) -> None:
         super().__init__()
         self.dims, self.frl, self.pe_count, self.pe_coord, self.residual = dims, frl, pe_count, pe_coord, residual
-        extra = 2 * pe_count * dims if frl else 0
+        # A backbone whose tokens carry their position (the Transformer) adds `coord_channels` channels
+        # from `coordinates`, a function of the physical coordinate, baseline and FRL alike.
+        self.coord_channels = coord_channels
+        extra = (2 * pe_count * dims if frl else 0) + coord_channels
         self.lift = nn.Linear(1 + extra, width)
         self.proj = nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, 1))
 
     def body(self, h: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def coordinates(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """Positional channels of a grid of `shape`. [coord_channels, *shape]"""
+        raise NotImplementedError
+
     def forward(self, u: torch.Tensor) -> torch.Tensor:  # [B, *grid] -> [B, *grid]
         x = u[:, None]
+        if self.coord_channels:
+            pos = self.coordinates(tuple(u.shape[1:]), u.dtype, u.device)
+            x = torch.cat([x, pos.expand(u.shape[0], *pos.shape)], dim=1)
         if self.frl and self.pe_count > 0:
             pe = frequency_channels(tuple(u.shape[1:]), self.pe_count, self.pe_coord, u.dtype, u.device)
             x = torch.cat([x, pe.expand(u.shape[0], *pe.shape)], dim=1)

@@ -12,11 +12,12 @@ from workloads.frl.data import DataSpec, make_dataset, solver_for
 from workloads.frl.files import check_path, describe
 from workloads.frl.losses import cross_scale_loss, rel_mse, spectral_loss
 from workloads.frl.model import CNN, FNO
+from workloads.frl.transformer import GalerkinTransformer
 from workloads.frl.solver import truncate, upsample
 from orchestrator.run import fraction_steps
 
 PDES = ("burgers", "navier_stokes")
-BACKBONES = ("fno", "cnn")
+BACKBONES = ("fno", "cnn", "transformer")
 
 
 MAX_WORKERS = 1
@@ -28,7 +29,7 @@ class Config:
     pde: str = "burgers"
     """'burgers' (1-D viscous Burgers) or 'navier_stokes' (2-D vorticity, Kolmogorov forcing)."""
     backbone: str = "fno"
-    """'fno' (Fourier neural operator) or 'cnn' (residual periodic CNN)."""
+    """'fno' (Fourier neural operator), 'cnn' (residual periodic CNN) or 'transformer' (Galerkin Transformer)."""
     frl: bool = False
     """FRL's resolution-aligned representation: FRLSpectralConv / AlignedConv layers and frequency input channels."""
     multires_levels: int = 0
@@ -68,9 +69,11 @@ class Config:
     width: int = 32
     """Channels of the hidden layers."""
     depth: int = 4
-    """Spectral blocks (FNO) or residual conv blocks (CNN)."""
+    """Spectral blocks (FNO), residual conv blocks (CNN) or attention blocks (Transformer)."""
     modes: int = 16
-    """Baseline FNO: Fourier modes per axis kept by each spectral layer (at most rho0/2)."""
+    """Baseline FNO and Transformer regressor: Fourier modes per axis kept by each spectral layer (at most rho0/2)."""
+    heads: int = 4
+    """Transformer: attention heads (width must be a multiple)."""
     kernel: int = 5
     """CNN: taps per axis at the training resolution (odd)."""
     residual: bool = True
@@ -182,7 +185,9 @@ def validate(cfg: Config, world_size: int = 1) -> None:
             f"need rho0 * max(eval_factors) = {top} <= ref_n = {cfg.ref_n} <= dns_n = {cfg.dns_n}: "
             f"the reference grid must hold every evaluation grid and be a truncation of the DNS"
         )
-    if cfg.backbone == "fno" and not cfg.frl and not 1 <= cfg.modes <= cfg.rho0 // 2:
+    if cfg.backbone == "transformer" and (cfg.heads < 1 or cfg.width % cfg.heads):
+        raise ValueError(f"width={cfg.width} must be a positive multiple of heads={cfg.heads}")
+    if cfg.backbone in ("fno", "transformer") and not cfg.frl and not 1 <= cfg.modes <= cfg.rho0 // 2:
         raise ValueError(f"modes={cfg.modes} must lie in 1..rho0/2={cfg.rho0 // 2} (modes above the training Nyquist are never trained)")
     if cfg.backbone == "cnn" and (cfg.kernel < 1 or cfg.kernel % 2 == 0):
         raise ValueError(f"kernel must be a positive odd number of taps, got {cfg.kernel}")
@@ -215,6 +220,9 @@ def build_model(cfg: Config) -> torch.nn.Module:
     dims = 1 if cfg.pde == "burgers" else 2
     common = dict(pe_count=cfg.pe_count, pe_coord=cfg.pe_coord, residual=cfg.residual,
                   features=cfg.frl_features, hidden=cfg.frl_hidden)
+    if cfg.backbone == "transformer":
+        return GalerkinTransformer(dims, cfg.width, cfg.depth, cfg.modes, cfg.rho0, cfg.frl, heads=cfg.heads,
+                                   coord=cfg.frl_coord, diagonal=cfg.frl_diagonal, **common)
     if cfg.backbone == "fno":
         return FNO(dims, cfg.width, cfg.depth, cfg.modes, cfg.rho0, cfg.frl,
                    coord=cfg.frl_coord, diagonal=cfg.frl_diagonal, **common)
