@@ -49,7 +49,7 @@ from orchestrator.sweep import Sweep, data_root, grid, seeds
 
 # Absolute: trials run in folders of their own (on a cluster the folder must be shared storage).
 DATA = data_root()
-PLACEMENTS = ("plop", "plop_inverse", "attention", "mlp")
+PLACEMENTS = ("plop", "plop_inverse", "attention", "mlp", "all")
 """The arms of sweeps/repro/plop.py's full reproduction."""
 TASKS = {
     "math": {"task_path": str(DATA / "metamathqa"), "task_split": "train", "prompt_field": "query",

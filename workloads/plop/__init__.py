@@ -5,17 +5,18 @@ up, down; GPT-2 c_attn, attn.c_proj, c_fc, mlp.c_proj: the kinds that
 `components.basemodel.projections` finds by asking the model) by its Normalized Feature Norm on
 the task's data, in one no-grad forward pass with forward hooks (workloads.plop.nfn), put LoRA on
 the types of lowest score (the least aligned with the task,
-the paper's rule), and fine-tune. One trial trains one placement (PLoP, PLoP^-1, attention-only or
-MLP-only) with per-type ranks that give every placement of the comparison exactly the same
-number of trainable parameters (workloads.plop.placement); every trial also reports the scores
+the paper's rule), and fine-tune. One trial trains one placement (PLoP, PLoP^-1, attention-only,
+MLP-only or all modules) with per-type ranks that give every placement of the comparison the
+same number of trainable parameters (workloads.plop.placement); every trial also reports the scores
 on two disjoint samples of the task data and on a freshly initialised model of the same
 architecture, the control. The task is one of tiny-local's built-in tasks (the CI default) or
 supervised fine-tuning data from a file (`task_path`: prompt/answer records in JSONL or a datasets
 save_to_disk folder, e.g. MetaMathQA, with GSM8K's test split as `eval_path`).
 
-The claims: scores are about 1 on the random-init model and separate on the pretrained one; the
-chosen types are the same on disjoint samples; PLoP's placement is not worse than attention-only
-and MLP-only at equal trainable parameters; the counts are equal.
+The claims, headline first: on every task PLoP's held-out accuracy is at least the best of the usual
+placements (attention-only, MLP-only, all modules) at equal trainable parameters; the scores
+separate on the pretrained model; the chosen types are the same on disjoint samples. The checks:
+scores are about 1 on the random-init model, scoring is deterministic, the counts are equal.
 """
 
 from workloads.plop.claims import CHECKS, CLAIMS, plot

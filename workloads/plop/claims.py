@@ -26,11 +26,28 @@ SEPARATION = 3.0
 """Pretrained spread of type scores (max - min) over the control's spread must reach this."""
 TAU_MIN = 0.8
 """Kendall tau between the type rankings of two disjoint samples (the notes' threshold)."""
-ACC_TOLERANCE = 0.12
-"""PLoP's held-out accuracy may trail the best of attention-only and MLP-only by at most this
-(absolute): the seed noise of a placement's held-out accuracy (the mean change between adjacent
-seeds, over placements and tasks) on calibration seeds 100-104, which no reproduction judges by
-default. One held-out pair is 0.033 of accuracy at the smoke size."""
+USUAL = ("attention", "mlp", "all")
+"""The usual placements the headline compares PLoP with: attention-only, MLP-only, all modules."""
+ACC_MARGIN = 0.22
+"""How far PLoP's held-out accuracy may trail the best usual placement's (absolute) and still
+"match" it: the paper's "beats or at worst matches" at the smoke's resolution.
+
+Rule, written before the calibration run: twice the seed noise sigma of one usual placement's
+held-out accuracy, sigma = the pooled standard deviation over seeds 100-104 of the 12 (task,
+usual placement) cells, rounded up to 0.01. Why twice: two equally good placements differ at one
+seed by sqrt(2) sigma (SD), and the claim takes the worst of four tasks. The rule reads only the
+usual placements, never PLoP's own numbers. Calibration (seeds 100-104, smoke, 16 trials a seed),
+mean (SD) held-out accuracy: attr_query attention 0.963 (0.032), MLP 0.323 (0.037), all 0.827
+(0.203); fact_query 0.742 (0.136), 0.850 (0.137), 0.842 (0.099); mul_mod 0.220 (0.077), 0.373
+(0.064), 0.347 (0.176); sub_mod 0.027 (0.028), 0.047 (0.038), 0.033 (0.024); pooled sigma 0.106,
+so 0.212 -> 0.22. (For the record, not used by the rule: PLoP 0.317, 0.792, 0.300, 0.033, and the
+per-seed worst margin -0.70, -0.58, -0.62, -0.58, -0.75, every time attr_query.) The paper's gaps
+(75.2 vs 75.0, 0.002 of accuracy) are far below this: the smoke can only tell a large loss."""
+PARAM_TOLERANCE = 0.02
+"""Compared placements' trainable-parameter counts may differ by this fraction of the smallest.
+`placement.match_ranks` finds one exact common count whenever the rank window holds one (every
+smoke trial so far: 0 difference); when none does each placement takes its nearest count, and 2%
+is less than one rank step of the cheapest module type at the smoke's budget."""
 
 NFN = "diag/nfn_{}/"
 
@@ -132,32 +149,39 @@ def mean_acc(trials: list[dict[str, Any]]) -> dict[tuple, dict[str, float]]:
     return {k: {p: sum(v) / len(v) for p, v in by_p.items()} for k, by_p in acc.items()}
 
 
-@claim("worst_margin", at_least=-ACC_TOLERANCE,
-       paper="PLoP 75.2 vs MLP-only 75.0 and attention-only 69.5 (SFT, Qwen3-1.7B, GSM8K, r = 64); Qwen3-0.6B the "
-             "one case MLP-only won, 63.3 vs 62.0",
-       threshold_from="ours: the seed noise of a placement's held-out accuracy on calibration seeds 100-104 "
-                      "(0.12)")
-def plop_not_worse_than_blocks(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
-    """PLoP's held-out accuracy is not below the best of attention-only and MLP-only by more than 0.12, on every task."""
+@claim("worst_margin", at_least=-ACC_MARGIN,
+       paper="held-out accuracy, PLoP against the best usual placement of each setting: SFT Qwen3-1.7B GSM8K "
+             "(r = 64) 75.2 vs MLP-only 75.0, attention-only 69.5; GRPO Qwen3-1.7B 74.52 vs 73.61 / 71.49; "
+             "Qwen2.5-7B CommonsenseQA 88.6 vs MLP-only 87.3; the one exception Qwen3-0.6B, MLP-only 63.3 vs 62.0 "
+             "(with more parameters); the notes give no all-modules number",
+       threshold_from="ours: twice the seed noise (pooled SD 0.106) of a usual placement's held-out accuracy "
+                      "on calibration seeds 100-104, rounded up: 0.22 (ACC_MARGIN's docstring)")
+def plop_at_least_best_usual_placement(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
+    """On every task, PLoP's held-out accuracy is at least the best of attention-only, MLP-only and all-modules LoRA at equal trainable parameters (within the calibrated margin)."""
     measured: dict[str, float] = {}
     margins = []
     for (_, task), accs in sorted(mean_acc(trials).items()):
-        missing = [p for p in ("plop", "attention", "mlp") if p not in accs]
+        missing = [p for p in ("plop", *USUAL) if p not in accs]
         if missing:
             raise ValueError(f"task {task!r}: no trials with placement {missing}")
-        margin = accs["plop"] - max(accs["attention"], accs["mlp"])
+        margin = accs["plop"] - max(accs[p] for p in USUAL)
         margins.append(margin)
         measured.update({f"{task}/{p}": v for p, v in sorted(accs.items())})
         base = [float(t["eval/base_acc"]) for t in trials if task_of(t) == task and "eval/base_acc" in t]
         if base:  # what the base model does on the held-out set before fine-tuning
             measured[f"{task}/base"] = sum(base) / len(base)
         measured[f"{task}/margin"] = margin
-    measured["worst_margin"] = min(margins)
-    return min(margins) >= -ACC_TOLERANCE, measured
+        # training accuracy, to tell a placement that did not learn the task from one that did not generalise
+        train = [float(t["eval/train_acc"]) for t in trials if task_of(t) == task and "eval/train_acc" in t]
+        if train:
+            measured[f"{task}/min_train_acc"] = min(train)
+    measured["mean_margin"] = sum(margins) / len(margins)  # over tasks: reported, not judged
+    measured["worst_margin"] = min(margins)  # the paper claims it per setting: the worst task decides
+    return min(margins) >= -ACC_MARGIN, measured
 
 
 def equal_trainable_params(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
-    """Every placement of a comparison trains exactly the same number of parameters."""
+    """Every placement of a comparison trains the same number of parameters (within 2%; exact when the rank match finds a common count)."""
     worst, measured = 0.0, {}
     for g in _by_run(trials).values():
         counts = {t["placement"]: float(t["diag/trainable_params"]) for t in g}
@@ -169,10 +193,10 @@ def equal_trainable_params(trials: list[dict[str, Any]]) -> tuple[bool, dict[str
         worst = max(worst, (max(every) - min(every)) / min(every))
         measured.update({f"params/{p}": n for p, n in planned.items()})
     measured["max_rel_diff"] = worst
-    return worst == 0.0, measured
+    return worst <= PARAM_TOLERANCE, measured
 
 
-CLAIMS = [scores_separate_when_pretrained, choice_stable_across_samples, plop_not_worse_than_blocks]
+CLAIMS = [plop_at_least_best_usual_placement, scores_separate_when_pretrained, choice_stable_across_samples]
 CHECKS = [scores_one_at_random_init, scores_same_in_every_trial_of_a_seed, equal_trainable_params]
 """Whatever training does: NFN is about 1 on a random init (the score's calibration: no alignment
 without pretraining), scoring is deterministic within a seed, and the rank match equalises counts."""
@@ -200,7 +224,7 @@ def plot(trials: list[dict[str, Any]], path: str | Path) -> None:
              title="Normalized feature norm by module type")
     left.legend(fontsize=8)
     accs = mean_acc(trials)
-    placements = [p for p in ("plop", "plop_inverse", "attention", "mlp") if any(p in a for a in accs.values())]
+    placements = [p for p in ("plop", "plop_inverse", *USUAL) if any(p in a for a in accs.values())]
     keys = sorted(accs)
     w2 = 0.8 / max(1, len(placements))
     for i, p in enumerate(placements):

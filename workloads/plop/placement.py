@@ -22,10 +22,14 @@ import torch
 from components.basemodel import projections
 from workloads.plop.nfn import select
 
-PLACEMENTS = ("plop", "plop_inverse", "attention", "mlp")
+PLACEMENTS = ("plop", "plop_inverse", "attention", "mlp", "all")
 """'plop': the `n_types` kinds of lowest NFN (the paper's rule); 'plop_inverse': the highest
 (PLoP^-1, the paper's sanity control); 'attention': every kind inside the attention block;
-'mlp': every kind inside the MLP block (or the kinds a config names for either)."""
+'mlp': every kind inside the MLP block (or the kinds a config names for either); 'all': every
+projection kind of the model (the common "all linear layers" LoRA default, PEFT's
+target_modules="all-linear", from "QLoRA: Efficient Finetuning of Quantized LLMs",
+https://arxiv.org/abs/2305.14314, which found LoRA on every linear layer needed to match full
+fine-tuning; the third usual placement the headline compares PLoP with)."""
 
 BLOCK_WORDS = {"attention": ("attn", "attention"), "mlp": ("mlp", "ffn", "feed_forward")}
 """A projection is in the attention (MLP) block when the module holding it is named with one of
@@ -67,6 +71,8 @@ def placement_types(placement: str, model: torch.nn.Module, type_scores: dict[st
     if placement in ("attention", "mlp"):
         named = (fixed or {}).get(placement)
         return list(named) if named else block_types(model, placement)
+    if placement == "all":
+        return list(type_costs(model))  # every kind the scorer sees, so PLoP's choice is a subset of it
     raise ValueError(f"unknown placement {placement!r}; choose among {', '.join(PLACEMENTS)}")
 
 

@@ -48,8 +48,9 @@ class Config(with_task_fields(PromptField, AnswerField, dtype="float32")):
     heldout_frac: float = 0.25
     """Fraction of the task's groups (entities, keys, pairs; a task file's records) held out of
     fine-tuning."""
-    placement: Literal["plop", "plop_inverse", "attention", "mlp"] = "plop"
-    """Where LoRA goes: PLoP's lowest-NFN kinds, the highest (PLoP^-1), attention-only or MLP-only."""
+    placement: Literal["plop", "plop_inverse", "attention", "mlp", "all"] = "plop"
+    """Where LoRA goes: PLoP's lowest-NFN kinds, the highest (PLoP^-1), attention-only, MLP-only or
+    every projection kind ('all')."""
     attention_kinds: tuple[str, ...] = ()
     """The projection kinds of the attention-only arm; () = every projection in a module named
     like attn/attention (Llama: q/k/v/o_proj; GPT-2: c_attn, attn.c_proj)."""
