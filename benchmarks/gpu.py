@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The GPU evidence run for the Triton kernels: one command, one folder of results.
 
-    python3 benchmarks/gpu.py OUTDIR               # on a machine with one CUDA GPU (~7 min on an H100/H200)
+    python3 benchmarks/gpu.py OUTDIR               # on a machine with one CUDA GPU (~9 min on an H100/H200)
     python3 benchmarks/gpu.py --cpu-smoke OUTDIR   # every section at toy sizes on a CPU (Triton interpreter)
 
 Needs only torch, triton and numpy (pytest for the tests, torchao where it imports): no Ray,
@@ -24,7 +24,13 @@ the order that saves the most per second, each timed and caught on its own:
 4. ``family``: a celerity_lm family (three widths x two seeds, bf16 autocast), its token budget
    sized from the measured time of its first steps, and the collapse check of `ladder audit
    --family`. Finished curves are kept when the time runs out.
-5. ``tests``: tests/kernels on the GPU, without the interpreter, capped at about 120 s, with the
+5. ``lowprec_training``: the lowprec_attention workload's own `train` (bf16 autocast, attention
+   through the emulating reference with bf16 row statistics, as the paper's code keeps them), three
+   arms at one seed: the baseline, the paper's fix (beta*m / 0) and the kernels' bounded fix, the
+   same steps each (sized from a timed 20-step probe so the three fit the section's time). Per
+   arm: the loss curve, loss spikes, non-finite steps, weight-norm and W_Q/W_K spectral-norm
+   growth, the largest attention logit, and whether it diverged (`claims.diverged`).
+6. ``tests``: tests/kernels on the GPU, without the interpreter, capped at about 120 s, with the
    kernels' autotuning cut to one candidate (LADDER_KERNELS_AUTOTUNE=first); a run cut short still
    reports the tests that finished.
 
@@ -62,7 +68,15 @@ TARGETS = {
     "ocp_formats_bit_exact": (1.0, "every OCP element format quantizes and dequantizes bit for bit on the device"),
 }
 # seconds each section may take on a GPU, in order; a section that ends early leaves its time to the next
-SECTION_BUDGET = {"preflight": 20, "mx": 120, "attention": 90, "family": 100, "tests": 120}
+SECTION_BUDGET = {"preflight": 20, "mx": 120, "attention": 90, "family": 100, "lowprec_training": 90, "tests": 120}
+# lowprec_training: the decoder each arm trains (GPU; the CPU smoke trains a toy one a few steps)
+LOWPREC_GPU = dict(width=256, depth=4, head_dim=64, seq_len=256, batch_size=32, lr=1e-2, weight_decay=0.0,
+                   max_bytes=4_000_000, eval_tokens=16384, bias_seeds=2)
+LOWPREC_SMOKE = dict(width=32, depth=1, head_dim=16, seq_len=32, batch_size=8, lr=1e-2, weight_decay=0.0,
+                     max_bytes=100_000, eval_tokens=256, bias_seeds=2, bias_queries=32, bias_keys=128,
+                     bias_head_dim=16, log_every=2)
+LOWPREC_ARMS = {"baseline": {"stable_rounding": False}, "paper_fix": {"stable_rounding": True, "stable_rule": "paper"},
+                "bounded_fix": {"stable_rounding": True, "stable_rule": "bounded"}}
 
 
 # -- plumbing ---------------------------------------------------------------------------------------
@@ -551,7 +565,94 @@ def section_family(ctx: Ctx) -> dict:
     return out
 
 
-# -- 5. kernel tests --------------------------------------------------------------------------------
+# -- 5. low-precision training: baseline against the fix ---------------------------------------------
+
+class _OutOfTime(Exception):
+    pass
+
+
+class _BudgetRun:
+    """The workload `Run` protocol, in process: keeps every report and stops the run (by raising
+    from `report`) once `deadline` has passed, so a slow arm leaves its curve so far."""
+
+    rank, world_size = 0, 1
+
+    def __init__(self, device, deadline: float):
+        self.device, self.deadline, self.reports = device, deadline, []
+
+    def report(self, metrics: dict, *, step: int) -> None:
+        self.reports.append((step, dict(metrics)))
+        if time.perf_counter() > self.deadline:
+            raise _OutOfTime(step)
+
+    def save(self, state: dict) -> None:
+        pass
+
+    def restore(self):
+        return None
+
+    def prepare(self, model, optimizer):
+        return model.to(self.device), optimizer
+
+    def log_artifact(self, path) -> None:
+        pass
+
+
+def section_lowprec_training(ctx: Ctx) -> dict:
+    torch = ctx.torch
+    import dataclasses
+
+    from workloads.lowprec_attention.claims import diverged
+    from workloads.lowprec_attention.workload import Config, train
+
+    dev = torch.device(ctx.device)
+    # impl="reference": the bf16 row statistics the paper's code keeps (the Triton kernel keeps fp32)
+    base = Config(impl="reference", precision="paper", dtype="bf16", warmup_frac=0.02,
+                  **{"log_every": 10, **(LOWPREC_SMOKE if ctx.smoke else LOWPREC_GPU)})
+
+    def arm(name: str, steps: int, deadline: float) -> tuple[dict | None, _BudgetRun, float]:
+        cfg = dataclasses.replace(base, steps=steps, eval_every=max(1, steps // 4), checkpoint_every=steps,
+                                  **LOWPREC_ARMS[name])
+        run = _BudgetRun(dev, deadline)
+        torch.manual_seed(0)
+        t0 = time.perf_counter()
+        try:
+            final = train(cfg, run)
+        except _OutOfTime:
+            final = None
+        if not ctx.smoke:
+            torch.cuda.synchronize()
+        return final, run, time.perf_counter() - t0
+
+    # size: a timed 20-step probe of the baseline, then every arm the same steps, all three fitting
+    # (the CPU smoke trains a fixed 6 steps: each train() call lists the corpus, ~1 s on a CPU)
+    probe_steps = 20 if not ctx.smoke else 0
+    probe_s = arm("baseline", probe_steps, math.inf)[2] if probe_steps else math.nan
+    step_s = probe_s / probe_steps if probe_steps else math.nan  # an upper bound: bias statistic and data load included
+    room = max(1.0, ctx.section_left() - 5)
+    steps = 6 if ctx.smoke else int(max(50, min(5000, room / len(LOWPREC_ARMS) / step_s)))
+    sizing = {"probe_steps": probe_steps, "probe_seconds": probe_s, "step_seconds_upper": step_s,
+              "room_seconds": room, "steps": steps, "config": dataclasses.asdict(base)}
+    ctx.res["sections"]["lowprec_training"]["sizing"] = sizing
+    ctx.save()
+    complete = True
+    for i, name in enumerate(LOWPREC_ARMS):
+        # each arm's share of what is left, so a slow arm cannot starve the next
+        share = ctx.section_left() / (len(LOWPREC_ARMS) - i)
+        final, run, seconds = arm(name, steps, time.perf_counter() + share if not ctx.smoke else math.inf)
+        curve = [(step, m["train/loss"]) for step, m in run.reports if "train/loss" in m]
+        row = {"arm": name, **LOWPREC_ARMS[name], "steps": steps, "steps_done": run.reports[-1][0] if run.reports else 0,
+               "finished": final is not None, "seconds": seconds, "curve_steps": [c[0] for c in curve],
+               "curve_train_loss": [c[1] for c in curve]}
+        if final is not None:
+            row.update({k.replace("/", "_"): v for k, v in final.items() if not k.startswith("eval/bias_r/")})
+            row["diverged"] = diverged(final)
+        complete &= final is not None
+        ctx.row("lowprec_training", "arms", row)
+    return {"status": "ok" if complete else "partial", "steps": steps}
+
+
+# -- 6. kernel tests --------------------------------------------------------------------------------
 
 def section_tests(ctx: Ctx) -> dict:
     try:
@@ -683,6 +784,22 @@ def markdown(res: dict) -> str:
         for r in fam["runs"]:
             out.append(f"| {r['trial']} | {r['params']} | {r['steps_done']} / {r['steps']} | "
                        f"{_fmt(r['final_eval_loss'], '.4f')} | {r['seconds']:.1f} |")
+    lp = res["sections"].get("lowprec_training", {})
+    if lp.get("arms"):
+        cfg = lp.get("sizing", {}).get("config", {})
+        out += ["", f"## low-precision training: baseline against the fix (bf16, bf16 row statistics, reference "
+                    f"attention; width {cfg.get('width')}, depth {cfg.get('depth')}, T {cfg.get('seq_len')}, "
+                    f"lr {cfg.get('lr')})", "",
+                "| arm | steps done / planned | final train loss | lowest logged loss | eval loss | non-finite steps | "
+                "spikes | max loss / running min | weight norm x | W_Q,W_K spectral x | max attention logit | "
+                "diverged | seconds |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in lp["arms"]:
+            out.append(f"| {r['arm']} | {r['steps_done']} / {r['steps']} | {_fmt(r.get('train_loss'), '.4f')} | "
+                       f"{_fmt(r.get('train_loss_min'), '.4f')} | {_fmt(r.get('eval_loss'), '.4f')} | "
+                       f"{_fmt(r.get('train_nonfinite_steps'))} | {_fmt(r.get('train_loss_spikes'))} | "
+                       f"{_fmt(r.get('train_loss_jump'))} | {_fmt(r.get('train_weight_norm_growth'))} | "
+                       f"{_fmt(r.get('train_qk_spectral_growth'))} | {_fmt(r.get('train_attn_logit_max'))} | "
+                       f"{r.get('diverged', 'unfinished')} | {r['seconds']:.1f} |")
     t = res["sections"].get("tests", {})
     if t.get("summary"):
         out += ["", f"## kernel tests\n\n`{t['summary']}`"]
@@ -695,7 +812,7 @@ def markdown(res: dict) -> str:
 
 
 SECTIONS = {"preflight": section_preflight, "mx": section_mx, "attention": section_attention,
-            "family": section_family, "tests": section_tests}
+            "family": section_family, "lowprec_training": section_lowprec_training, "tests": section_tests}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -703,7 +820,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("outdir", type=Path, help="folder for gpu.json, gpu.md and the tests' junit XML and log")
     ap.add_argument("--cpu-smoke", action="store_true", help="toy sizes on the CPU, kernels under the Triton interpreter")
     ap.add_argument("--sections", nargs="+", choices=list(SECTIONS), default=list(SECTIONS))
-    ap.add_argument("--budget-s", type=float, default=450.0, help="the whole run's seconds; sections share them "
+    ap.add_argument("--budget-s", type=float, default=540.0, help="the whole run's seconds; sections share them "
                     "by SECTION_BUDGET, and one that ends early leaves its time to the next")
     args = ap.parse_args(argv)
     if args.cpu_smoke:

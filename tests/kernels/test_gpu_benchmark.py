@@ -30,7 +30,13 @@ def test_cpu_smoke_runs_every_section_and_measures_every_mx_format(tmp_path):
         (e, s) for e in gpu.OCP_ELEMENTS for s in ("e8m0", "ue4m3")}
     judged = {t["target"] for t in res["targets"]}
     assert set(gpu.TARGETS) <= judged | {"mx_matmul_vs_torchao_decode"}, set(gpu.TARGETS) - judged
+    low = res["sections"]["lowprec_training"]
+    assert [r["arm"] for r in low["arms"]] == list(gpu.LOWPREC_ARMS) and all(r["finished"] for r in low["arms"])
+    for r in low["arms"]:  # the same steps each, a loss curve, and the stability numbers the GPU run compares
+        assert r["steps_done"] == r["steps"] == low["steps"] and r["curve_train_loss"], r
+        assert r["train_weight_norm_growth"] > 0 and r["train_attn_logit_max"] > 0 and isinstance(r["diverged"], bool)
     page = (tmp_path / "gpu.md").read_text()
-    for heading in ("## targets", "## MX quantize", "## mx_matmul", "## OCP MX element formats on the device"):
+    for heading in ("## targets", "## MX quantize", "## mx_matmul", "## OCP MX element formats on the device",
+                    "## low-precision training: baseline against the fix"):
         assert heading in page
     assert res["sections"]["tests"]["failed"] == [] and res["sections"]["tests"]["returncode"] == 0

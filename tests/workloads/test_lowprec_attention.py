@@ -14,7 +14,7 @@ from workloads import celerity_lm
 from workloads import lowprec_attention as m
 from workloads.lowprec_attention import claims
 from workloads.lowprec_attention.workload import attention_fn, bias_statistics
-from conftest import judged_claim
+from conftest import judged_claim, shifted
 
 
 def test_bad_configs_name_the_fix():
@@ -107,3 +107,93 @@ def test_reproduce_lowprec_attention_smoke_holds(workdir):
     assert [c.name for c in rep.checks] == ["fix_keeps_training"] and rep.checks[0].verdict == "holds"
     assert by["fix_keeps_training"]["relative_gap"] < 0.02  # margin: worst 0.0007 over seeds 1-9 (threshold 0.02)
     assert len(rep.trials) == 2 and rep.parent_run_id
+
+
+# -- the bench size ------------------------------------------------------------------------------
+
+def test_bench_size_builds_and_checks():
+    from orchestrator.reproduction.reproduce import check, load_repro
+
+    said = check("lowprec_attention", size="bench")
+    assert "at bench size: 9 trials (3 a seed" in said and "4 claims, 1 checks" in said
+    bench = load_repro("lowprec_attention", size="bench")
+    base = bench.check()
+    # the setting: bf16 through the project's own attention, bf16 row statistics as the paper's code
+    assert (base.impl, base.precision, base.dtype) == ("reference", "paper", "bf16")
+    rules = sorted((p["stable_rounding"], p.get("stable_rule", "")) for p in bench.trial_params())
+    assert rules == [(False, ""), (True, "bounded"), (True, "paper")]
+    # the smoke size is today's sweep, unchanged
+    smoke = load_repro("lowprec_attention", size="smoke")
+    assert {k: v for k, v in smoke.overrides.items() if k != "seed"} == {
+        "bias_seeds": 8, "steps": 80, "eval_every": 40, "checkpoint_every": 40}
+    assert registry.load("lowprec_attention").claims_at("bench")[0] is claims.fix_stabilizes_training
+    assert registry.load("lowprec_attention").claims_at("smoke") == claims.CLAIMS
+
+
+def _bench_trial(rule, loss=2.6, loss_min=2.2, nonfinite=0.0):
+    t = _trial(rule is not None, [1.3, 1.2] if rule is None else [0.1, 0.0], loss=loss, nonfinite=nonfinite)
+    t.update({"stable_rule": rule or "paper", "train/loss": loss, "train/loss_min": loss_min,
+              "train/loss_spikes": 0.0, "train/loss_jump": 1.2, "train/weight_norm_growth": 4.0,
+              "train/qk_spectral_growth": 9.0, "train/attn_logit_max": 20.0})
+    return t
+
+
+def test_bench_claims_judge_what_they_are_given():
+    # diverged: non-finite, or ending above 1.5x the lowest step loss; noise around the minimum is not
+    assert claims.diverged(_bench_trial(None, loss=float("nan"), nonfinite=3.0))
+    assert claims.diverged(_bench_trial(None, loss=3.4, loss_min=2.2))  # 3.4 > 1.5 * 2.2 = 3.3
+    assert not claims.diverged(_bench_trial(None, loss=3.2, loss_min=2.2))
+    fixed = [_bench_trial("paper"), _bench_trial("bounded")]
+    exploded = [_bench_trial(None, loss=float("nan"), nonfinite=5.0), *fixed]
+    assert judged_claim(claims.fix_stabilizes_training, exploded)
+    assert judged_claim(claims.bounded_fix_stabilizes_training, exploded)
+    assert claims.fix_stabilizes_training(exploded)[1]["stabilized"] == 1.0
+    calm = [_bench_trial(None), *fixed]  # neither diverges: no stabilisation to claim
+    assert not judged_claim(claims.fix_stabilizes_training, calm)
+    assert claims.fix_stabilizes_training(calm)[1]["stabilized"] == 0.0
+    fix_nan = [_bench_trial(None, loss=float("nan"), nonfinite=5.0),
+               _bench_trial("paper", loss=float("nan"), nonfinite=9.0), _bench_trial("bounded")]
+    assert not judged_claim(claims.fix_stabilizes_training, fix_nan)  # the paper's beta underflowing to NaN
+    assert judged_claim(claims.bounded_fix_stabilizes_training, fix_nan)
+    assert claims.bench_arms_ran(exploded)[0]
+    assert not claims.bench_arms_ran([{**t, "precision": "kernel"} for t in exploded])[0]
+    with pytest.raises(LookupError):  # an arm missing is an error, not a verdict
+        claims.bench_arms_ran(exploded[:2])
+
+
+def test_spikes_count_a_loss_that_leaves_its_running_minimum():
+    from workloads.lowprec_attention.workload import Spikes
+
+    s = Spikes(settle=2)
+    for step, loss in enumerate([5.0, 4.0, 3.0, 6.0, 2.9, float("nan"), 4.0], start=1):
+        s.add(step, loss)
+    # step 4: 6 > 1.5 * 3 (a spike, jump 2); step 6: not finite (a spike); step 7: 4 < 1.5 * 2.9
+    assert (s.spikes, s.jump, s.low, s.loss_max) == (2.0, 2.0, 2.9, 6.0)
+    early = Spikes(settle=3)
+    for step, loss in enumerate([5.0, 2.0, 4.0], start=1):  # the bounce off the first drop is not counted
+        early.add(step, loss)
+    assert early.spikes == 0.0
+
+
+def test_stability_probes_measure_what_they_say():
+    from workloads.lowprec_attention.workload import qk_spectral_max
+
+    cfg = dataclasses.replace(m.smoke(), dtype="fp32", precision="kernel", block=16)
+    probe = {"on": 1.0}
+    g = torch.Generator().manual_seed(shifted(0))
+    q, k, v = (torch.randn(2, 2, 12, 16, generator=g) for _ in range(3))
+    attention_fn(cfg, torch.device("cpu"), probe)(q, k, v)
+    s = (q @ k.transpose(-1, -2)) / 4.0  # head_dim 16: scale 1/4
+    assert probe["logit_max"] == pytest.approx(s.masked_fill(torch.ones(12, 12).triu(1).bool(), -1e9).max().item())
+    probe.update(on=0.0, logit_max=-1.0)
+    attention_fn(cfg, torch.device("cpu"), probe)(q * 100, k, v)
+    assert probe["logit_max"] == -1.0  # off: nothing measured
+    lm_cfg = dataclasses.replace(celerity_lm.smoke(), width=32, depth=1, head_dim=16, seq_len=24)
+    model, _, _ = celerity_lm.build(lm_cfg)
+    with torch.no_grad():
+        model.blocks[0].qkv.weight.zero_()
+        model.blocks[0].qkv.weight[0, 0] = 3.0  # W_Q's only entry: spectral norm 3
+    assert qk_spectral_max(model) == pytest.approx(3.0)
+    with torch.no_grad():
+        model.blocks[0].qkv.weight[40, 1] = float("nan")  # in W_K
+    assert qk_spectral_max(model) == float("inf")

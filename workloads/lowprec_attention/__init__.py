@@ -10,7 +10,7 @@ model, with its attention replaced by `kernels.attention`) with each variant, re
 curves: on a CPU the emulating reference (which honours `precision`), on a GPU the Triton kernel.
 """
 
-from workloads.lowprec_attention.claims import CHECKS, CLAIMS, plot
+from workloads.lowprec_attention.claims import BENCH_CHECKS, BENCH_CLAIMS, CHECKS, CLAIMS, plot
 from workloads.lowprec_attention.workload import Config, smoke, train, validate
 
-__all__ = ["CHECKS", "CLAIMS", "Config", "plot", "smoke", "train", "validate"]
+__all__ = ["BENCH_CHECKS", "BENCH_CLAIMS", "CHECKS", "CLAIMS", "Config", "plot", "smoke", "train", "validate"]

@@ -5,7 +5,9 @@ The claims are the bias of bf16 flash attention's error on tied row maxima and i
 fix, each declared with one scalar effect (`orchestrator.claims.claim`): |r|, the mean error over
 its standard deviation, averaged over the input sets. That training with the fix reaches the
 same loss is a check: at the smoke size neither arm diverges, so it is a sanity check of the fix
-(the same maths), not the paper's stabilisation effect.
+(the same maths), not the paper's stabilisation effect. The bench size judges that effect,
+`BENCH_CLAIMS` (headline: the baseline's bf16 training diverges and the paper's fix's does not),
+then the same two bias claims; `BENCH_CHECKS` checks its three arms ran.
 """
 
 from __future__ import annotations
@@ -90,6 +92,93 @@ def fix_keeps_training(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, fl
 
 CLAIMS = [baseline_is_biased, fix_removes_bias]
 CHECKS = [fix_keeps_training]
+
+
+# -- the bench size: the paper's stabilisation claim ---------------------------------------------
+
+STABILIZED = 0.5
+"""The bench claims' threshold on `stabilized`, the per-seed difference baseline-diverged minus
+fix-diverged (1: the baseline diverged and the fix did not; 0: both or neither; -1: the reverse).
+
+Rule, written before any bench run: the paper's claim is categorical (BF16 training explodes, the
+fix trains), so the claim holds when the mean of that 0/1 difference is above one half with its
+whole 95% interval, i.e. the baseline diverges and the fix does not at (nearly) every seed; it is
+a share of seeds, not a scalar whose noise needs calibrating. What counts as diverged is
+`diverged`, whose one number (SPIKE_RATIO = 1.5, the issue's "loss > 1.5x its running min") was
+also fixed before any run. Seeds 100-101 of the exploration, run after the rule was written
+(docs/reproductions/lowprec_attention.bench.notes.md), measured no divergence of the baseline at
+any setting a CPU runs in minutes, and the paper's fix diverging (non-finite) at lr >= 3e-2 and,
+at the bench setting (seed 100), at lr 1e-2."""
+
+
+def diverged(t: dict[str, Any]) -> bool:
+    """A run diverged: a non-finite loss at some step, or its last logged loss ended more than
+    SPIKE_RATIO (1.5x) above the lowest step loss it had reached (a loss that left its running
+    minimum and did not come back: the paper's explosion, not noise around the minimum)."""
+    from workloads.lowprec_attention.workload import SPIKE_RATIO
+
+    loss, low = t["train/loss"], t["train/loss_min"]
+    finite = t["train/nonfinite_steps"] == 0 and loss == loss and abs(loss) != float("inf")
+    return not finite or loss > SPIKE_RATIO * low
+
+
+def _arm(trials: list[dict[str, Any]], rule: str | None) -> dict[str, Any]:
+    """The bench trial of one arm: rule None is the baseline, else the fix with that shift rule."""
+    found = [t for t in trials if (not t["stable_rounding"] if rule is None
+                                   else bool(t["stable_rounding"]) and t["stable_rule"] == rule)]
+    if len(found) != 1:
+        raise LookupError(f"expected one trial with fix rule {rule!r}, found {len(found)} among "
+                          f"{[(t['stable_rounding'], t['stable_rule']) for t in trials]}")
+    return found[0]
+
+
+def _stability(base: dict[str, Any], fix: dict[str, Any]) -> tuple[bool, dict[str, float]]:
+    d_base, d_fix = diverged(base), diverged(fix)
+    measured = {"stabilized": float(d_base) - float(d_fix), "baseline_diverged": float(d_base),
+                "fix_diverged": float(d_fix)}
+    for name, t in (("baseline", base), ("fix", fix)):
+        measured.update({f"{name}_loss": t["train/loss"], f"{name}_loss_min": t["train/loss_min"],
+                         f"{name}_eval_loss": t["eval/loss"], f"{name}_nonfinite_steps": t["train/nonfinite_steps"],
+                         f"{name}_loss_spikes": t["train/loss_spikes"], f"{name}_loss_jump": t["train/loss_jump"],
+                         f"{name}_weight_norm_growth": t["train/weight_norm_growth"],
+                         f"{name}_qk_spectral_growth": t["train/qk_spectral_growth"],
+                         f"{name}_attn_logit_max": t["train/attn_logit_max"]})
+    return d_base and not d_fix, measured
+
+
+@claim("stabilized", at_least=STABILIZED,
+       paper="BF16 flash-attention training of GPT-2 small explodes (loss blows up after tens of thousands of steps) "
+             "and the paper's minimal modification (beta = 2 shift of a tied row max) stabilizes it; no loss number "
+             "in the notes",
+       threshold_from="ours: a share of seeds above 1/2 of a 0/1 per-seed difference (rule in STABILIZED's "
+                      "docstring), set before any bench run")
+def fix_stabilizes_training(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
+    """In bf16 with bf16 row statistics, the baseline's training diverges and the paper's fix (beta*m / 0) does not."""
+    return _stability(_arm(trials, None), _arm(trials, "paper"))
+
+
+@claim("stabilized", at_least=STABILIZED,
+       paper="the same claim for the kernels' bounded shift, a variant of the paper's fix that cannot underflow "
+             "(the paper's README: NaN -> decrease beta)",
+       threshold_from="ours: as fix_stabilizes_training (STABILIZED), set before any bench run")
+def bounded_fix_stabilizes_training(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
+    """In bf16 with bf16 row statistics, the baseline's training diverges and the bounded fix's does not."""
+    return _stability(_arm(trials, None), _arm(trials, "bounded"))
+
+
+def bench_arms_ran(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
+    """The bench ran its three arms at one seed in bf16 with bf16 row statistics, each reporting its stability metrics."""
+    arms = [_arm(trials, rule) for rule in (None, "paper", "bounded")]
+    keys = ("train/loss_min", "train/loss_spikes", "train/weight_norm_growth", "train/qk_spectral_growth",
+            "train/attn_logit_max")
+    ok = all(t["dtype"] == "bf16" and t["precision"] == "paper" and all(k in t for k in keys) for t in arms)
+    return ok, {"arms": float(len(arms))}
+
+
+# The bias claims judge the same statistic at the bench size (8 input sets a seed, as at smoke);
+# the stabilisation claim, the paper's headline, comes first.
+BENCH_CLAIMS = [fix_stabilizes_training, bounded_fix_stabilizes_training, baseline_is_biased, fix_removes_bias]
+BENCH_CHECKS = [bench_arms_ran]
 
 
 def plot(trials: list[dict[str, Any]], path: str | Path) -> None:

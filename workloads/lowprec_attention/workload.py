@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import partial
@@ -15,6 +16,12 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 PRECISIONS = ("paper", "kernel")
 HELDOUT_FRAC = 0.1
 """Share of the corpus's files held out for the evaluation loss (by a hash of each path)."""
+SPIKE_RATIO = 1.5
+"""A logged train loss (the mean over `log_every` steps) past the first tenth of the run that
+exceeds this multiple of the lowest logged loss before it is a spike: the paper's failure is a
+loss that leaves its running minimum, not noise around it. Logged means, not single steps: a
+step's loss at batch 8 x 32 bytes swings past 1.5x its running minimum by noise alone (measured:
+65-106 such steps in 1000 in every arm, baseline or fix)."""
 
 
 @dataclass(frozen=True)
@@ -137,18 +144,27 @@ def bias_statistics(cfg: Config) -> dict[str, float]:
     return out
 
 
-def attention_fn(cfg: Config, device: torch.device):
-    """The decoder's attention: q, k, v [B, H, T, D] in the run's low precision, causal."""
+def attention_fn(cfg: Config, device: torch.device, probe: dict[str, float] | None = None):
+    """The decoder's attention: q, k, v [B, H, T, D] in the run's low precision, causal.
+
+    probe: while probe["on"] is truthy, probe["logit_max"] keeps the largest scaled score q.k/sqrt(D)
+    seen (the paper's runaway shows as growing attention logits); off, it costs nothing."""
     dtype = DTYPES[cfg.dtype]
-    probe = torch.empty(0, device=device)
-    if attn.resolve_impl(cfg.impl, probe) == "triton":
+    if attn.resolve_impl(cfg.impl, torch.empty(0, device=device)) == "triton":
         kernel = partial(attn.flash_attention_triton, causal=True, stable_rounding=_fix(cfg))
     else:
         kernel = partial(attn.flash_attention_reference, causal=True, stable_rounding=_fix(cfg),
                          block_m=cfg.block, block_n=cfg.block, precision=cfg.precision)
 
     def attention(q, k, v):
-        return kernel(q.to(dtype), k.to(dtype), v.to(dtype)).to(q.dtype)
+        out_dtype = q.dtype
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+        if probe is not None and probe.get("on"):
+            with torch.no_grad():
+                s = (q.float() @ k.float().transpose(-1, -2)) * q.shape[-1] ** -0.5  # [B, H, T, T]
+                causal = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
+                probe["logit_max"] = max(probe.get("logit_max", 0.0), s.masked_fill(~causal, -math.inf).amax().item())
+        return kernel(q, k, v).to(out_dtype)
 
     return attention
 
@@ -163,6 +179,50 @@ def build_lm(cfg: Config):
                 seq_len=cfg.seq_len, ffn_mult=4, activation="gelu", base_width=cfg.width, base_depth=cfg.depth,
                 init_std=0.02)
     return model, adamw(model, hidden_lr=cfg.lr, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+
+
+def qk_spectral_max(model) -> float:
+    """The largest spectral norm of any block's W_Q or W_K (the paper: the bias raises it); inf
+    once a weight is not finite (a diverged run)."""
+    norms = []
+    for block in model.blocks:
+        w_q, w_k, _ = block.qkv.weight.detach().float().chunk(3, dim=0)  # [C, C] each
+        if not (torch.isfinite(w_q).all() and torch.isfinite(w_k).all()):
+            return math.inf
+        norms += [torch.linalg.matrix_norm(w_q, ord=2).item(), torch.linalg.matrix_norm(w_k, ord=2).item()]
+    return max(norms)
+
+
+def hidden_norm(model) -> float:
+    """Frobenius norm of the blocks' matrices, all together."""
+    total = math.sqrt(sum(p.detach().float().square().sum().item() for p in model.hidden_matrices()))
+    return total if math.isfinite(total) else math.inf
+
+
+@dataclass
+class Spikes:
+    """Loss spikes as the run goes: logged losses past step `settle` that leave their running
+    minimum by SPIKE_RATIO, or are not finite; and the largest ratio of a finite one to that minimum.
+
+    `settle` is the warmup or the first tenth of the run, whichever is longer: at a high learning
+    rate every arm's loss bounces off its first fast drop (measured: at lr 1e-2, 3-6 such steps in
+    the baseline and both fixes alike), which is not the paper's late explosion."""
+
+    settle: int
+    low: float = math.inf
+    spikes: float = 0.0
+    jump: float = 1.0
+    loss_max: float = 0.0
+
+    def add(self, step: int, loss: float) -> None:
+        if not math.isfinite(loss):
+            self.spikes += step > self.settle
+            return
+        if step > self.settle and math.isfinite(self.low):
+            self.spikes += loss > SPIKE_RATIO * self.low
+            self.jump = max(self.jump, loss / self.low)
+            self.loss_max = max(self.loss_max, loss)
+        self.low = min(self.low, loss)
 
 
 def _evaluate(model, batches, device, autocast) -> float:
@@ -186,8 +246,10 @@ def train(cfg: Config, run) -> dict[str, float]:
     torch.manual_seed(cfg.seed)
     train_bytes, held_bytes = load_corpus(cfg.data, heldout_frac=HELDOUT_FRAC, max_bytes=cfg.max_bytes)
     model, optimizer = build_lm(cfg)
+    probe: dict[str, float] = {"on": 0.0}
     for block in model.blocks:
-        block.attention = attention_fn(cfg, run.device)
+        block.attention = attention_fn(cfg, run.device, probe)
+    norm0, spectral0 = hidden_norm(model), qk_spectral_max(model)
     model, optimizer = run.prepare(model, optimizer)
     raw = getattr(model, "module", model)
     sampler = BatchSampler(train_bytes, cfg.seq_len, cfg.batch_size // run.world_size, seed=cfg.seed, rank=run.rank)
@@ -202,6 +264,10 @@ def train(cfg: Config, run) -> dict[str, float]:
         optimizer.load_state_dict(state["optimizer"])
         sampler.load_state(state["sampler"])
         start = int(state["step"])
+    spikes = Spikes(settle=max(1, round(cfg.warmup_frac * cfg.steps), cfg.steps // 10))
+    if state is not None and "spikes" in state:  # a checkpoint of an older run has none: measured from here
+        norm0, spectral0, probe["logit_max"] = state["norm0"], state["spectral0"], state["logit_max"]
+        spikes = Spikes(**state["spikes"])
     window, n = 0.0, 0
     train_loss = eval_loss = math.nan
     nonfinite = float(state.get("nonfinite", 0.0)) if state is not None else 0.0
@@ -211,6 +277,7 @@ def train(cfg: Config, run) -> dict[str, float]:
             g["lr"] = cfg.lr * factor
         x, y = sampler.next()
         x, y = x.to(run.device), y.to(run.device)
+        probe["on"] = float(step % cfg.log_every == 0 or step == cfg.steps)  # logits measured at log steps only
         with autocast():
             logits = model(x)
         loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
@@ -218,6 +285,7 @@ def train(cfg: Config, run) -> dict[str, float]:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
+        probe["on"] = 0.0
         if not math.isfinite(loss.item()):
             nonfinite += 1  # the paper's failure is a loss that explodes; count it, do not hide it
         window += loss.item()
@@ -226,6 +294,7 @@ def train(cfg: Config, run) -> dict[str, float]:
         if step % cfg.log_every == 0 or step == cfg.steps:
             train_loss = window / n
             metrics["train/loss"] = train_loss
+            spikes.add(step, train_loss)
             window, n = 0.0, 0
         if step % cfg.eval_every == 0 or step == cfg.steps:
             eval_loss = _evaluate(model, heldout, run.device, autocast)
@@ -237,7 +306,13 @@ def train(cfg: Config, run) -> dict[str, float]:
             run.report(metrics, step=step)
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
             run.save({"step": step, "model": raw.state_dict(), "optimizer": optimizer.state_dict(),
-                      "sampler": sampler.state(), "nonfinite": nonfinite})
+                      "sampler": sampler.state(), "nonfinite": nonfinite, "spikes": dataclasses.asdict(spikes),
+                      "norm0": norm0, "spectral0": spectral0, "logit_max": probe.get("logit_max", 0.0)})
     if math.isnan(eval_loss):
         eval_loss = _evaluate(model, heldout, run.device, autocast)
-    return {**bias, "train/loss": train_loss, "eval/loss": eval_loss, "train/nonfinite_steps": nonfinite}
+    stability = {"train/loss_spikes": spikes.spikes, "train/loss_jump": spikes.jump, "train/loss_max": spikes.loss_max,
+                 "train/loss_min": spikes.low,
+                 "train/weight_norm_growth": hidden_norm(raw) / norm0,
+                 "train/qk_spectral_growth": qk_spectral_max(raw) / spectral0,
+                 "train/attn_logit_max": probe.get("logit_max", 0.0)}
+    return {**bias, "train/loss": train_loss, "eval/loss": eval_loss, "train/nonfinite_steps": nonfinite, **stability}
