@@ -719,3 +719,15 @@ def test_the_real_sweep_is_valid_anywhere_and_names_what_it_needs(workdir, monke
     assert "model='google/vit-base-patch32-224-in21k' is neither a folder" in problem
     assert f"data_path='{workdir / 'data' / 'cifar10'}' does not exist" in problem and "uoft-cs/cifar10" in problem
     assert sweep.gpus_per_worker == 1 and sweep.trial_count() == 6
+
+
+def test_the_bench_size_builds_and_passes_its_check(workdir):
+    """`ladder reproduce wasi --size bench --check`: the bench (run on demand, not in CI) builds at
+    every seed, fine-tunes longer than the smoke, and this machine can run it."""
+    from orchestrator.reproduction import reproduce
+
+    smoke, bench = (reproduce.load_repro("wasi", size=size, seed=shifted(0)) for size in ("smoke", "bench"))
+    assert bench.name == "repro-wasi-bench" and bench.trial_count() == smoke.trial_count() == 2
+    assert bench.base_config().finetune_steps > smoke.base_config().finetune_steps
+    said = reproduce.check("wasi", size="bench", local=True)
+    assert said.startswith("wasi at bench size: 6 trials (2 a seed") and said.endswith("ready to run"), said
