@@ -293,6 +293,29 @@ def pytest_sessionfinish(session, exitstatus):
         stop_process_group(_prebuild)
 
 
+
+# A claim and a check over a scaffolded workload's lr sweep (`ladder new`'s, trained at two learning
+# rates): what the tests of `ladder reproduce` append to its __init__.py, each adding its CLAIMS list.
+LR_CLAIM_SOURCE = '''
+
+from orchestrator.claims import claim
+
+
+@claim("gap", at_least=0.0, paper="a larger learning rate ends lower within the same budget")
+def larger_lr_ends_lower(trials):
+    """The larger learning rate ends with the lower held-out loss."""
+    by_lr = {t["lr"]: t["eval/loss"] for t in trials}
+    gap = by_lr[min(by_lr)] - by_lr[max(by_lr)]
+    return gap >= 0.0, {"gap": gap, "low_lr": by_lr[min(by_lr)], "high_lr": by_lr[max(by_lr)]}
+
+
+def losses_finite(trials):
+    """Every trial ends with a finite loss."""
+    import math
+    return all(math.isfinite(t["eval/loss"]) for t in trials), {"trials": len(trials)}
+'''
+
+
 def wait_for(predicate, proc: subprocess.Popen, timeout: float = 240.0, poll: float = 0.1) -> None:
     """Poll `predicate` until it holds (a kill point). The process ending first fails the test with
     the end of its output; so does the timeout, after killing its process group."""

@@ -217,8 +217,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         rep = reproduce.reproduce(args.name, size=size, seed=args.seed, seeds=args.seeds, local=args.local,
                                   resume=args.resume, verbose=args.verbose)
     except SweepInterrupted as stop:
-        shown = {"smoke": ["--smoke"], "bench": ["--size", "bench"], "full": []}[size]
-        again = [args.name] + shown + (["--seed", str(args.seed)] if args.seed else []) \
+        again = [args.name] + reproduce.size_flags(size) + (["--seed", str(args.seed)] if args.seed else []) \
             + (["--seeds", str(args.seeds)] if args.seeds else [])
         print(f"ladder: reproduction of {args.name!r} interrupted ({stop}); its MLflow runs are KILLED and nothing was "
               f"judged. Continue it: ladder reproduce {' '.join(again)} --resume", file=sys.stderr)

@@ -92,7 +92,7 @@ def from_mlflow(name: str, *, size: str, seeds: int, data_dir: Path) -> dict[str
                 "wall_s": ((run.info.end_time or run.info.start_time) - run.info.start_time) / 1000,
                 "date": started.strftime("%Y-%m-%d"), "commit": tags.get("ladder.commit", ""),
                 "run_id": run.info.run_id, "outcomes": outcomes}
-    shown = {"smoke": " --smoke", "bench": " --size bench", "full": ""}[size]
+    shown = "".join(f" {w}" for w in reproduce.size_flags(size))
     raise ConfigError(f"{name}: no finished reproduction at {size} size with {seeds} seeds in "
                       f"MLflow experiment {experiment!r} ({uri}): run `ladder reproduce {name}"
                       f"{shown} --seeds {seeds}` first, or drop --from-mlflow")

@@ -11,7 +11,8 @@ minutes, run on demand, for the effects a minute of training cannot show; *full*
 comparison at cluster size. A file may instead define `build(*, smoke: bool = False, seed: int = 0)`,
 the older form with a smoke and a full size only.
 
-The workload exports `CLAIMS` (effects its paper reports, declared with `orchestrator.claims.claim`) and `CHECKS` (invariants and mechanism sanity), lists of functions;
+The workload exports `CLAIMS` (effects its paper reports, declared with `orchestrator.claims.claim`)
+and `CHECKS` (invariants and mechanism sanity), lists of functions;
 each takes the finished trials of one seed, one dict per trial holding its config fields and its
 final metrics (metric keys contain a '/', config fields do not, so the two never collide), and
 returns `(holds, measured)`: whether it holds at that seed and the numbers it was judged on.
@@ -216,6 +217,12 @@ def size_of(size: str | None, smoke: bool = False) -> str:
     if smoke and size != "smoke":
         raise ConfigError(f"--smoke is --size smoke; it cannot be combined with --size {size}: give one")
     return size
+
+
+def size_flags(size: str) -> list[str]:
+    """The command-line words that ask for `size` (none for full, the default), for the commands
+    ladder prints back to the user."""
+    return {"smoke": ["--smoke"], "bench": ["--size", "bench"], "full": []}[size]
 
 
 def experiment_name(name: str, size: str) -> str:

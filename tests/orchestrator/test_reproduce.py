@@ -15,7 +15,7 @@ from orchestrator.sweep import Sweep, SweepError
 
 # `conftest`, the module pytest loaded: importing it again as `tests.conftest` would run its seed
 # shift a second time (every smoke() and reproduction 2K seeds away under LADDER_TEST_SEED_SHIFT=K).
-from conftest import run_cli, shifted
+from conftest import LR_CLAIM_SOURCE, run_cli, shifted
 
 
 def test_every_workload_with_claims_has_a_reproduction_sweep():
@@ -298,18 +298,7 @@ def test_a_workload_of_ones_own_reproduces_from_repro_py_in_its_package(tmp_path
     assert sweep.name == "repro-lab.repro_moe-smoke" and sweep.trial_count() == 2 and sweep.base_config().seed == 2
 
 
-OWN_CLAIMS = '''
-
-from orchestrator.claims import claim
-
-
-@claim("gap", at_least=0.0, paper="a larger learning rate ends lower within the same budget")
-def larger_lr_ends_lower(trials):
-    """The larger learning rate ends with the lower held-out loss."""
-    by_lr = {t["lr"]: t["eval/loss"] for t in trials}
-    gap = by_lr[min(by_lr)] - by_lr[max(by_lr)]
-    return gap >= 0.0, {"gap": gap, "low_lr": by_lr[min(by_lr)], "high_lr": by_lr[max(by_lr)]}
-
+OWN_CLAIMS = LR_CLAIM_SOURCE + '''
 
 @claim("gap", at_least=10.0, paper="a made-up claim no run can meet")
 def loss_falls_by_ten(trials):
@@ -317,12 +306,6 @@ def loss_falls_by_ten(trials):
     by_lr = {t["lr"]: t["eval/loss"] for t in trials}
     gap = by_lr[min(by_lr)] - by_lr[max(by_lr)]
     return gap >= 10.0, {"gap": gap}
-
-
-def losses_finite(trials):
-    """Every trial ends with a finite loss."""
-    import math
-    return all(math.isfinite(t["eval/loss"]) for t in trials), {"trials": len(trials)}
 
 
 CLAIMS = [larger_lr_ends_lower, loss_falls_by_ten]

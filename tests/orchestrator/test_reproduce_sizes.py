@@ -11,31 +11,10 @@ import subprocess
 
 import pytest
 
-from conftest import LADDER, run_cli, wait_for
+from conftest import LADDER, LR_CLAIM_SOURCE, run_cli, wait_for
 from orchestrator.tracking import sink as tracking
 
-CLAIMS = '''
-
-from orchestrator.claims import claim
-
-
-@claim("gap", at_least=0.0, paper="a larger learning rate ends lower within the same budget")
-def larger_lr_ends_lower(trials):
-    """The larger learning rate ends with the lower held-out loss."""
-    by_lr = {t["lr"]: t["eval/loss"] for t in trials}
-    gap = by_lr[min(by_lr)] - by_lr[max(by_lr)]
-    return gap >= 0.0, {"gap": gap}
-
-
-def losses_finite(trials):
-    """Every trial ends with a finite loss."""
-    import math
-    return all(math.isfinite(t["eval/loss"]) for t in trials), {"trials": len(trials)}
-
-
-CLAIMS = [larger_lr_ends_lower]
-CHECKS = [losses_finite]
-'''
+CLAIMS = LR_CLAIM_SOURCE + "\n\nCLAIMS = [larger_lr_ends_lower]\nCHECKS = [losses_finite]\n"
 
 # Bench trials are long enough (a few seconds each, one at a time) that Ctrl-C lands while one has
 # finished and the next runs; the kill point is read from MLflow, not timed.

@@ -249,6 +249,27 @@ class _Backbone(nn.Module):
         return u + out if self.residual else out
 
 
+def spectral_layers(dims: int, width: int, n: int, modes: int, rho0: int, frl: bool,
+                    **frl_kw) -> tuple[nn.ModuleList, nn.ModuleList]:
+    """`n` blocks of (spectral conv + 1x1 conv): `FRLSpectralConv` on every mode with FRL, else
+    `SpectralConv` tables of `modes` modes. Built spectral first, as the RNG draws them."""
+    if frl:
+        spectral = nn.ModuleList(FRLSpectralConv(width, dims, rho0, **frl_kw) for _ in range(n))
+    else:
+        spectral = nn.ModuleList(SpectralConv(width, modes, dims) for _ in range(n))
+    conv = nn.Conv1d if dims == 1 else nn.Conv2d
+    return spectral, nn.ModuleList(conv(width, width, 1) for _ in range(n))
+
+
+def spectral_body(h: torch.Tensor, spectral: nn.ModuleList, pointwise: nn.ModuleList) -> torch.Tensor:
+    """The blocks of `spectral_layers` in turn, GELU between them."""
+    for i, (spec, point) in enumerate(zip(spectral, pointwise)):
+        h = spec(h) + point(h)
+        if i < len(spectral) - 1:
+            h = F.gelu(h)
+    return h
+
+
 class FNO(_Backbone):
     """lift -> `depth` blocks of (spectral conv + 1x1 conv), GELU between -> two-layer projection.
 
@@ -258,19 +279,10 @@ class FNO(_Backbone):
     def __init__(self, dims: int, width: int, depth: int, modes: int, rho0: int, frl: bool, *,
                  pe_count: int = 4, pe_coord: str = "index", residual: bool = True, **frl_kw) -> None:
         super().__init__(dims, width, frl, pe_count, pe_coord, residual)
-        if frl:
-            self.spectral = nn.ModuleList(FRLSpectralConv(width, dims, rho0, **frl_kw) for _ in range(depth))
-        else:
-            self.spectral = nn.ModuleList(SpectralConv(width, modes, dims) for _ in range(depth))
-        conv = nn.Conv1d if dims == 1 else nn.Conv2d
-        self.pointwise = nn.ModuleList(conv(width, width, 1) for _ in range(depth))
+        self.spectral, self.pointwise = spectral_layers(dims, width, depth, modes, rho0, frl, **frl_kw)
 
     def body(self, h: torch.Tensor) -> torch.Tensor:
-        for i, (spec, point) in enumerate(zip(self.spectral, self.pointwise)):
-            h = spec(h) + point(h)
-            if i < len(self.spectral) - 1:
-                h = F.gelu(h)
-        return h
+        return spectral_body(h, self.spectral, self.pointwise)
 
 
 class CNN(_Backbone):

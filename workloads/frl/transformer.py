@@ -26,9 +26,8 @@ import math
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from workloads.frl.model import FRLSpectralConv, SpectralConv, _Backbone
+from workloads.frl.model import _Backbone, spectral_body, spectral_layers
 
 
 def physical_coordinates(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -82,12 +81,7 @@ class GalerkinTransformer(_Backbone):
         self.attn = nn.ModuleList(GalerkinAttention(width, heads) for _ in range(n_attn))
         self.ffn = nn.ModuleList(nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
                                  for _ in range(n_attn))
-        if frl:
-            self.spectral = nn.ModuleList(FRLSpectralConv(width, dims, rho0, **frl_kw) for _ in range(n_reg))
-        else:
-            self.spectral = nn.ModuleList(SpectralConv(width, modes, dims) for _ in range(n_reg))
-        conv = nn.Conv1d if dims == 1 else nn.Conv2d
-        self.pointwise = nn.ModuleList(conv(width, width, 1) for _ in range(n_reg))
+        self.spectral, self.pointwise = spectral_layers(dims, width, n_reg, modes, rho0, frl, **frl_kw)
 
     def coordinates(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return physical_coordinates(shape, dtype, device)
@@ -98,9 +92,4 @@ class GalerkinTransformer(_Backbone):
         for attn, ffn in zip(self.attn, self.ffn):
             t = t + attn(t)
             t = t + ffn(t)
-        h = t.transpose(1, 2).reshape(shape)
-        for i, (spec, point) in enumerate(zip(self.spectral, self.pointwise)):
-            h = spec(h) + point(h)
-            if i < len(self.spectral) - 1:
-                h = F.gelu(h)
-        return h
+        return spectral_body(t.transpose(1, 2).reshape(shape), self.spectral, self.pointwise)
