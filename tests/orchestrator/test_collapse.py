@@ -301,6 +301,32 @@ def test_stopper_stops_the_worst_trials_at_rungs():
     assert stopper.status("t0") == "running" and stopper.status("t7") == "stopped"
 
 
+class _Later:
+    """A reference that is not ready until `make_ready()` (as one built from a sweep's first finishers)."""
+
+    def __init__(self, ref) -> None:
+        self.ref, self.ready = ref, False
+
+    def __call__(self, t):
+        return self.ref(t) if self.ready else np.full(np.shape(t), np.nan)
+
+
+def test_stopper_defers_rung_decisions_until_its_reference_is_ready():
+    finals, curves = _sweep()
+    order = ["t3", "t7", "t0", "t5", "t1", "t6", "t2", "t4"]
+    later = _Later(TRUTH.for_controls(0.2, 20.0))
+    stopper = CollapseStopper(later, rungs=(0.1, 0.2, 0.3), keep_quantile=0.5)
+    k_ready = int(np.searchsorted(T, 0.5))  # every trial is past its last rung, undecided
+    assert _feed(stopper, curves, order, range(k_ready)) == {}
+    assert all(not stopper.rung_decisions(t) for t in order)
+    later.ready = True
+    stops = _feed(stopper, curves, order, range(k_ready, k_ready + 1))
+    # decided at the first report after: each rung on its own points, the worst cut at the first
+    assert "t7" in stops and stops["t7"].rung == 0.1 and "t0" not in stops
+    assert all(d.predicted == pytest.approx(finals[d.trial_id], rel=0.02) for d in stops.values())
+    assert set(stopper.rung_decisions("t0")) == {0.1, 0.2, 0.3}
+
+
 def test_stopper_stops_nan_trials_as_diverged():
     stopper = CollapseStopper(TRUTH.for_controls(0.2, 20.0))
     assert not stopper.observe("a", 0.01, 5.0).stop

@@ -87,6 +87,9 @@ class CollapseStopper:
     `smooth_window=None` uses the reference's own smoothing. Reports whose progress does not
     exceed the trial's last recorded one are ignored, so that a trial restored from a checkpoint
     and re-reporting points it had already sent is neither double-counted nor re-decided.
+    A reference whose `ready` attribute is False (one still being built, e.g. from the sweep's
+    own first finishers) defers the rung decisions of a trial: they are taken, each on the
+    points up to its rung, at the trial's first report after the reference is ready.
     """
 
     def __init__(
@@ -173,6 +176,8 @@ class CollapseStopper:
             trial.loss.append(value)
             rungs = self.config["rungs"]
             while trial.next_rung < len(rungs) and p >= rungs[trial.next_rung]:
+                if not getattr(self._reference_for(trial), "ready", True):
+                    break  # a reference still being built (e.g. from the sweep's first finishers): decide later
                 decision = self._decide_at_rung(tid, trial, trial.next_rung)
                 trial.next_rung += 1
                 if decision.stop:
