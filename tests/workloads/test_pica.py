@@ -21,7 +21,7 @@ from workloads.pica.adapter import (
     span_residual, trainable_count,
 )
 from workloads.pica.claims import (
-    LORA_TOLERANCE, column_beats_random, merged_equals_w0_plus_mp, pica_not_worse_than_lora,
+    BUDGET_RATIO, LORA_TOLERANCE, column_beats_random, pica_beats_best_baseline, merged_equals_w0_plus_mp, pica_not_worse_than_lora,
     shared_gradient_aggregates_layers, trainable_count_independent_of_depth, update_in_span_of_p,
 )
 from workloads.pica.workload import DEPTH_PREFIX, UNSHARED_PREFIX, check_model
@@ -207,7 +207,9 @@ def test_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path, tiny_base):
     ({"lr": 0.0}, "lr must be positive"),
     ({"warmup_frac": 1.0}, "warmup_frac"),
     ({"dtype": "int8"}, "dtype='int8' is not a dtype"),
-    ({"method": "dora"}, "method must be one of"),
+    ({"method": "vera"}, "method must be one of"),
+    ({"svft_bands": -2}, "svft_bands must be"),
+    ({"svft_pattern": "diagonal"}, "svft_pattern must be"),
     ({"micro_batch": -1}, "micro_batch must be >= 0"),
     ({"eval_path": "held.jsonl"}, "eval_path=.held.jsonl. is set without task_path"),
     ({"task_path": "t.jsonl", "answer_field": "prompt"}, "two field names"),
@@ -227,7 +229,10 @@ def test_more_than_one_worker_is_refused():
 # --- claims -------------------------------------------------------------------------------------
 
 
-def trials_for(column_losses, random_losses, lora_losses=None, **diag):
+BASELINE_ACC = {"lora": 0.4, "dora": 0.45, "pissa": 0.3, "svft": 0.35}
+
+
+def trials_for(column_losses, random_losses, lora_losses=None, pica_acc=0.5, **diag):
     base = {"diag/merge_weight_err": 1e-7, "diag/merge_logit_err": 1e-7, "diag/base_changed": 0.0,
             "diag/span_residual": 1e-7, "diag/shared_grad_err": 1e-6, "diag/trainable": 736.0,
             "diag/expected_trainable": 736.0, f"{DEPTH_PREFIX}1": 736.0, f"{DEPTH_PREFIX}4": 736.0,
@@ -236,30 +241,37 @@ def trials_for(column_losses, random_losses, lora_losses=None, **diag):
     for sub, losses in (("column", column_losses), ("random", random_losses)):
         for seed, loss in enumerate(losses):
             out.append({**base, "method": "pica", "subspace": sub, "seed": seed, "share": True, "eval/loss": loss,
-                        "eval/acc": 0.5, "eval/train_loss": loss / 2,
+                        "eval/acc": pica_acc if sub == "column" else 0.2, "eval/train_loss": loss / 2,
                         "diag/grad_energy_in_span": 0.3 if sub == "column" else 0.1})
     lora_losses = column_losses if lora_losses is None else lora_losses
-    for seed, loss in enumerate(lora_losses):  # LoRA at the matched rank: no exact checks, no depth counts
-        out.append({"method": "lora", "subspace": "column", "seed": seed, "share": True, "eval/loss": loss,
-                    "eval/acc": 0.4, "eval/train_loss": loss / 2, "diag/trainable": 800.0, "diag/lora_rank": 1.0})
+    for method, acc in BASELINE_ACC.items():  # the baselines at matched budgets: no exact checks, no depth counts
+        for seed, loss in enumerate(lora_losses):
+            out.append({"method": method, "subspace": "column", "seed": seed, "share": True, "eval/loss": loss,
+                        "eval/acc": acc + 0.01 * seed, "eval/train_loss": loss / 2,
+                        "diag/trainable": 960.0 if method == "dora" else 800.0, "diag/lora_rank": 1.0})
     return out
 
 
 def test_claims_hold_on_the_papers_pattern():
     results = {c.__name__: c(trials_for([1.0, 1.2, 0.9], [1.3, 1.1, 1.2])) for c in CLAIMS + CHECKS}
     assert all(h for h, _ in results.values()), results
-    assert [c.__name__ for c in CLAIMS] == ["column_beats_random", "pica_not_worse_than_lora"]
+    assert [c.__name__ for c in CLAIMS] == ["pica_beats_best_baseline", "column_beats_random", "pica_not_worse_than_lora"]
     # Each declared effect agrees with its function, on a pattern that holds and on one that fails.
     for fn in CLAIMS:
         spec = spec_of(fn)
         assert spec is not None, fn.__name__
         for trials, expected in ((trials_for([1.0, 1.2, 0.9], [1.3, 1.1, 1.2]), True),
-                                 (trials_for([1.2, 1.2, 1.2], [1.0, 1.3, 1.2], [0.9, 0.9, 0.9]), False)):
+                                 (trials_for([1.2, 1.2, 1.2], [1.0, 1.3, 1.2], [0.9, 0.9, 0.9], pica_acc=0.3), False)):
             holds, measured = fn(trials)
             assert holds is expected and spec.passes(measured[spec.effect]) == holds, (fn.__name__, measured)
     assert results["column_beats_random"][1]["seeds_column_wins"] == 2
     assert results["column_beats_random"][1]["column_loss"] == pytest.approx(31 / 30)
     assert results["column_beats_random"][1]["column_grad_energy"] == pytest.approx(0.3)
+    # The best baseline is DoRA (mean 0.46 over seeds 0-2), chosen per replicate by its mean accuracy.
+    head = results["pica_beats_best_baseline"][1]
+    assert head["best_baseline"] == 1 and head["best_baseline_acc"] == pytest.approx(0.46)
+    assert head["acc_margin_vs_best"] == pytest.approx(0.04) and head["acc_margin_vs_pissa"] == pytest.approx(0.19)
+    assert head["dora_budget_ratio"] == pytest.approx(960 / 736) and head["seeds"] == 3
 
 
 def test_claims_fail_when_the_pattern_is_absent():
@@ -275,6 +287,10 @@ def test_claims_fail_when_the_pattern_is_absent():
     assert measured["pica_trainable"] == 736 and measured["lora_trainable"] == 800 and measured["lora_rank"] == 1
     with pytest.raises(ValueError, match="needs pica .* and lora trials"):
         pica_not_worse_than_lora([t for t in trials_for([1.0], [1.0]) if t["method"] == "pica"])
+    assert not pica_beats_best_baseline(trials_for([1.0] * 3, [1.0] * 3, pica_acc=0.46))[0]  # a tie with DoRA fails
+    assert pica_beats_best_baseline(trials_for([1.0] * 3, [1.0] * 3, pica_acc=0.47))[0]
+    with pytest.raises(ValueError, match=r"no trials of \['svft'\]"):
+        pica_beats_best_baseline([t for t in trials_for([1.0], [1.0]) if t["method"] != "svft"])
     with pytest.raises(ValueError, match="needs column and random"):
         column_beats_random([t for t in trials_for([1.0], [1.0]) if t["subspace"] == "column"])
 
@@ -294,7 +310,8 @@ def test_smoke_reproduction_holds(workdir, tiny_base):
 
     rep = reproduce("pica", smoke=True, local=True)
     assert not rep.failed_trials
-    assert len(rep.trials) == 9  # PiCa column, PiCa random, LoRA at the matched rank; three seeds each
+    # PiCa column, PiCa random, LoRA, DoRA, PiSSA, SVFT at one trial seed (the smoke's replicate)
+    assert sorted(t["method"] for t in rep.trials) == ["dora", "lora", "pica", "pica", "pissa", "svft"]
     results = {c.name: c for c in rep.outcomes}
     assert {c.name for c in rep.checks} >= {"merged_equals_w0_plus_mp", "trainable_count_independent_of_depth"}
     for claim in rep.outcomes:
@@ -302,20 +319,17 @@ def test_smoke_reproduction_holds(workdir, tiny_base):
     exact = ["merged_equals_w0_plus_mp", "update_in_span_of_p", "shared_gradient_aggregates_layers",
              "trainable_count_independent_of_depth"]
     assert all(results[n].holds for n in exact), [(n, results[n].measured) for n in exact]
-    # column_beats_random (loss_gap >= 0, no margin) is judged and reported by `ladder reproduce`, not asserted: at
-    # smoke size it is inconclusive (docs/reproductions.md: loss_gap per replicate of seeds 0-14: 0.485, -0.030,
-    # 0.220, 0.071, 0.317; the replicate of seeds 3-5 fails it). Asserted instead, what it rests on and a bound:
+    # The headline and the two loss claims are judged and reported by `ladder reproduce`, not asserted: one seed
+    # decides none of them (docs/reproductions.md). Asserted: what the ablation rests on, and the budgets.
     ablation = results["column_beats_random"].measured
     # The column space holds more of dL/dW0 than a random subspace of the same rank (the column's share is fixed by
-    # the base; the random one's varies with the seed). margin: column / random worst 2.51 over the replicates of
-    # seeds 3-17 (seeds 12-14) (threshold 2).
+    # the base; the random one's varies with the seed). margin: column / random worst 2.56 over single
+    # seeds 100-104 (seed 101) (threshold 2).
     assert ablation["column_grad_energy"] > 2.0 * ablation["random_grad_energy"], ablation
-    # Column is not worse than random by more than the seed noise of a held-out loss at smoke size (LORA_TOLERANCE,
-    # 0.20, calibrated on seeds 100-104). The threshold was 0; rule: the project's measured seed noise of this
-    # quantity. margin: worst -0.030 over the replicates of seeds 3-14 (docs/reproductions.md) (threshold -0.20).
-    assert ablation["loss_gap"] >= -LORA_TOLERANCE, ablation
-    vs_lora = results["pica_not_worse_than_lora"].measured  # judged, its verdict the reproduction's to report
-    assert vs_lora["pica_trainable"] == 2944 and vs_lora["lora_trainable"] == 3200 and vs_lora["lora_rank"] == 1
+    head = results["pica_beats_best_baseline"].measured
+    assert head["pica_trainable"] == 2944 and head["held_out_items"] == 50
+    assert {m: head[f"{m}_trainable"] for m in ("lora", "dora", "pissa", "svft")} == {
+        "lora": 3200, "dora": 4672, "pissa": 3200, "svft": 3032}
 
 
 # --- task files, a second architecture, the baselines at equal budget, the real sweep ------------
@@ -377,7 +391,7 @@ def test_gpt2_folder_and_a_jsonl_task_run_every_arm_and_the_claims(gpt2_task, wo
     assert pica_t["diag/trainable"] == pica_t["diag/pica_trainable"] == lora_t["diag/pica_trainable"] == 4 * 288
     assert lora_t["diag/lora_rank"] == pissa_t["diag/lora_rank"] == 1
     assert lora_t["diag/trainable"] == pissa_t["diag/trainable"] == lora_t["diag/expected_trainable"] == 1024
-    for claim in CLAIMS + CHECKS:
+    for claim in [c for c in CLAIMS if c is not pica_beats_best_baseline] + CHECKS:  # no DoRA, SVFT arms here
         holds, measured = claim(trials)
         assert holds in (True, False) and measured and all(math.isfinite(v) for v in measured.values()), claim.__name__
         if claim in CHECKS:  # exact on the Conv1D model too: the merge, the span, the shared gradient, the count
@@ -425,7 +439,7 @@ def test_a_missing_field_or_a_module_kind_the_model_lacks_is_refused_in_prefligh
     with pytest.raises(ConfigError, match=r"targets \['c_attn'\] are not linear projection kinds.*q_proj"):
         pre(dataclasses.replace(smoke(), targets=("c_attn",)))
     with pytest.raises(ValueError, match="method must be one of"):
-        validate(dataclasses.replace(smoke(), method="dora"))
+        validate(dataclasses.replace(smoke(), method="vera"))
 
 
 def test_matched_lora_rank_is_the_nearest_count(tiny):
@@ -440,6 +454,70 @@ def test_matched_lora_rank_is_the_nearest_count(tiny):
         r = matched_lora_rank(model, cfg)
         assert r == expected and all(abs(r * per_rank - count) <= abs(k * per_rank - count) for k in range(1, 9))
     assert matched_lora_rank(model, dataclasses.replace(smoke(), lora_rank=3)) == 3
+
+
+# --- SVFT, and the baselines' budgets -------------------------------------------------------------
+
+
+def test_svft_merges_to_w0_plus_u_m_vt_counts_its_pattern_and_starts_at_the_base(model, batch):
+    from workloads.pica.svft import SVFT, band_count, merge as svft_merge, svft_count
+
+    with torch.no_grad():
+        before = model(input_ids=batch.ids, attention_mask=batch.mask).logits
+    w0 = {n: p.detach().double().clone() for n, p in model.named_parameters() if n.endswith("proj.weight")}
+    assert svft_count(model, TARGETS, 0) == 4 * (3 * 64 + 2 * 32) and band_count(5, 1) == 13 and band_count(3, 9) == 9
+    adapter = SVFT(model, TARGETS, 1)
+    # tiny-local: k = min(out, in) is 64 for q, up, down and 32 for k, v: 3k - 2 per matrix, 4 layers
+    assert adapter.trainable() == trainable_count(model) == 4 * (3 * 190 + 2 * 94) == 3032
+    with torch.no_grad():  # M = 0: the base model's outputs, exactly
+        torch.testing.assert_close(model(input_ids=batch.ids, attention_mask=batch.mask).logits, before, rtol=0, atol=0)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for layer in adapter.layers.values():
+            layer.values.copy_(0.05 * torch.randn(layer.values.shape, generator=g))
+    merged = dict(svft_merge(model).named_modules())
+    for name, layer in adapter.layers.items():
+        w = w0[name + ".weight"]
+        sv = torch.linalg.svdvals(w)
+        # U, V are W0's singular vectors: U diag(s) V^T = W0, and both have orthonormal columns
+        torch.testing.assert_close(layer.u.double() * sv @ layer.v.double().T, w, atol=1e-5, rtol=0)
+        torch.testing.assert_close(layer.v.double().T @ layer.v.double(), torch.eye(len(sv), dtype=torch.float64), atol=1e-5, rtol=0)
+        m = torch.zeros(len(sv), len(sv), dtype=torch.float64)
+        m[layer.rows, layer.cols] = layer.values.detach().double()
+        assert int((m != 0).sum()) == band_count(len(sv), 1) and torch.equal(m, torch.triu(torch.tril(m, 1), -1))
+        reference = w + layer.u.double() @ m @ layer.v.double().T  # W0 + U M V^T in float64
+        torch.testing.assert_close(merged[name].weight.detach().double(), reference, atol=1e-6, rtol=0)
+    with torch.no_grad():
+        a = model(input_ids=batch.ids, attention_mask=batch.mask).logits
+        b = svft_merge(model)(input_ids=batch.ids, attention_mask=batch.mask).logits
+    assert not torch.allclose(a, before, atol=1e-3) and float((a - b).abs().max() / a.abs().max()) < 1e-5
+
+
+def test_svft_random_pattern_has_the_banded_count_and_the_diagonal():
+    from workloads.pica.svft import band_count, positions
+
+    rows, cols = positions(16, 2, "random", torch.Generator().manual_seed(0))
+    assert len(rows) == band_count(16, 2) == len({(int(r), int(c)) for r, c in zip(rows, cols)})
+    assert torch.equal(rows[:16], torch.arange(16)) and torch.equal(cols[:16], torch.arange(16))
+    banded = set(zip(*(t.tolist() for t in positions(16, 2, "banded"))))
+    assert set(zip(rows.tolist(), cols.tolist())) != banded  # off the band somewhere
+
+
+def test_every_baseline_is_at_pica_budget_or_up_to_the_stated_ratio(tiny):
+    from components.basemodel import lora
+    from workloads.pica.svft import SVFT, matched_bands
+    from workloads.pica.workload import matched_lora_rank, pica_count
+
+    cfg = dataclasses.replace(smoke(), rank=8)  # the smoke reproduction's r
+    budget = pica_count(tiny[0], cfg)
+    counts = {}
+    for method, extra in (("lora", {}), ("dora", {"use_dora": True}), ("pissa", {"init_lora_weights": "pissa"})):
+        r = matched_lora_rank(tiny[0], cfg)
+        counts[method] = trainable_count(lora(copy.deepcopy(tiny[0]), list(TARGETS), r=r, alpha=r, **extra))
+    svft_model = copy.deepcopy(tiny[0])
+    counts["svft"] = SVFT(svft_model, TARGETS, matched_bands(svft_model, TARGETS, budget)).trainable()
+    assert budget == 2944 and counts == {"lora": 3200, "dora": 4672, "pissa": 3200, "svft": 3032}, counts
+    assert all(1.0 <= c / budget <= BUDGET_RATIO for c in counts.values()), {k: c / budget for k, c in counts.items()}
 
 
 def test_the_real_sweep_is_valid_anywhere_and_names_what_it_needs(workdir, monkeypatch):

@@ -7,8 +7,9 @@ M in R^{out x r} shared by every layer of a module type (q, k, v, up, down). M s
 P is frozen and recomputed from W0 by SVD. The trainable count r * sum(d_out) does not grow with
 depth.
 
-One trial fine-tunes one adapter (`method`: PiCa, or the equal-budget baselines LoRA and PiSSA at
-the LoRA rank whose trainable count is nearest PiCa's) on a task: a prompt/answer file (JSONL or a
+One trial fine-tunes one adapter (`method`: PiCa, or the baselines its paper beats: LoRA, DoRA and PiSSA
+at the LoRA rank whose trainable count is nearest PiCa's, SVFT (`svft.py`) at the band count nearest it)
+on a task: a prompt/answer file (JSONL or a
 `datasets.save_to_disk` folder, `task_path`) on any causal LM (a hub id or a save_pretrained folder;
 GPT-2's Conv1D projections included), or by default a task built from tiny-local's world
 (tiny-local learnt only `+ mod 11`: `a - b mod 11` is new). It reports `train/loss`, the held-out
@@ -17,9 +18,10 @@ measures the method's exact properties on the trained model: the merged weight a
 the update's residual outside span(P), the shared gradient against the sum of per-layer
 gradients, and the trainable count on untrained models of several depths.
 
-The claims: the column space beats a random subspace of the same rank (equal parameters) in
-held-out loss, averaged over seeds; PiCa's held-out loss is not worse than LoRA's at equal budget
-by more than LoRA's seed noise. The checks: those four exact properties.
+The claims: PiCa's held-out accuracy is above the best baseline's (the headline); the column space
+beats a random subspace of the same rank (equal parameters) in held-out loss; PiCa's held-out loss
+is not worse than LoRA's at equal budget by more than LoRA's seed noise. The checks: those four exact
+properties.
 """
 
 from workloads.pica.claims import CHECKS, CLAIMS, plot

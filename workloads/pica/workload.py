@@ -14,7 +14,7 @@ from components.basemodel import (
     weight_oi, with_task_fields,
 )
 from orchestrator.run import fraction_steps
-from workloads.pica import data
+from workloads.pica import data, svft
 from workloads.pica.adapter import (
     PiCa, count_at_depths, decoder_linears, full_gradients, gradient_energy, merge, shared_gradient_error, span_residual, trainable_count,
 )
@@ -25,8 +25,9 @@ UNSHARED_PREFIX = "diag/unshared_at_depth/"
 """The same count without sharing (one M per layer), the contrast that grows with depth."""
 
 
-METHODS = ("pica", "lora", "pissa")
-"""The arms: PiCa, and the two equal-budget baselines (LoRA; PiSSA, LoRA initialised by SVD)."""
+METHODS = ("pica", "lora", "dora", "pissa", "svft")
+"""The arms: PiCa, and the baselines its paper beats at equal or larger budgets (LoRA; DoRA, LoRA plus a
+per-output magnitude; PiSSA, LoRA initialised by SVD; SVFT, a sparse update between W0's singular vectors)."""
 
 MAX_WORKERS = 1
 """pica runs on one worker: the runner refuses more."""
@@ -39,16 +40,24 @@ class Config(with_task_fields(PromptField, AnswerField, dtype="float32")):
     tokens (LLM-Adapters' commonsense files: 'instruction' -> 'answer', the short label; MetaMathQA: 'query' ->
     'response')."""
 
-    method: Literal["pica", "lora", "pissa"] = "pica"
+    method: Literal["pica", "lora", "dora", "pissa", "svft"] = "pica"
     """The adapter: 'pica' (shared M on the column space, the paper's method); 'lora' (peft LoRA on the
-    same targets, A random, B zero) or 'pissa' (LoRA whose A, B start at the top singular vectors of W0 and
-    W0 keeps the residual, peft `init_lora_weights="pissa"`: the SVD-based baseline), both at the LoRA
-    rank whose trainable count is nearest PiCa's at `rank` (`lora_rank`)."""
+    same targets, A random, B zero), 'dora' (peft LoRA with `use_dora=True`: the direction by LoRA, a
+    trainable magnitude per output, r * sum(in + out) + sum(out) trainable) or 'pissa' (LoRA whose A, B
+    start at the top singular vectors of W0 and W0 keeps the residual, peft `init_lora_weights="pissa"`),
+    all three at the LoRA rank whose LoRA count is nearest PiCa's at `rank` (`lora_rank`); 'svft' (W0 +
+    U M V^T, `workloads.pica.svft`) with the off-diagonal count whose count is nearest PiCa's (`svft_bands`)."""
     lora_rank: int = 0
     """Rank of the 'lora' / 'pissa' arms; 0 = matched: the r >= 1 whose count r * sum(in + out) over the
     wrapped projections is nearest PiCa's r * sum(d_out) (one M per kind). Both counts are reported."""
     lora_alpha: float = 0.0
     """LoRA's alpha (scale alpha / r); 0 = alpha = r (scale 1, PiSSA's principal part exactly W0's)."""
+    svft_bands: int = -1
+    """SVFT's off-diagonals of M on each side of the diagonal (0: the diagonal only, SVFT^P); -1 = matched:
+    the d >= 0 whose count is nearest PiCa's (`svft.matched_bands`)."""
+    svft_pattern: Literal["banded", "random"] = "banded"
+    """SVFT's off-diagonal positions: 'banded' (SVFT^B_d) or as many at random positions, drawn by the
+    trial seed (SVFT^R_d)."""
     pissa_niter: int = 0
     """PiSSA's SVD: 0 = exact (float32); k > 0 = peft's randomized `pissa_niter_k` (fast on large weights)."""
     eval_prompt_field: str = ""
@@ -125,6 +134,10 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError("; ".join(problems))
     if cfg.method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {cfg.method!r}")
+    if cfg.svft_bands < -1:
+        raise ValueError(f"svft_bands must be >= 0, or -1 (matched to PiCa's count), got {cfg.svft_bands}")
+    if cfg.svft_pattern not in ("banded", "random"):
+        raise ValueError(f"svft_pattern must be 'banded' or 'random', got {cfg.svft_pattern!r}")
     for name in ("lora_rank", "lora_alpha", "pissa_niter", "max_examples", "max_tokens", "micro_batch"):
         if getattr(cfg, name) < 0:
             raise ValueError(f"{name} must be >= 0, got {getattr(cfg, name)}")
@@ -247,16 +260,27 @@ def train(cfg: Config, run: Any) -> dict[str, float]:
     check_batch = train_set.rows(torch.arange(min(cfg.check_examples, len(train_set))))
     # dL/dW0 at the base: the first step of full fine-tuning, which PiCa's theory says lies mostly in span(P).
     full_grads = full_gradients(model, cfg.targets, lambda m: data.answer_loss(m, check_batch)) if checks else {}
-    pica, lora_r, lora_count = None, 0, 0
+    pica, lora_r, lora_count, bands = None, 0, 0, -1
     if cfg.method == "pica":
         pica = PiCa(model, cfg.targets, cfg.rank, subspace=cfg.subspace, share=cfg.share, seed=cfg.seed)
         params = list(pica.ms.values())
+    elif cfg.method == "svft":
+        bands = cfg.svft_bands if cfg.svft_bands >= 0 else svft.matched_bands(model, cfg.targets, budget)
+        adapter = svft.SVFT(model, cfg.targets, bands, pattern=cfg.svft_pattern, seed=cfg.seed)
+        lora_count = adapter.trainable()
+        params = adapter.parameters_list()
     else:
         lora_r = matched_lora_rank(model, cfg)
-        lora_count = lora_r * sum(p.in_features + p.out_features for p in select(model, cfg.targets).values())
-        init: Any = True if cfg.method == "lora" else ("pissa" if not cfg.pissa_niter else f"pissa_niter_{cfg.pissa_niter}")
+        found = select(model, cfg.targets).values()
+        lora_count = lora_r * sum(p.in_features + p.out_features for p in found)
+        init: Any = "pissa" if not cfg.pissa_niter else f"pissa_niter_{cfg.pissa_niter}"
+        extra: dict[str, Any] = {}
+        if cfg.method in ("lora", "dora"):
+            init = True
+        if cfg.method == "dora":  # the magnitude: one trainable scalar per output of every wrapped projection
+            extra, lora_count = {"use_dora": True}, lora_count + sum(p.out_features for p in found)
         torch.manual_seed(cfg.seed)  # LoRA's A draws from torch's global generator
-        model = lora(model, list(cfg.targets), r=lora_r, alpha=cfg.lora_alpha or lora_r, init_lora_weights=init)
+        model = lora(model, list(cfg.targets), r=lora_r, alpha=cfg.lora_alpha or lora_r, init_lora_weights=init, **extra)
         params = [p for p in model.parameters() if p.requires_grad]
     energy = gradient_energy(pica, full_grads) if full_grads else math.nan
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -315,10 +339,12 @@ def train(cfg: Config, run: Any) -> dict[str, float]:
         "diag/trainable": float(trainable_count(model)),
         "diag/pica_trainable": float(budget),
         "diag/lora_rank": float(lora_r),
+        "diag/svft_bands": float(bands),
+        "diag/heldout_items": float(len(held_set)),
         "diag/depth": float(model.config.num_hidden_layers),
     }
     if pica is None:
-        out["diag/expected_trainable"] = float(lora_count)  # r * sum(in + out): LoRA's A and B
+        out["diag/expected_trainable"] = float(lora_count)  # LoRA's A and B (r * sum(in + out)), DoRA's magnitudes, SVFT's M
         return out
     out["diag/grad_energy_chance"] = sum(cfg.rank / lay.in_features for lay in pica.layers.values()) / len(pica.layers)
     out["diag/expected_trainable"] = float(sum(m.shape[0] * cfg.rank for m in pica.ms.values()))
