@@ -303,3 +303,62 @@ def test_smoke_reproduction_runs_and_its_checks_hold(workdir):
     for c in rep.claims:
         assert not c.error, c
         assert expected[c.name] in c.measured and all(math.isfinite(v) for v in c.measured.values()), c
+
+
+# --- the bench size ----------------------------------------------------------------------------
+
+
+def spiked_family(bump: float):
+    """Three collapsing widths at two taus, plus the middle width again at tau 0.8 whose held-out
+    loss, equal to its twin's up to 50%, lies `bump` x (t - 0.5) / 0.05 (relative) above it after."""
+    trials = family_trials(widths=(32, 48, 64))
+    twin = next(t for t in trials if t["width"] == 48 and t["tau"] == 0.8)
+    sick = {**twin, "lr_spike_at": 0.5, "lr_spike_len": 0.05, "lr_spike_factor": 10.0, "steps": 1000.0,
+            "pathology/lr_spike_steps": 50.0, "trial_id": "spiked"}
+    for k in [k for k in sick if k.startswith(clm.CURVE_PREFIX)]:
+        f = float(k[len(clm.CURVE_PREFIX):])
+        sick[k] = twin[k] * (1.0 + bump * max(0.0, f - 0.5) / 0.05)
+    sick["eval/loss"] = sick[f"{clm.CURVE_PREFIX}1.0000"]
+    return trials + [sick]
+
+
+def test_pathology_claim_flags_a_bump_before_the_raw_loss(monkeypatch):
+    import workloads.celerity_lm.claims as claims
+
+    # deviation alarm at 1% of the final loss; raw alarm at 0.05 nats (final losses here ~1.35)
+    monkeypatch.setattr(claims, "THETA_DEVIATION", 0.01)
+    monkeypatch.setattr(claims, "THETA_RAW", 0.05)
+    bumped = spiked_family(bump=0.005)  # +0.5% per evaluation after 50%
+    holds, measured = claims.pathology_flagged_early(bumped)
+    assert judged_claim(claims.pathology_flagged_early, bumped), measured
+    # r(t) = bump (t-0.5)/0.05 x l(t) first exceeds 0.01 at 0.6 (0.01 x 1.38); the raw gap
+    # bump (t-0.5)/0.05 x L(t) first exceeds 0.05 nats at 0.8 (0.03 x 1.72)
+    assert measured["deviation_flag_at"] == pytest.approx(0.6)
+    assert measured["raw_flag_at"] == pytest.approx(0.8) and measured["lead"] == pytest.approx(0.2)
+    assert claims.pathology_injected(bumped)[0]
+    flat = spiked_family(bump=0.0)  # no fault: neither alarm fires, so no lead
+    holds, measured = claims.pathology_flagged_early(flat)
+    assert not holds and measured["lead"] == 0.0 and measured["deviation_flag_at"] > 1.0
+    assert not claims.pathology_injected(flat)[0]  # a "spiked" run whose curve never departed
+    with pytest.raises(ValueError, match="exactly one spiked"):
+        claims.pathology_flagged_early(family_trials(widths=(32, 48, 64)))
+
+
+def test_the_bench_size_builds_and_passes_its_check(workdir):
+    """`ladder reproduce celerity_lm --size bench --check`: three widths at TPP >= 20 at two taus, one
+    run with an injected LR spike, and this machine can run it (the bench itself runs on demand)."""
+    from orchestrator.reproduction import reproduce
+
+    sweep = reproduce.load_repro("celerity_lm", size="bench", seed=shifted(0))
+    points = list(sweep.trial_params())
+    sick = [p for p in points if p.get("lr_spike_factor", 1.0) != 1.0]
+    plain = [p for p in points if p not in sick]
+    taus = sorted({p["tau"] for p in plain})
+    assert len(taus) == 2 and taus[1] / taus[0] >= 4
+    for tau in taus:
+        assert len({p["width"] for p in plain if p["tau"] == tau}) >= 3
+    assert all(p["tpp"] >= 20 for p in points)
+    assert len(sick) == 1 and sick[0]["tau"] == taus[1] and sick[0]["lr_spike_factor"] >= 10
+    assert {k: v for k, v in sick[0].items() if not k.startswith("lr_spike")} in plain  # a clean twin
+    said = reproduce.check("celerity_lm", size="bench", local=True)
+    assert said.startswith("celerity_lm at bench size: 21 trials (7 a seed") and said.endswith("ready to run"), said

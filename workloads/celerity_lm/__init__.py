@@ -14,10 +14,10 @@ TPP collapses onto one normalized curve; a member's final loss is predicted from
 curve and the others' collapsed curve.
 """
 
-from workloads.celerity_lm.claims import CHECKS, CLAIMS, plot
+from workloads.celerity_lm.claims import BENCH_CHECKS, BENCH_CLAIMS, CHECKS, CLAIMS, plot
 from workloads.celerity_lm.workload import (
     CURVE_PREFIX, Budget, Config, budget, build, preflight, smoke, train, validate,
 )
 
-__all__ = ["CHECKS", "CLAIMS", "CURVE_PREFIX", "Budget", "Config", "budget", "build", "plot", "preflight", "smoke",
+__all__ = ["BENCH_CHECKS", "BENCH_CLAIMS", "CHECKS", "CLAIMS", "CURVE_PREFIX", "Budget", "Config", "budget", "build", "plot", "preflight", "smoke",
            "train", "validate"]

@@ -83,6 +83,12 @@ class Config:
     """With ZeRO-3: keep the parameters on the CPU between uses (DeepSpeed offload_param)."""
     precision: str = "fp32"
     """'fp32', or 'bf16' with ZeRO on GPU workers (bf16 weights and compute, fp32 master weights)."""
+    lr_spike_at: float = 0.0
+    """Injected pathology (off by default): training fraction at which a learning-rate spike starts."""
+    lr_spike_len: float = 0.0
+    """Injected pathology: length of the learning-rate spike as a fraction of training (0: no spike)."""
+    lr_spike_factor: float = 1.0
+    """Injected pathology: the scheduled learning rate is multiplied by this during the spike (1: no spike)."""
 
 
 def smoke() -> Config:
@@ -121,6 +127,9 @@ def validate(cfg: Config, world_size: int = 1) -> None:
             f"batch_size={cfg.batch_size} does not split over {world_size} workers: "
             f"use a multiple of {world_size}"
         )
+    if cfg.lr_spike_factor != 1.0 and not (0.0 < cfg.lr_spike_at < 1.0 and cfg.lr_spike_len > 0.0):
+        raise ValueError(f"an LR spike (lr_spike_factor={cfg.lr_spike_factor}) needs 0 < lr_spike_at < 1 and "
+                         f"lr_spike_len > 0, got {cfg.lr_spike_at}, {cfg.lr_spike_len}")
     if cfg.activation not in ("gelu", "relu2"):
         raise ValueError(f"activation must be 'gelu' or 'relu2', got {cfg.activation!r}")
 
@@ -178,6 +187,8 @@ def train(cfg: Config, run) -> dict[str, float]:
     eval_at = fraction_steps(plan.steps, cfg.eval_every_frac)
     save_at = fraction_steps(plan.steps, cfg.checkpoint_every_frac)
     fixed = {"tau": plan.tau, "tpp": plan.tokens / plan.params}
+    spiked = cfg.lr_spike_factor != 1.0 and cfg.lr_spike_len > 0.0
+    spike_steps = 0
     window_loss, window_n, window_tokens = 0.0, 0, 0
     train_loss = eval_loss = math.nan
     tokens_per_s = math.nan
@@ -186,6 +197,9 @@ def train(cfg: Config, run) -> dict[str, float]:
     window_start, eval_time = time.perf_counter(), 0.0
     for step in range(start + 1, plan.steps + 1):
         factor = lr_factor(step, plan.steps, cfg.warmup_frac)
+        if spiked and cfg.lr_spike_at <= (step - 1) / plan.steps < cfg.lr_spike_at + cfg.lr_spike_len:
+            factor *= cfg.lr_spike_factor  # the injected pathology (deviation-from-collapse demo)
+            spike_steps += 1
         for group, peak in zip(optimizer.param_groups, peak_lrs):
             group["lr"] = peak * factor
         x, y = sampler.next()
@@ -235,4 +249,6 @@ def train(cfg: Config, run) -> dict[str, float]:
         "steps": float(plan.steps),
         **fixed,
         **curve,
+        # steps trained at the spiked rate in this process (a resumed run counts from its restart)
+        **({"pathology/lr_spike_steps": float(spike_steps)} if spiked else {}),
     }
