@@ -196,6 +196,9 @@ LEVELS = (0.15, 0.2, 0.3, 0.4, 0.5)
 ORDERS = 20
 WORKERS = 4
 STOP_POINTS = (0.15, 0.3, 0.45, 0.6)
+MARGINS = (1.0, 2.0)
+"""Collapse's `margin` variants replayed: stop only when the prediction is worse than the kept
+quantile by more than this many of its own standard errors."""
 """Collapse's settings: rungs x/3, 2x/3, x for each stop point x (as the audit's)."""
 
 
@@ -269,6 +272,10 @@ def collapse_settings(sweep: Sweep, uri: str, controls: bool) -> list[Any]:
                                lambda k, n=n, rungs=rungs: SelfReferenceCollapse(n, {"rungs": rungs}, controls=controls,
                                                                                  metric=sweep.objective[0]),
                                default=(n, x) == (3, 0.3)))
+        for m in MARGINS:  # one change at a time: the default reference (3 finishers), a margin of error
+            out.append(Setting(f"collapse, own first finishers, margin {m:g} SE", f"3 finishers, rungs {'/'.join(f'{r:g}' for r in rungs)}",
+                               lambda k, m=m, rungs=rungs: SelfReferenceCollapse(3, {"rungs": rungs, "margin": m}, controls=controls,
+                                                                                 metric=sweep.objective[0])))
     if sweep.name in (TUNING.name, REFERENCE.name):
         other = REFERENCE if sweep is TUNING else TUNING
         share = total_cost(other, uri) / total_cost(sweep, uri)

@@ -1,51 +1,50 @@
 """Scaling with Collapse: Efficient and Predictable Training of LLM Families (Bergsma et al., 2025) — https://arxiv.org/abs/2509.25087
 
-Search and early stopping against Optuna's own code, on the same curves and the same budget.
+Search with early stopping against Optuna's own, on the recorded sweeps of `early_stopping.py`.
 
-1. Pruners, replayed. Optuna's MedianPruner, HyperbandPruner, SuccessiveHalvingPruner and
-   WilcoxonPruner are driven through Optuna's ask / `trial.report(value, step)` /
-   `trial.should_prune()` / tell on the cached full curves of `early_stopping.py`'s celerity_lm
-   tau sweep (16 trials, 40 held-out evals each), beside the audit's (`orchestrator.sweeps.audit`)
-   collapse, ASHA and median rows on the same curves. Order and concurrency: the trials are
-   replayed one after another, each to its end or its prune before the next starts, in the
-   sweep's trial order (its launch order, tau ascending), so a pruner always sees every earlier
-   trial in full: the most a sequential pruner can know. A report's step is its eval's index
-   (1..40), Optuna's "epoch". Compute: a pruned trial counts the training fraction it reached at
-   the report that pruned it (as the audit counts a trial ASHA stops), weighted by the trial's
-   cost as the audit weighs it; regret is the audit's: the best final loss among the trials that
-   ran to the end, over the best final loss of the whole sweep, minus 1. Each pruner runs with its
-   defaults and over a small grid of settings; beside each audit stop point the table shows the
-   setting whose compute is nearest collapse's there (ties: the lower regret, the peer's favour).
+1. Search, replayed (the benchmark of record). Each recorded grid sweep (`early_stopping.RECORDED`:
+   the celerity_lm tau sweep at two seeds, the celerity_lm lr x warmup x width sweep, the frl lr x
+   width x modes sweep; every point trained to the end once) is a search space: every axis a
+   categorical choice of its recorded values, and a proposal replays the recorded curve at its
+   point (`stopping_replay.TuneSearch`, `OptunaSearch`). Each search gets half as many proposals
+   as the grid has points, 4 trials at once, in `stopping_replay`'s asynchronous event loop; the
+   searcher learns from each trial as it ends. The arms:
 
-2. Search, run. Over the synthetic `curves` workload's lr (log-uniform), warmup (uniform) and
-   schedule (categorical), the same number of trials per arm: ladder's random search (fifo), TPE
-   (fifo), TPE + collapse stopping, TPE + ASHA, all through `run_sweep` on one local Ray, and
-   Optuna standalone (TPESampler + HyperbandPruner, ask/tell in-process, the workload's own
-   `train` behind a minimal in-process Run, so its curves are ladder's). Each arm reports the best
-   final objective among its trials that ran to the end and the compute it spent (steps trained
-   over all trials over random search's full compute), as mean and min-max over the search seeds.
-   TPE's random start-up trials are ladder's default in both (a third of the trials, at most 10);
-   collapse and ASHA keep ladder's defaults (collapse: rungs 0.1/0.2/0.3, keep half, against the
-   3-seed `curves_reference` sweep; ASHA: grace 0.1, reduction factor 2). The ladder arms run at
-   the sweeps' default concurrency (2 trials at once on 2 cores; `--concurrency 1` for one at a
-   time); Optuna's loop runs one trial at a time. Every curves trial draws the same noise (seed
-   0), so trials differ only in their final loss: a current loss already ranks them as well as a
-   prediction does, and collapse has no edge over ASHA here by construction.
+   * random: ladder's TPE searcher with every proposal a random start-up one;
+   * tpe: ladder's TPE searcher (`orchestrator.sweeps.search.build`, as `ladder sweep` builds it
+     for `search='tpe'`), fifo;
+   * tpe+collapse: the same searcher with ladder's collapse scheduler at its default rungs, its
+     reference the mean normalized curve of the search's own first 3 finishers (no runs outside
+     the search: the cheapest reference, `stopping_replay.SelfReferenceCollapse`);
+   * tpe+asha: the same searcher with ladder's ASHA at its defaults;
+   * optuna tpe+hyperband: Optuna standalone, a study with `TPESampler` and `HyperbandPruner`
+     (defaults) asked, reported and told as an Optuna user writes it.
 
-The MLflow stores live under `benchmarks/.cache/` (ignored by git): the tau sweep is recorded by
-`early_stopping.py` (run it first, about 15 minutes on 2 cores); the search sweeps and the
-curves reference sweep are recorded here under `benchmarks/.cache/search/` and reused (an arm
-finished once is read back; delete the folder to run anew).
+   TPE's random start-up proposals are ladder's default in every TPE arm (a third of the
+   proposals, 2 to 10), Optuna's included, so that the arms differ in what stops trials. Regret:
+   the best final loss among the search's trials that ran to the end over the best final loss
+   of the whole recorded grid, minus 1. Compute: training spent over what the search's proposals
+   would cost trained to the end at the grid's mean cost (random search spends about 1). Mean and
+   95% interval over 20 search seeds.
 
-    python benchmarks/search.py [--cache DIR] [--seeds 5] [--trials 24] [--concurrency N]
-                                [--skip-search] [--skip-pruners]
+   Target: TPE + collapse reaches Optuna's TPE + Hyperband quality (mean regret at most its) at
+   no more of its compute (mean), on every recorded sweep. Exit status 0 when it does.
 
-Takes 1-2 minutes for the replays and about 4 minutes per search seed (20 for five) on 2 cores.
+2. Search, run live on the synthetic `curves` workload (`--live`), through `run_sweep` on one
+   local Ray: random search, TPE, TPE + collapse, TPE + ASHA, and Optuna standalone (TPESampler +
+   HyperbandPruner on the workload's own `train`), over lr (log-uniform), warmup (uniform) and
+   schedule (categorical). Every curves trial draws the same noise (the workload's seed 0), so
+   trials differ only in their final loss and a current loss ranks them as well as a prediction
+   does: this section checks the live path, not which rule ranks better (section 1 does, on real
+   curves). The MLflow stores
+   live under `benchmarks/.cache/search/` and are reused (delete the folder to run anew);
+   about 4 minutes per search seed on 2 cores.
 
-Targets: TPE + collapse finds a config within 0.5% of the best random-search result (mean over
-seeds) with at most half of random search's compute (every seed); no Optuna pruner reaches a lower
-regret than collapse at equal compute (nearest setting, at every stop point of the audit). Exit
-status 0 when both hold.
+The recorded sweeps are read from `benchmarks/.cache/` (run `early_stopping.py --record-only`
+first, about an hour). The replay takes a few minutes.
+
+    python benchmarks/search.py [--cache DIR] [--seeds 20] [--workers 4] [--sweeps ...]
+    python benchmarks/search.py --live [--live-seeds 5] [--trials 24] [--concurrency N]
 """
 
 from __future__ import annotations
@@ -56,201 +55,124 @@ import math
 import runpy
 import sys
 import time
-import warnings
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from early_stopping import CACHE, REFERENCE, TUNING, inside, record  # noqa: E402
+from early_stopping import CACHE, RECORDED, inside, record, recorded  # noqa: E402
 
 from orchestrator.sweep import Sweep, choice, loguniform, uniform  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-BUDGETS = (0.15, 0.3, 0.45, 0.6)
 TARGET_REGRET, TARGET_COMPUTE = 0.005, 0.5
-ORDERS = 20
 VERSION = "v1"  # part of the sweep names: a changed definition records anew, never mixes
 
-# -- 1. Optuna's pruners replayed on the cached tau sweep ----------------------------------------
+# -- 1. search replayed on the recorded sweeps ---------------------------------------------------
+
+SEARCH_SEEDS = 20
+WORKERS = 4
+SHARE = 0.5
+"""Proposals per search, as a share of the grid's points."""
+REPLAY_ARMS = ("random", "tpe", "tpe+collapse", "tpe+asha", "optuna tpe+hyperband")
+COLLAPSE_FINISHERS = 3
 
 
-@dataclass(frozen=True)
-class Replayed:
-    name: str
-    setting: str
-    compute_fraction: float
-    regret: float
-    chosen: str | None
-    default: bool = False
+def recorded_grid(sweep: Sweep, uri: str) -> tuple[Any, list[Any]]:
+    """The recorded sweep as a `RecordedGrid`, and its curves."""
+    from orchestrator.sweeps.curves import load_sweep
+    from stopping_replay import RecordedGrid, curves_from_audit
+
+    trials = load_sweep(sweep.name, sweep.objective[0], uri=uri).trials
+    curves = curves_from_audit(trials)
+    points = [{a: float(t.params[a]) for a in sweep.space} for t in trials]
+    return RecordedGrid(curves, points), curves
 
 
-def _pruners() -> list[tuple[str, str, Callable[[], Any], bool]]:
-    """(pruner, setting, factory, is-default): the defaults and a small grid around them."""
-    import optuna.pruners as P
-
-    out: list[tuple[str, str, Callable[[], Any], bool]] = [
-        ("optuna-median", "defaults (5 startup trials, no warmup)", P.MedianPruner, True),
-        ("optuna-hyperband", "defaults (min 1, max auto, rf 3)", P.HyperbandPruner, True),
-        ("optuna-sh", "defaults (min auto, rf 4)", P.SuccessiveHalvingPruner, True),
-        ("optuna-wilcoxon", "defaults (p 0.1, 2 startup steps)", P.WilcoxonPruner, True),
-    ]
-    for s in (1, 2, 5):
-        for w in (2, 4, 6, 8, 12, 16, 20, 24, 28, 32):
-            out.append(("optuna-median", f"{s} startup trials, warmup {w} evals",
-                        lambda s=s, w=w: P.MedianPruner(n_startup_trials=s, n_warmup_steps=w), False))
-    for m in (1, 2, 3, 4, 6, 8, 12):
-        for rf in (2, 3, 4):
-            out.append(("optuna-hyperband", f"min {m}, max 40, rf {rf}",
-                        lambda m=m, rf=rf: P.HyperbandPruner(min_resource=m, max_resource=40, reduction_factor=rf), False))
-            out.append(("optuna-sh", f"min {m}, rf {rf}",
-                        lambda m=m, rf=rf: P.SuccessiveHalvingPruner(min_resource=m, reduction_factor=rf), False))
-    for p in (0.001, 0.01, 0.05, 0.1, 0.2, 0.3, 0.5):
-        for n in (2, 5, 10, 20):
-            out.append(("optuna-wilcoxon", f"p {p:g}, {n} startup steps",
-                        lambda p=p, n=n: P.WilcoxonPruner(p_threshold=p, n_startup_steps=n), False))
-    return out
+def searcher_sweep(sweep: Sweep, seed: int, budget: int, *, random: bool = False) -> Sweep:
+    """The TPE sweep over the recorded grid's axes (each a choice of its recorded values)."""
+    return Sweep(name=f"{sweep.name}_search_s{seed}", workload=sweep.workload, base=sweep.base,
+                 overrides=sweep.overrides, space={a: choice(*d.values) for a, d in sweep.space.items()},
+                 search="tpe", num_samples=budget, seed=seed, objective=sweep.objective,
+                 search_options={"n_startup_trials": budget} if random else {})
 
 
-def replay_optuna(trials: Sequence[Any], pruner: Any, finals: dict[str, float],
-                  study_name: str = "replay") -> tuple[float, float, str | None]:
-    """Replay `trials` (audit TrialCurves, in order, one at a time) through an Optuna study with
-    `pruner`; returns (compute fraction, regret, pick)."""
+def search_arm(arm: str, sweep: Sweep, grid: Any, seed: int, budget: int, controls: bool) -> tuple[Any, Any]:
+    """(policy, source) of one arm's search at one seed."""
     import optuna
 
-    # HyperbandPruner puts a trial in a bracket by a hash of the study's name and the trial's
-    # number: a fixed name makes the replays repeat (an unnamed study gets a random one).
-    study = optuna.create_study(study_name=study_name, direction="minimize", pruner=pruner,
-                                sampler=optuna.samplers.RandomSampler(seed=0))
-    trained: dict[str, float] = {}
-    finishers = []
-    for t in trials:
-        trial = study.ask()
-        trained[t.trial_id] = 1.0
-        stopped = False
-        for k, (p, y) in enumerate(zip(t.progress.tolist(), t.loss.tolist()), start=1):
-            if not math.isfinite(y):  # diverged: stopped at its first NaN, as the audit counts it
-                trained[t.trial_id] = p
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                stopped = True
-                break
-            trial.report(y, k)
-            if trial.should_prune():
-                trained[t.trial_id] = p
-                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-                stopped = True
-                break
-        if not stopped:
-            study.tell(trial, float(t.loss[-1]))
-            finishers.append(t.trial_id)
-    spent = sum(t.cost * trained[t.trial_id] for t in trials) / sum(t.cost for t in trials)
-    best = min(finals.values())
-    chosen = min(finishers, key=lambda tid: finals[tid]) if finishers else None
-    regret = finals[chosen] / best - 1 if chosen else math.inf
-    return spent, regret, chosen
+    from orchestrator.sweeps.search import build
+    from stopping_replay import OptunaPruner, OptunaSearch, Policy, SelfReferenceCollapse, TuneSearch, ladder_scheduler
+
+    metric = sweep.objective[0]
+    if arm == "optuna tpe+hyperband":
+        startup = searcher_sweep(sweep, seed, budget).startup_trials()
+        policy = OptunaPruner(optuna.pruners.HyperbandPruner(), study_name=f"search_s{seed}",
+                              sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup))
+        return policy, OptunaSearch(policy, grid)
+    source = TuneSearch(build(searcher_sweep(sweep, seed, budget, random=arm == "random")), grid, metric=metric)
+    if arm in ("random", "tpe"):
+        return Policy(), source
+    if arm == "tpe+collapse":
+        return SelfReferenceCollapse(COLLAPSE_FINISHERS, {}, controls=controls, metric=metric), source
+    if arm == "tpe+asha":
+        return ladder_scheduler("asha", {}, metric=metric), source
+    raise ValueError(f"unknown arm {arm!r}; the arms are {', '.join(REPLAY_ARMS)}")
 
 
-def pruner_section(uri: str, budgets: Sequence[float]) -> tuple[list[str], bool, dict[str, Any]]:
-    import optuna
+def replay_search(label: str, sweep: Sweep, uri: str, *, n_seeds: int = SEARCH_SEEDS,
+                  workers: int = WORKERS) -> dict[str, Any]:
+    """Every arm's search replayed on one recorded sweep, at the same seeds."""
+    from stopping_replay import simulate
 
-    from orchestrator.sweeps.audit import audit, load_sweep
+    grid, curves = recorded_grid(sweep, uri)
+    controls = all("tau" in c.controls and "tpp" in c.controls for c in curves)
+    budget = max(4, round(SHARE * len(curves)))
+    arms: dict[str, dict[str, list[float]]] = {}
+    started = time.monotonic()
+    for arm in REPLAY_ARMS:
+        acc = arms.setdefault(arm, {"regret": [], "compute": [], "finished": [], "distinct": []})
+        for seed in range(n_seeds):
+            policy, source = search_arm(arm, sweep, grid, seed, budget, controls)
+            out = simulate(curves, policy, workers=workers, source=source, budget=budget)
+            acc["regret"].append(out.regret)
+            acc["compute"].append(out.compute)
+            acc["finished"].append(sum(1 for t, p in out.trained_to.items() if p >= 1 - 1e-9))
+            acc["distinct"].append(len(set(source.point.values())))
+    return {"sweep": label, "experiment": sweep.name, "points": len(curves), "budget": budget, "seeds": n_seeds,
+            "workers": workers, "replay_s": time.monotonic() - started, "arms": arms}
 
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # WilcoxonPruner's
-    result = audit(TUNING.name, reference={"experiment": REFERENCE.name, "kind": "empirical"}, uri=uri,
-                   budgets=budgets, log=False, plot=False)
-    trials = load_sweep(TUNING.name, "eval/loss", uri=uri, sweep_id=result.sweep_id).trials  # trial-id = launch order
-    replays = []
-    for name, setting, factory, default in _pruners():
-        compute, regret, chosen = replay_optuna(trials, factory(), result.finals)
-        replays.append(Replayed(name, setting, compute, regret, chosen, default))
-    names = ("optuna-median", "optuna-hyperband", "optuna-sh", "optuna-wilcoxon")
-    rows = [("stop at", "policy", "setting", "compute", "regret", "x collapse compute", "vs collapse")]
-    ok = True
-    wins: list[str] = []
-    for b in budgets:
-        c = result.row("collapse", b)
-        for pol in ("collapse", "asha", "median"):
-            r = result.row(pol, b)
-            rows.append((f"{b:g}", {"collapse": "ladder collapse", "asha": "ASHA (audit)", "median": "median rule (audit)"}[pol],
-                         r.setting, _pct(r.compute_fraction), _pct(r.regret), f"{r.compute_fraction / c.compute_fraction:.2f}",
-                         "-" if pol == "collapse" else _versus(r.regret, c.regret, r.compute_fraction / c.compute_fraction)))
-        for name in names:
-            mine = [r for r in replays if r.name == name]
-            near = min(mine, key=lambda r: (round(abs(r.compute_fraction - c.compute_fraction), 3), r.regret))
-            verdict = _versus(near.regret, c.regret, near.compute_fraction / c.compute_fraction)
-            if near.regret < c.regret - 1e-12 and near.compute_fraction <= c.compute_fraction * 1.1:
-                ok = False
-                wins.append(f"{name} ({near.setting}) at stop point {b:g}")
-            rows.append((f"{b:g}", name, near.setting, _pct(near.compute_fraction), _pct(near.regret),
-                         f"{near.compute_fraction / c.compute_fraction:.2f}", verdict))
-    for r in replays:
-        if r.default:
-            rows.append(("-", r.name, r.setting, _pct(r.compute_fraction), _pct(r.regret), "-", "-"))
-    rnd = result.row("random", None)
-    rows.append(("-", "random pick (audit)", rnd.setting, _pct(rnd.compute_fraction), _pct(rnd.regret), "-", "-"))
-    lines = [f"1. pruners replayed on {TUNING.name} ({len(trials)} full curves of eval/loss, best final "
-             f"{result.best_final:.4f}); collapse reference: {result.reference}",
-             "   one trial at a time in launch order (tau ascending); step = eval index; a pruned trial counts "
-             "the fraction it reached"]
+
+def search_verdict(res: dict[str, Any]) -> tuple[bool, str]:
+    """Whether TPE + collapse reaches Optuna TPE + Hyperband's mean regret at no more mean compute."""
+    from stopping_replay import mean_interval
+
+    tc, op = res["arms"]["tpe+collapse"], res["arms"]["optuna tpe+hyperband"]
+    r_tc, r_op = mean_interval(np.array(tc["regret"]))[0], mean_interval(np.array(op["regret"]))[0]
+    c_tc, c_op = float(np.mean(tc["compute"])), float(np.mean(op["compute"]))
+    ok = r_tc <= r_op + 1e-12 and c_tc <= c_op + 1e-12
+    return ok, (f"TPE + collapse {_pct(r_tc)} regret at {c_tc:.2f} compute against Optuna TPE + Hyperband's "
+                f"{_pct(r_op)} at {c_op:.2f}: {'holds' if ok else 'does not hold'}")
+
+
+def format_search(res: dict[str, Any]) -> list[str]:
+    from stopping_replay import mean_interval
+
+    lines = [f"{res['sweep']} ({res['experiment']}): {res['points']} recorded points, {res['budget']} proposals a search, "
+             f"{res['workers']} at once, {res['seeds']} search seeds"]
+    rows = [("arm", "regret, mean [95%]", "compute, mean [95%]", "to the end", "distinct points")]
+    for arm, a in res["arms"].items():
+        r, c = mean_interval(np.array(a["regret"])), mean_interval(np.array(a["compute"]))
+        rows.append((arm, f"{_pct(r[0])} [{_pct(r[1])}, {_pct(r[2])}]", f"{c[0]:.2f} [{c[1]:.2f}, {c[2]:.2f}]",
+                     f"{np.mean(a['finished']):.1f}", f"{np.mean(a['distinct']):.1f}"))
     lines += _table(rows)
-    # Best regret each Optuna pruner reaches at or below collapse's compute, over the whole grid.
-    frontier = []
-    for b in budgets:
-        c = result.row("collapse", b)
-        cells = []
-        for name in names:
-            under = [r for r in replays if r.name == name and r.compute_fraction <= c.compute_fraction + 1e-9]
-            cells.append(f"{name} {_pct(min(r.regret for r in under)) if under else 'none'}")
-        frontier.append(f"   at <= {_pct(c.compute_fraction)} compute (collapse {_pct(c.regret)}): best of the grid: "
-                        + ", ".join(cells))
-    lines.append("lowest regret of any grid setting spending no more than collapse:")
-    lines += frontier
-    # The sequential pruners depend on the order trials arrive in; the audit's replays do not.
-    rng = np.random.default_rng(0)
-    orders = [[trials[i] for i in rng.permutation(len(trials))] for _ in range(ORDERS)]
-    lines.append(f"the same settings over {ORDERS} random trial orders, each its own study name (mean compute, mean regret, worst regret):")
-    for b in budgets:
-        c = result.row("collapse", b)
-        cells = []
-        for name in names:
-            near = min((r for r in replays if r.name == name),
-                       key=lambda r: (round(abs(r.compute_fraction - c.compute_fraction), 3), r.regret))
-            factory = next(f for n, st, f, _ in _pruners() if n == name and st == near.setting)
-            runs = [replay_optuna(order, factory(), result.finals, f"replay-{i}") for i, order in enumerate(orders)]
-            cells.append(f"{name} {_pct(float(np.mean([x[0] for x in runs])))} / "
-                         f"{_pct(float(np.mean([x[1] for x in runs])))} / {_pct(max(x[1] for x in runs))}")
-        lines.append(f"   stop point {b:g} (collapse {_pct(c.compute_fraction)} / {_pct(c.regret)}): " + "; ".join(cells))
-    # Hyperband's brackets are a hash of the study name: in effect a seed the verdict above rests on.
-    lines.append(f"optuna-hyperband's nearest setting in launch order under {ORDERS} study names (its bracket draws): "
-                 "mean compute / mean regret / names where it beats collapse at <= 1.1x its compute")
-    for b in budgets:
-        c = result.row("collapse", b)
-        near = min((r for r in replays if r.name == "optuna-hyperband"),
-                   key=lambda r: (round(abs(r.compute_fraction - c.compute_fraction), 3), r.regret))
-        factory = next(f for n, st, f, _ in _pruners() if n == "optuna-hyperband" and st == near.setting)
-        runs = [replay_optuna(trials, factory(), result.finals, f"replay-{i}") for i in range(ORDERS)]
-        beats = sum(x[1] < c.regret - 1e-12 and x[0] <= 1.1 * c.compute_fraction for x in runs)
-        lines.append(f"   stop point {b:g} ({near.setting}; collapse {_pct(c.compute_fraction)} / {_pct(c.regret)}): "
-                     f"{_pct(float(np.mean([x[0] for x in runs])))} / {_pct(float(np.mean([x[1] for x in runs])))} / "
-                     f"{beats} of {ORDERS}")
-    data = {"audit": result.to_dict(), "optuna": [r.__dict__ for r in replays]}
-    lines.append("no Optuna pruner lower regret than collapse at (nearest) equal compute: "
-                 + ("holds" if ok else "does not hold (" + "; ".join(wins) + ")"))
-    return lines, ok, data
+    lines.append(search_verdict(res)[1])
+    return lines
 
 
-def _versus(regret: float, collapse: float, compute_ratio: float) -> str:
-    if math.isclose(regret, collapse, abs_tol=1e-12):
-        return "tie"
-    if regret > collapse:
-        return "higher"
-    return "lower: peer wins" if compute_ratio <= 1.1 else "lower, at more compute"
-
-
-# -- 2. search on the curves workload ------------------------------------------------------------
+# -- 2. search run live on the curves workload (--live) ----------------------------------------
 
 SPACE = {
     "lr": loguniform(1e-3, 1e-1),
@@ -434,35 +356,38 @@ def _table(rows: list[tuple[str, ...]]) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[2])
     parser.add_argument("--cache", type=Path, default=CACHE, help="folder of the recorded MLflow stores")
-    parser.add_argument("--seeds", type=int, default=5, help="search seeds (0..n-1)")
-    parser.add_argument("--trials", type=int, default=24, help="trials per arm")
-    parser.add_argument("--budgets", type=float, nargs="+", default=list(BUDGETS), help="the audit's stop points")
+    parser.add_argument("--seeds", type=int, default=SEARCH_SEEDS, help="search seeds of the replay (0..n-1)")
+    parser.add_argument("--workers", type=int, default=WORKERS, help="trials at once in the replay")
+    parser.add_argument("--sweeps", nargs="+", default=list(RECORDED), choices=list(RECORDED), metavar="SWEEP",
+                        help=f"recorded sweeps to replay on (default all: {', '.join(RECORDED)})")
+    parser.add_argument("--live", action="store_true", help="run section 2 (search on curves, live) instead")
+    parser.add_argument("--live-seeds", type=int, default=5, help="search seeds of the live run")
+    parser.add_argument("--trials", type=int, default=24, help="trials per arm in the live run")
     parser.add_argument("--concurrency", type=int, default=None,
-                        help="trials at once in the ladder arms (default: the sweeps' own, 2 on 2 cores)")
-    parser.add_argument("--skip-search", action="store_true", help="only the pruner replays")
-    parser.add_argument("--skip-pruners", action="store_true", help="only the search")
+                        help="trials at once in the live ladder arms (default: the sweeps' own, 2 on 2 cores)")
     args = parser.parse_args()
 
     from orchestrator.tracking import sink as tracking
 
     cache = args.cache.resolve()
-    ok = True
-    out: list[str] = []
-    if not args.skip_pruners:
-        with inside(cache):
-            uri = tracking.tracking_uri()
-            from early_stopping import recorded
-
-            if recorded(TUNING, uri) < TUNING.trial_count():
-                raise SystemExit(f"{TUNING.name} is not recorded in {cache}: run benchmarks/early_stopping.py first")
-            lines, held, data = pruner_section(uri, args.budgets)
-        (cache / "search_pruners.json").write_text(json.dumps(data, indent=1, default=str))
-        out += lines + [""]
-        ok &= held
-    if not args.skip_search:
-        lines, held, _ = search_section(cache / "search", list(range(args.seeds)), args.trials, args.concurrency)
-        out += lines
-        ok &= held
+    if args.live:
+        lines, ok, _ = search_section(cache / "search", list(range(args.live_seeds)), args.trials, args.concurrency)
+        print("\n".join(lines))
+        return 0 if ok else 1
+    ok, out, data = True, [], []
+    with inside(cache):
+        uri = tracking.tracking_uri()
+        for label in args.sweeps:
+            sweep = RECORDED[label][0]
+            if recorded(sweep, uri) < sweep.trial_count():
+                raise SystemExit(f"{sweep.name} is not recorded in {cache}: run benchmarks/early_stopping.py --record-only first")
+            res = replay_search(label, sweep, uri, n_seeds=args.seeds, workers=args.workers)
+            data.append(res)
+            held, said = search_verdict(res)
+            ok &= held
+            out.append(f"{label}: {said}")
+            print("\n".join(format_search(res)) + "\n", flush=True)
+    (cache / "search_replay.json").write_text(json.dumps(data, indent=1))
     print("\n".join(out))
     return 0 if ok else 1
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -122,26 +122,64 @@ class Policy:
         return ()
 
 
-def simulate(curves: Sequence[Curve], policy: Policy, *, order: Sequence[int], workers: int = 4) -> Outcome:
-    """Replay `curves` launched in `order` (indices into `curves`) on `workers` at once."""
+class Source:
+    """Where a search's trials come from (`simulate(..., source=...)`): a searcher proposes each
+    trial when a worker frees up, from what the trials that ended so far told it. A proposal is a
+    recorded curve under a new trial id (a search may propose a point twice)."""
+
+    def next(self, number: int) -> Curve | None:
+        """Proposal `number` (0-based), or None when the searcher has none."""
+        raise NotImplementedError
+
+    def reported(self, curve: Curve, index: int) -> None:
+        """The trial's report `index` arrived (before the policy's decision on it)."""
+
+    def ended(self, curve: Curve, how: str, index: int) -> None:
+        """The trial ended ('finished', 'stopped' or 'diverged') at its report `index`."""
+
+
+def simulate(curves: Sequence[Curve], policy: Policy, *, order: Sequence[int] | None = None, workers: int = 4,
+             source: Source | None = None, budget: int | None = None) -> Outcome:
+    """Replay `curves` launched in `order` (indices into `curves`) on `workers` at once.
+
+    With a `source` instead of an order: a search of `budget` trials, each drawn from the source
+    when a worker is free and no drawn trial waits; `curves` is then the whole recorded sweep,
+    whose best final loss regret is measured against, and compute is counted over `budget` trials
+    of the sweep's mean cost (a search that trains every proposal to the end spends about 1)."""
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    by_id = {c.trial_id: c for c in curves}
-    if len(by_id) != len(curves):
+    if len({c.trial_id for c in curves}) != len(curves):
         raise ValueError("trial ids must be unique")
-    launch = [curves[i].trial_id for i in order]
-    if sorted(launch) != sorted(by_id):
-        raise ValueError("order must be a permutation of the trials")
+    if source is None:
+        if order is None or sorted(curves[i].trial_id for i in order) != sorted(c.trial_id for c in curves):
+            raise ValueError("order must be a permutation of the trials")
+    elif budget is None or budget < 1:
+        raise ValueError(f"a search needs a budget of at least one trial, got {budget!r}")
     mean_cost = float(np.mean([c.cost for c in curves]))
-    for tid in launch:
-        policy.add(by_id[tid])
-    waiting, paused = list(launch), []
-    next_index = {tid: 0 for tid in launch}
-    reached = {tid: 0.0 for tid in launch}
+    by_id: dict[str, Curve] = {}
+    launch: list[str] = []
+    waiting: list[str] = []
+    paused: list[str] = []
+    next_index: dict[str, int] = {}
+    reached: dict[str, float] = {}
     ended: dict[str, str] = {}
     events: list[tuple[float, int, str]] = []
     running: set[str] = set()
-    clock, tick = 0.0, 0
+    clock, tick, drawn = 0.0, 0, 0
+
+    def admit(c: Curve) -> None:
+        if c.trial_id in by_id:
+            raise ValueError(f"trial id {c.trial_id!r} was launched twice")
+        by_id[c.trial_id] = c
+        launch.append(c.trial_id)
+        waiting.append(c.trial_id)
+        next_index[c.trial_id], reached[c.trial_id] = 0, 0.0
+        policy.add(c)
+
+    def end(tid: str, how: str) -> None:
+        ended[tid] = how
+        if source is not None:
+            source.ended(by_id[tid], how, max(next_index[tid] - 1, 0))
 
     def start(tid: str, now: float) -> None:
         nonlocal tick
@@ -153,11 +191,17 @@ def simulate(curves: Sequence[Curve], policy: Policy, *, order: Sequence[int], w
         running.add(tid)
 
     def fill(now: float) -> None:
+        nonlocal drawn
         for tid in list(policy.stopped_elsewhere()):
             if tid in paused:
                 paused.remove(tid)
-                ended[tid] = "stopped"
+                end(tid, "stopped")
         while len(running) < workers:
+            if source is not None and not waiting and drawn < (budget or 0):
+                c = source.next(drawn)
+                drawn = drawn + 1 if c is not None else budget or 0
+                if c is not None:
+                    admit(c)
             tid = policy.choose(list(waiting), list(paused))
             if tid is None:
                 return
@@ -169,6 +213,9 @@ def simulate(curves: Sequence[Curve], policy: Policy, *, order: Sequence[int], w
                 raise RuntimeError(f"{type(policy).__name__} chose {tid!r}, which is neither waiting nor paused")
             start(tid, now)
 
+    if source is None:
+        for i in order or ():
+            admit(curves[i])
     fill(clock)
     while events:
         clock, _, tid = heapq.heappop(events)
@@ -178,33 +225,35 @@ def simulate(curves: Sequence[Curve], policy: Policy, *, order: Sequence[int], w
         reached[tid] = float(c.progress[k])
         next_index[tid] = k + 1
         if not math.isfinite(float(c.loss[k])):
-            ended[tid] = "diverged"
             policy.removed(c)
+            end(tid, "diverged")
         else:
+            if source is not None:
+                source.reported(c, k)
             action = policy.result(c, k)
             last = k + 1 >= len(c.progress)
             if last:
-                ended[tid] = "finished"  # a trial at its end finishes whatever the rule says
-                policy.complete(c)
+                policy.complete(c)  # a trial at its end finishes whatever the rule says
+                end(tid, "finished")
             elif action == STOP:
-                ended[tid] = "stopped"
                 policy.removed(c)
+                end(tid, "stopped")
             elif action == PAUSE:
                 paused.append(tid)
             else:
                 start(tid, clock)
         fill(clock)
     for tid in paused:
-        ended.setdefault(tid, "stopped")  # paused and never resumed: it trained no further
+        if tid not in ended:  # paused and never resumed: it trained no further
+            end(tid, "stopped")
     for tid in waiting:
         ended.setdefault(tid, "never started")
-    total = sum(c.cost for c in curves)
+    total = sum(c.cost for c in curves) if source is None else (budget or 0) * mean_cost
     spent = sum(by_id[t].cost * reached[t] for t in launch) / total + policy.overhead
-    finals = {c.trial_id: c.final for c in curves}
-    best = min(finals.values())
+    best = min(c.final for c in curves)
     finishers = [t for t, how in ended.items() if how == "finished"]
-    chosen = min(finishers, key=lambda t: finals[t]) if finishers else None
-    regret = finals[chosen] / best - 1 if chosen is not None and math.isfinite(finals[chosen]) else math.inf
+    chosen = min(finishers, key=lambda t: by_id[t].final) if finishers else None
+    regret = by_id[chosen].final / best - 1 if chosen is not None and math.isfinite(by_id[chosen].final) else math.inf
     stopped = sum(how == "stopped" for how in ended.values())
     return Outcome(spent, regret, chosen, reached, stopped)
 
@@ -338,13 +387,13 @@ class OptunaPruner(Policy):
     """An Optuna pruner behind a study: ask at launch, report each eval (step = its index), ask
     `should_prune`, tell at the end."""
 
-    def __init__(self, pruner: Any, *, study_name: str = "replay") -> None:
+    def __init__(self, pruner: Any, *, study_name: str = "replay", sampler: Any = None) -> None:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.ERROR)
         self.optuna = optuna
         self.study = optuna.create_study(study_name=study_name, direction="minimize", pruner=pruner,
-                                         sampler=optuna.samplers.RandomSampler(seed=0))
+                                         sampler=sampler or optuna.samplers.RandomSampler(seed=0))
         self.trials: dict[str, Any] = {}
         self.told: set[str] = set()
 
@@ -377,6 +426,85 @@ class OptunaPruner(Policy):
             return None
         self._trial(waiting[0])  # asked at launch: trial numbers follow the launch order
         return waiting[0]
+
+
+# -- search: a searcher proposing points of a recorded grid ---------------------------------------
+
+
+class RecordedGrid:
+    """A recorded grid sweep as a search space: each axis's values, and the recorded curve at
+    each point (every point of the grid recorded once)."""
+
+    def __init__(self, curves: Sequence[Curve], points: Sequence[Mapping[str, float]]) -> None:
+        if len(curves) != len(points) or not curves:
+            raise ValueError("one point per recorded curve, at least one")
+        self.axes: dict[str, list[float]] = {a: sorted({float(p[a]) for p in points}) for a in points[0]}
+        self.at: dict[tuple[float, ...], Curve] = {}
+        for c, p in zip(curves, points):
+            key = self._key(p)
+            if key in self.at:
+                raise ValueError(f"two recorded curves at the point {dict(p)}")
+            self.at[key] = c
+        self.curves = list(curves)
+
+    def _key(self, point: Mapping[str, Any]) -> tuple[float, ...]:
+        return tuple(float(point[a]) for a in self.axes)
+
+    def curve(self, point: Mapping[str, Any]) -> Curve:
+        try:
+            return self.at[self._key(point)]
+        except KeyError:
+            raise KeyError(f"the point {dict(point)} was not recorded (axes: {self.axes})") from None
+
+
+class TuneSearch(Source):
+    """A Ray Tune searcher (ladder's `OptunaSweepSearch`, as `ladder sweep` builds it for a
+    `search='tpe'` sweep) driven as Tune drives it: `suggest` when a worker frees, every report
+    to `on_trial_result`, the trial's last result to `on_trial_complete` when it ends (a stopped
+    trial's last result is short of progress 1, which the searcher tells Optuna as pruned)."""
+
+    def __init__(self, searcher: Any, grid: RecordedGrid, *, metric: str) -> None:
+        self.searcher, self.grid, self.metric = searcher, grid, metric
+        self.point: dict[str, str] = {}
+        """Proposal id -> the recorded trial it replays."""
+
+    def next(self, number: int) -> Curve | None:
+        tid = f"p{number:03d}"
+        config = self.searcher.suggest(tid)
+        if config is None:
+            return None
+        c = self.grid.curve(config["params"])
+        self.point[tid] = c.trial_id
+        return replace(c, trial_id=tid)
+
+    def _result(self, curve: Curve, index: int, *, end: bool = False) -> dict[str, float]:
+        p = 1.0 if end else float(curve.progress[index])  # a trial that ran to its end reports progress 1
+        return {self.metric: float(curve.loss[index]), "progress": p, "training_iteration": index + 1}
+
+    def reported(self, curve: Curve, index: int) -> None:
+        self.searcher.on_trial_result(curve.trial_id, self._result(curve, index))
+
+    def ended(self, curve: Curve, how: str, index: int) -> None:
+        self.searcher.on_trial_complete(curve.trial_id, self._result(curve, index, end=how == "finished"))
+
+
+class OptunaSearch(Source):
+    """Optuna standalone, as its users write it: the study of an `OptunaPruner` policy (its sampler
+    e.g. TPE) asked for each trial, every axis of the grid a categorical `suggest`; the policy
+    reports, prunes and tells."""
+
+    def __init__(self, policy: OptunaPruner, grid: RecordedGrid) -> None:
+        self.policy, self.grid = policy, grid
+        self.point: dict[str, str] = {}
+
+    def next(self, number: int) -> Curve | None:
+        trial = self.policy.study.ask()
+        point = {a: trial.suggest_categorical(a, values) for a, values in self.grid.axes.items()}
+        c = self.grid.curve(point)
+        tid = f"p{number:03d}"
+        self.policy.trials[tid] = trial
+        self.point[tid] = c.trial_id
+        return replace(c, trial_id=tid)
 
 
 # -- learning-curve extrapolation ----------------------------------------------------------------

@@ -171,6 +171,8 @@ COLLAPSE_OPTIONS = {
     "min_samples": Option(2, "Predictions recorded at a rung before any trial is stopped there."),
     "min_points": Option(1, "Reports inside the fit window a trial needs before it is predicted."),
     "n_boot": Option(100, "Bootstrap resamples behind each prediction's uncertainty."),
+    "margin": Option(0.0, "Stop a trial only when its prediction is worse than the kept quantile by more than "
+                          "this many of its own bootstrap standard errors (0: by any amount)."),
 }
 
 REFERENCE_OPTIONS = {

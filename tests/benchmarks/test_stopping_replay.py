@@ -159,3 +159,66 @@ def test_collapse_with_its_own_first_finishers_as_reference_judges_only_after_th
     assert policy.reference.built is not None and [c.trial_id for c in policy.reference.runs] == ["t0", "t1"]
     assert out.chosen == "t0" and out.stopped >= 3 and out.compute < 0.8 and policy.overhead == 0.0
     assert out.trained_to["t0"] == out.trained_to["t1"] == 1.0
+
+
+def _grid(gap: float = 0.1) -> tuple[list[sr.Curve], "sr.RecordedGrid"]:
+    """Six recorded points a in {1, 2, 3} x b in {0, 1}; the final loss grows with a + 3b."""
+    points = [{"a": a, "b": b} for a in (1, 2, 3) for b in (0, 1)]
+    curves = [sr.Curve(f"r{i}", T, 2.0 + gap * (p["a"] + 3 * p["b"]) + np.exp(-5 * T)) for i, p in enumerate(points)]
+    return curves, sr.RecordedGrid(curves, points)
+
+
+def test_a_recorded_grid_finds_each_point_and_refuses_an_unrecorded_one():
+    curves, grid = _grid()
+    assert grid.axes == {"a": [1.0, 2.0, 3.0], "b": [0.0, 1.0]}
+    assert grid.curve({"a": 2, "b": 1.0}) is curves[3]
+    with pytest.raises(KeyError, match="not recorded"):
+        grid.curve({"a": 4, "b": 0})
+    with pytest.raises(ValueError, match="two recorded curves"):
+        sr.RecordedGrid(curves[:2], [{"a": 1}, {"a": 1}])
+
+
+def test_a_search_draws_its_budget_from_ladders_searcher_which_learns_how_each_trial_ended():
+    from orchestrator.sweep import Sweep, choice
+    from orchestrator.sweeps.search import build
+
+    curves, grid = _grid()
+    budget = 9
+    sweep = Sweep(name="replay_search", workload="curves", base="smoke", space={"a": choice(1, 2, 3), "b": choice(0, 1)},
+                  search="tpe", num_samples=budget, seed=3)
+    source = sr.TuneSearch(build(sweep), grid, metric="eval/loss")
+    out = sr.simulate(curves, sr.Policy(), source=source, budget=budget, workers=2)
+    assert len(out.trained_to) == budget and all(p == 1.0 for p in out.trained_to.values())
+    assert out.compute == pytest.approx(1.0)  # every proposal to the end, at the grid's mean cost
+    study = source.searcher.study
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * budget
+    for t in study.trials:  # each told the final loss of the recorded curve at its point
+        assert t.value == pytest.approx(grid.curve(t.params).final)
+    finals = {c.trial_id: c.final for c in curves}
+    best_found = min(finals[source.point[p]] for p in out.trained_to)
+    assert out.regret == pytest.approx(best_found / min(finals.values()) - 1)
+
+    # stopped by a scheduler: the searcher tells Optuna the trial was pruned
+    source = sr.TuneSearch(build(sweep), grid, metric="eval/loss")
+    out = sr.simulate(curves, sr.ladder_scheduler("asha", {"grace_period": 0.2, "reduction_factor": 2}),
+                      source=source, budget=budget, workers=1)
+    states = [t.state.name for t in source.searcher.study.trials]
+    assert out.stopped > 0 and states.count("PRUNED") == out.stopped and len(states) == budget
+    assert out.compute < 1.0
+
+
+def test_optuna_standalone_search_asks_its_study_for_each_point_and_prunes_through_it():
+    import optuna
+
+    curves, grid = _grid()
+    policy = sr.OptunaPruner(optuna.pruners.SuccessiveHalvingPruner(min_resource=2, reduction_factor=2),
+                             study_name="s", sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=3))
+    source = sr.OptunaSearch(policy, grid)
+    out = sr.simulate(curves, policy, source=source, budget=8, workers=1)
+    trials = policy.study.trials
+    assert len(trials) == 8 and {t.state.name for t in trials} <= {"COMPLETE", "PRUNED"}
+    assert sum(t.state.name == "PRUNED" for t in trials) == out.stopped > 0
+    for tid, t in zip(sorted(source.point), trials):  # proposal k replays the curve at study trial k's params
+        assert source.point[tid] == grid.curve(t.params).trial_id
+    with pytest.raises(ValueError, match="budget"):
+        sr.simulate(curves, sr.Policy(), source=source, budget=0)

@@ -327,6 +327,33 @@ def test_stopper_defers_rung_decisions_until_its_reference_is_ready():
     assert set(stopper.rung_decisions("t0")) == {0.1, 0.2, 0.3}
 
 
+def test_stopper_margin_spares_trials_within_their_prediction_error_and_is_saved():
+    _, curves = _sweep()
+    order = ["t3", "t7", "t0", "t5", "t1", "t6", "t2", "t4"]
+    ref = TRUTH.for_controls(0.2, 20.0)
+    plain = _feed(CollapseStopper(ref), curves, order, range(T.size))
+    wide = CollapseStopper(ref, margin=1e6)
+    assert _feed(wide, curves, order, range(T.size)) == {}  # no prediction is that far off
+    assert plain  # the same sweep without a margin stops some
+    spared = [d for t in order for d in wide.rung_decisions(t).values() if d["cutoff"] is not None
+              and d["predicted"] > d["cutoff"]]
+    assert spared and all(d["reason"].endswith("margin of error") for d in spared)
+    some = CollapseStopper(ref, margin=1.0)
+    stopped = _feed(some, curves, order, range(T.size))
+    assert set(stopped) <= set(plain)
+    for d in stopped.values():  # stopped only beyond its own error
+        assert d.predicted > d.cutoff + d.predicted_std
+    state = json.loads(json.dumps(some.state_dict()))
+    assert state["config"]["margin"] == 1.0
+    with pytest.raises(ValueError, match="margin"):
+        CollapseStopper.from_state(state, ref).load_state_dict({**state, "config": {**state["config"], "margin": 2.0}})
+    legacy = CollapseStopper(ref).state_dict()
+    del legacy["config"]["margin"]  # saved before the option existed
+    CollapseStopper(ref).load_state_dict(legacy)
+    with pytest.raises(ValueError, match="margin"):
+        CollapseStopper(ref, margin=-1)
+
+
 def test_stopper_stops_nan_trials_as_diverged():
     stopper = CollapseStopper(TRUTH.for_controls(0.2, 20.0))
     assert not stopper.observe("a", 0.01, 5.0).stop

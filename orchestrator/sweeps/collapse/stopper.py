@@ -84,7 +84,9 @@ class CollapseStopper:
     `reference` is one reference curve, or a family (`ParametricFit`, `ReferenceTable`) asked
     for each trial's (tau, tpp), given with its first report. `keep_quantile` is the fraction of
     trials kept at each rung; `reduction_factor` is the ASHA spelling of the same (keep 1/rf).
-    `smooth_window=None` uses the reference's own smoothing. Reports whose progress does not
+    `smooth_window=None` uses the reference's own smoothing. `margin` (in standard errors of the
+    trial's own prediction, 0 by default) stops a trial only when its prediction is worse than the
+    kept quantile by more than `margin` x its bootstrap standard error. Reports whose progress does not
     exceed the trial's last recorded one are ignored, so that a trial restored from a checkpoint
     and re-reporting points it had already sent is neither double-counted nor re-decided.
     A reference whose `ready` attribute is False (one still being built, e.g. from the sweep's
@@ -105,6 +107,7 @@ class CollapseStopper:
         min_samples: int = 2,
         min_points: int = 1,
         n_boot: int = 100,
+        margin: float = 0.0,
     ) -> None:
         if keep_quantile is not None and reduction_factor is not None:
             raise ValueError("give keep_quantile or reduction_factor, not both")
@@ -120,6 +123,8 @@ class CollapseStopper:
             raise ValueError(f"rungs must be increasing training fractions in (0, 1], got {rungs}")
         if not 0 <= window_start < 1:
             raise ValueError(f"window_start must be in [0, 1), got {window_start}")
+        if not (math.isfinite(float(margin)) and float(margin) >= 0):
+            raise ValueError(f"margin must be a finite number of standard errors >= 0, got {margin!r}")
         self.reference = reference
         if smooth_window is None:
             smooth_window = float(getattr(reference, "smooth_window", 0.0))
@@ -132,6 +137,7 @@ class CollapseStopper:
             "min_samples": int(min_samples),
             "min_points": int(min_points),
             "n_boot": int(n_boot),
+            "margin": float(margin),
         }
         self._trials: dict[str, _Trial] = {}
         self._recorded: list[dict[str, float]] = [{} for _ in rungs]
@@ -265,8 +271,11 @@ class CollapseStopper:
             reason = "too few trials at this rung to compare"
         else:
             cutoff = float(np.quantile(values, self.config["keep_quantile"]))
-            if est.value > cutoff:
+            std = float(est.std) if est.std is not None and math.isfinite(float(est.std)) else 0.0
+            if est.value > cutoff + self.config["margin"] * std:
                 action, reason = STOP, "predicted final loss worse than the kept quantile"
+            elif est.value > cutoff:
+                reason = "worse than the kept quantile by less than its margin of error"
         trial.rungs[str(index)] = {
             "action": action,
             "reason": reason,
@@ -357,7 +366,7 @@ class CollapseStopper:
         decisions already taken under other rungs or quantiles would not be reproducible."""
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"unsupported collapse stopper state version {state.get('version')!r}")
-        saved = dict(state["config"])
+        saved = {"margin": 0.0, **state["config"]}  # states saved before `margin` existed stopped at 0
         differ = sorted(k for k in set(saved) | set(self.config) if saved.get(k) != self.config.get(k))
         if differ:
             detail = ", ".join(f"{k}: saved {saved.get(k)!r}, now {self.config.get(k)!r}" for k in differ)
