@@ -21,8 +21,10 @@ The sweeps of record (`RECORDED`), each recorded once with the fifo scheduler, e
 
 Collapse is replayed with a reference from the sweep's own first finishers (`SelfReferenceCollapse`:
 no runs outside the sweep; the rungs a trial passes before the reference exists are decided at
-its first report after), and on the tau sweeps also with the other seed's sweep as reference and
-with the paper's curve fitted on 4 of its runs. The peers: Ray's ASHA, median rule and
+its first report after), the same with a margin of error (`MARGINS`: stop only when the
+prediction is worse than the kept quantile by more than 1 or 2 of its standard errors), and on
+the tau sweeps also with the other seed's sweep as reference and with the paper's curve fitted on
+4 of its runs. The peers: Ray's ASHA, median rule and
 HyperBand (ladder's schedulers as `ladder sweep` builds them), Optuna's HyperbandPruner (over
 the study names that place trials in its brackets), SuccessiveHalving, Median, Percentile and
 Wilcoxon pruners, and a power-law-ensemble extrapolation (`stopping_replay.PowerLawEnsemble`).
