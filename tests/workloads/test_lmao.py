@@ -15,8 +15,9 @@ from orchestrator.claims import spec_of
 from orchestrator.runners.config import ConfigError
 from orchestrator.run import LocalRun
 from workloads.lmao import CHECKS, CLAIMS, Config, plot, smoke, train, validate
-from workloads.lmao import data, zo
-from workloads.lmao.claims import lmao_beats_lora_and_mezo, no_base_grad_after_zo, three_forwards_one_backward
+from workloads.lmao import data, memory, zo
+from workloads.lmao.claims import (ACC_TOLERANCE, lmao_beats_lora_and_mezo, lmao_comparable_to_full_ft,
+                                   lmao_memory_below_full_ft, no_base_grad_after_zo, three_forwards_one_backward)
 from conftest import DiesAtSave
 
 
@@ -107,6 +108,33 @@ def test_pass_counter_counts_forwards_and_backwards_through_the_output():
     assert counter.snapshot() == (3, 1)
 
 
+# --- memory -------------------------------------------------------------------------------------
+
+
+def test_memory_parts_are_the_bytes_of_the_tensors_held():
+    lin = torch.nn.Linear(4, 3)  # 12 + 3 float32 parameters: 60 bytes
+    opt = torch.optim.Adam(lin.parameters(), lr=1e-3)
+    assert memory.tensor_bytes(lin.parameters()) == 60 and memory.grad_bytes(lin.parameters()) == 0
+    assert memory.optimizer_state_bytes(opt) == 0 and memory.optimizer_state_bytes(None) == 0
+    saved = memory.SavedActivations(lin.parameters())
+    x = torch.randn(5, 4, requires_grad=True)
+    with saved.recording():
+        y = torch.tanh(lin(x))  # saves x (80 bytes) and tanh's output (60 bytes); the weight is a parameter
+    assert saved.bytes == 5 * 4 * 4 + 5 * 3 * 4
+    y.sum().backward()
+    assert memory.grad_bytes(lin.parameters()) == 60
+    opt.step()
+    assert memory.optimizer_state_bytes(opt) == 2 * 60 + 2 * 4  # two moments and a float32 step per parameter
+    assert memory.zo_noise_bytes(lin.parameters()) == 48 and memory.zo_noise_bytes([]) == 0
+    lin.requires_grad_(False)
+    with saved.recording():
+        lin(x)  # a frozen weight: the input's gradient needs only the weight (a parameter), x is not kept
+    assert saved.bytes == 0
+    mem = memory.merge_max({}, {"params": 60, "grads": 60})
+    memory.merge_max(mem, {"params": 60, "grads": 0, "optimizer": 128})
+    assert mem == {"params": 60.0, "grads": 60.0, "optimizer": 128.0, "total": 188.0}
+
+
 # --- data ---------------------------------------------------------------------------------------
 
 
@@ -126,7 +154,7 @@ def test_bijection_is_a_permutation_and_labels_the_image_token(tiny_base):
 # --- the loops ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("method, fwd, bwd", [("lmao", 3, 1), ("lora", 1, 1), ("mezo", 2, 0)])
+@pytest.mark.parametrize("method, fwd, bwd", [("lmao", 3, 1), ("lora", 1, 1), ("mezo", 2, 0), ("full", 1, 1)])
 def test_each_method_counts_its_passes_and_leaves_no_base_grad(tmp_path, tiny_base, method, fwd, bwd):
     from components.basemodel import load_base
 
@@ -136,9 +164,45 @@ def test_each_method_counts_its_passes_and_leaves_no_base_grad(tmp_path, tiny_ba
     assert (out["diag/forwards_per_step_min"], out["diag/forwards_per_step_max"]) == (fwd, fwd)
     assert (out["diag/backwards_per_step_min"], out["diag/backwards_per_step_max"]) == (bwd, bwd)
     assert out["diag/base_params_with_grad"] == 0.0
+    base = load_base("tiny-local")[0]
+    n_base = sum(p.numel() for p in base.parameters())
     assert (out["diag/trainable_first_order"] > 0) == (method != "mezo")
-    assert (out["diag/zo_params"] == sum(p.numel() for p in load_base("tiny-local")[0].parameters())) == (method != "lora")
+    assert (out["diag/trainable_first_order"] == n_base) == (method == "full")
+    assert (out["diag/zo_params"] == n_base) == (method in ("lmao", "mezo"))
     assert all(math.isfinite(m["train/loss"]) for _, m in run.history if "train/loss" in m)
+    assert out["diag/eval_items"] == cfg.n_pairs and 0 <= out["eval/acc"] <= 1
+    # The memory a step holds, from its tensors: the base's float32 parameters always; full fine-tuning adds a
+    # gradient and two Adam moments per base weight; LMAO and LoRA only the adapter's; MeZO one z.
+    base_bytes = 4 * n_base
+    adapter = 4 * out["diag/trainable_first_order"]
+    assert out["mem/params_bytes"] == base_bytes + (adapter if method in ("lmao", "lora") else 0)
+    assert out["mem/grads_bytes"] == (adapter if method != "mezo" else 0)
+    if method == "full":  # two moments per weight and one float32 step per tensor
+        assert out["mem/optimizer_bytes"] == 2 * base_bytes + 4 * sum(1 for _ in base.parameters())
+    elif method == "mezo":
+        assert out["mem/optimizer_bytes"] == 0
+    else:
+        assert 2 * adapter < out["mem/optimizer_bytes"] <= 2 * adapter + 4 * 64
+    assert (out["mem/activations_bytes"] > 0) == (method != "mezo")
+    assert (out["mem/zo_noise_bytes"] == max(4 * p.numel() for p in base.parameters())) == (method in ("lmao", "mezo"))
+    parts = ("params", "grads", "optimizer", "activations", "zo_noise")
+    assert out["mem/peak_train_bytes"] == sum(out[f"mem/{p}_bytes"] for p in parts)
+
+
+def test_full_fine_tuning_moves_every_base_weight_with_adamw(tmp_path, tiny_base):
+    from components.basemodel import load_base
+
+    base = dict(load_base("tiny-local")[0].named_parameters())
+    cfg = dataclasses.replace(smoke(), method="full", full_lr=1e-3, full_weight_decay=0.1, steps=3, eval_every=3,
+                              log_every=3, checkpoint_every_frac=1.0)
+    run = LocalRun(tmp_path)
+    train(cfg, run)
+    state = run.restore()
+    assert set(state["params"]) == set(base) and not any("lora_" in k for k in state["params"])
+    for name, value in state["params"].items():
+        assert not torch.equal(value, base[name]), name
+    opt = state["optimizer"]
+    assert len(opt["state"]) == len(base) and opt["param_groups"][0]["weight_decay"] == 0.1
 
 
 def test_zeroth_order_moves_every_base_weight_and_lora_none(tmp_path, tiny_base):
@@ -174,6 +238,8 @@ def test_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path, tiny_base):
 
 @pytest.mark.parametrize("change, message", [
     ({"method": "adam"}, "method must be"),
+    ({"full_lr": 0.0}, "full_lr must be positive"),
+    ({"full_weight_decay": -0.1}, "full_weight_decay"),
     ({"pool": "cities"}, "pool must be one of"),
     ({"n_pairs": 64}, r"n_pairs must lie in \[2, 63\]"),
     ({"lora_targets": ()}, "lora_targets"),
@@ -201,35 +267,69 @@ def test_more_than_one_worker_is_refused():
 # --- claims -------------------------------------------------------------------------------------
 
 
-def trials_for(losses: dict[str, list[float]], **diag):
-    counts = {"lmao": (3, 1), "lora": (1, 1), "mezo": (2, 0)}
+def trials_for(losses: dict[str, list[float]], acc: dict[str, list[float]] | None = None, **diag):
+    counts = {"lmao": (3, 1), "lora": (1, 1), "mezo": (2, 0), "full": (1, 1)}
+    peak = {"lmao": 1.1e6, "lora": 1.1e6, "mezo": 1.0e6, "full": 4.2e6}  # the pattern memory.py counts
     out = []
     for method, values in losses.items():
         f, b = counts[method]
         for seed, loss in enumerate(values):
-            out.append({"method": method, "seed": seed, "eval/loss": loss, "eval/acc": 0.5,
+            out.append({"method": method, "seed": seed, "eval/loss": loss,
+                        "eval/acc": (acc or {}).get(method, [0.5] * len(values))[seed], "diag/eval_items": 63.0,
                         "diag/forwards_per_step_min": f, "diag/forwards_per_step_max": f,
                         "diag/backwards_per_step_min": b, "diag/backwards_per_step_max": b,
-                        "diag/base_params_with_grad": 0.0, "diag/zo_params": 259008.0, **diag.get(method, {})})
+                        "diag/base_params_with_grad": 0.0, "diag/zo_params": 259008.0,
+                        "mem/peak_train_bytes": peak[method], "mem/params_bytes": 1.0e6, **diag.get(method, {})})
     return out
 
 
+PATTERN = {"lmao": [2.0, 2.2], "full": [0.5, 0.6], "lora": [2.3, 2.1], "mezo": [5.0, 5.0]}
+
+
 def test_claims_hold_on_the_papers_pattern():
-    trials = trials_for({"lmao": [2.0, 2.2], "lora": [2.3, 2.1], "mezo": [5.0, 5.0]})
+    trials = trials_for(PATTERN, acc={"lmao": [0.92, 0.93], "full": [0.92, 0.92]})
     results = {c.__name__: c(trials) for c in CLAIMS + CHECKS}
     assert all(h for h, _ in results.values()), results
+    assert [c.__name__ for c in CLAIMS] == ["lmao_comparable_to_full_ft", "lmao_beats_lora_and_mezo"]  # headline first
+    head = results["lmao_comparable_to_full_ft"][1]
+    assert head["acc_gap_vs_full"] == pytest.approx(0.005) and head["seeds_lmao_at_least_full"] == 2
+    assert head["peak_ratio_lmao_to_full"] == pytest.approx(1.1 / 4.2) and head["items"] == 63
     assert results["lmao_beats_lora_and_mezo"][1]["seeds_lmao_best"] == 1
     assert results["three_forwards_one_backward"][1]["mezo_forwards"] == 2
-    assert [c.__name__ for c in CLAIMS] == ["lmao_beats_lora_and_mezo"]
-    # Each declared effect agrees with its function, on a pattern that holds and on ones that fail.
-    for fn in CLAIMS:
-        spec = spec_of(fn)
-        assert spec is not None, fn.__name__
-        for losses, expected in (({"lmao": [2.0, 2.2], "lora": [2.3, 2.1], "mezo": [5.0, 5.0]}, True),
-                                 ({"lmao": [2.5], "lora": [2.3], "mezo": [5.0]}, False),
-                                 ({"lmao": [2.0], "lora": [2.3], "mezo": [1.0]}, False)):
-            holds, measured = fn(trials_for(losses))
-            assert holds is expected and spec.passes(measured[spec.effect]) == holds, (fn.__name__, measured)
+    assert results["lmao_memory_below_full_ft"][1]["full_peak_bytes"] == 4.2e6
+
+
+def test_headline_judges_accuracy_against_full_fine_tuning_within_the_tolerance():
+    spec = spec_of(lmao_comparable_to_full_ft)
+    assert spec is not None and spec.effect == "acc_gap_vs_full" and spec.direction == ">="
+    assert spec.threshold == -ACC_TOLERANCE and "91.9" in spec.paper
+    tol = ACC_TOLERANCE
+    for lmao_acc, expected in (([0.9, 0.9], True), ([0.9 - tol + 1e-9, 0.9 - tol + 1e-9], True), ([0.9 - tol - 0.02, 0.9 - tol - 0.02], False),
+                               ([0.95, 0.5], False), ([0.2, 0.3], False), ([1.0, 1.0], True)):
+        holds, measured = lmao_comparable_to_full_ft(trials_for(PATTERN, acc={"lmao": lmao_acc, "full": [0.9, 0.9]}))
+        assert holds is expected and spec.passes(measured[spec.effect]) == holds, (lmao_acc, measured)
+    # Loss does not enter the headline: LMAO's loss far above full fine-tuning's, its accuracy equal, holds.
+    assert lmao_comparable_to_full_ft(trials_for({"lmao": [9.0], "full": [0.1]}, acc={"lmao": [0.8], "full": [0.8]}))[0]
+    with pytest.raises(ValueError, match="no trials of"):
+        lmao_comparable_to_full_ft(trials_for({"lmao": [1.0], "lora": [1.0], "mezo": [1.0]}))
+
+
+def test_memory_check_fails_when_lmao_holds_as_much_as_full_fine_tuning():
+    assert lmao_memory_below_full_ft(trials_for(PATTERN))[0]
+    same = {"lmao": {"mem/peak_train_bytes": 4.2e6}}
+    holds, measured = lmao_memory_below_full_ft(trials_for(PATTERN, **same))
+    assert not holds and measured["peak_ratio_lmao_to_full"] == 1.0
+    with pytest.raises(ValueError, match="needs lmao and full"):
+        lmao_memory_below_full_ft(trials_for({"lmao": [1.0], "lora": [1.0]}))
+
+
+def test_loss_claim_agrees_with_its_declared_effect():
+    spec = spec_of(lmao_beats_lora_and_mezo)
+    for losses, expected in (({"lmao": [2.0, 2.2], "lora": [2.3, 2.1], "mezo": [5.0, 5.0]}, True),
+                             ({"lmao": [2.5], "lora": [2.3], "mezo": [5.0]}, False),
+                             ({"lmao": [2.0], "lora": [2.3], "mezo": [1.0]}, False)):
+        holds, measured = lmao_beats_lora_and_mezo(trials_for(losses))
+        assert holds is expected and spec.passes(measured[spec.effect]) == holds, measured
 
 
 def test_claims_fail_when_the_pattern_is_absent():
@@ -247,7 +347,7 @@ def test_claims_fail_when_the_pattern_is_absent():
 
 def test_plot_writes_a_png(tmp_path):
     path = tmp_path / "claims.png"
-    plot(trials_for({"lmao": [2.0], "lora": [2.3], "mezo": [5.0]}), path)
+    plot(trials_for({"lmao": [2.0], "full": [0.5], "lora": [2.3], "mezo": [5.0]}), path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -259,9 +359,11 @@ def test_smoke_reproduction_holds(workdir, tiny_base):
     from orchestrator.reproduction.reproduce import reproduce
 
     rep = reproduce("lmao", smoke=True, local=True)
-    assert not rep.failed_trials and len(rep.trials) == 3
+    assert not rep.failed_trials and len(rep.trials) == 4
     results = {c.name: c for c in rep.outcomes}
-    assert {c.name for c in rep.checks} == {"three_forwards_one_backward", "no_base_grad_after_zo"}
+    assert {c.name for c in rep.checks} == {"three_forwards_one_backward", "no_base_grad_after_zo", "lmao_memory_below_full_ft"}
+    assert rep.outcomes[0].name == "lmao_comparable_to_full_ft"
+    assert results["lmao_memory_below_full_ft"].holds, results["lmao_memory_below_full_ft"].measured
     for claim in rep.outcomes:
         assert claim.judged and all(math.isfinite(v) for v in claim.measured.values()), claim
     assert results["three_forwards_one_backward"].holds, results["three_forwards_one_backward"].measured
@@ -317,20 +419,22 @@ def test_gpt2_folder_and_jsonl_task_run_the_real_sweeps_code(workdir, gpt2_task,
     from workloads.lmao import preflight
 
     trials = []
-    for method, zo_lr in (("lmao", 3e-6), ("lora", 3e-6), ("mezo", 1e-3)):
-        cfg = gpt2_cfg(gpt2_task, method=method, zo_lr=zo_lr)
+    for method, zo_lr in (("lmao", 3e-6), ("lora", 3e-6), ("mezo", 1e-3), ("full", 3e-6)):
+        cfg = gpt2_cfg(gpt2_task, method=method, zo_lr=zo_lr, full_lr=1e-3)
         preflight(cfg)
         result = launch.run_local("lmao", cfg, progress=False, track=False)
         losses = [m["train/loss"] for _, m in result.history if "train/loss" in m]
         # margin: losses[0] - losses[-1] worst 0.342 over seeds 1-5 (lmao 0.363, 0.359, 0.358, 0.349,
         # 0.344; lora 0.363, 0.358, 0.358, 0.348, 0.342; mezo 0.647, 0.387, 0.384, 0.475, 0.382) (threshold 0.1)
-        assert losses[-1] < losses[0] - 0.1, (method, losses)
+        if method != "full":  # full fine-tuning runs here for the code path (Conv1D weights, AdamW), not judged
+            assert losses[-1] < losses[0] - 0.1, (method, losses)
         assert 0.0 <= result.metrics["eval/acc"] <= 1.0 and math.isfinite(result.metrics["eval/loss"])
         trials.append({"method": method, "seed": cfg.seed, **result.metrics})
     assert model_copies.peak <= 2
     outcomes = {c.__name__: c(trials) for c in CLAIMS + CHECKS}
     assert all(math.isfinite(v) for _, measured in outcomes.values() for v in measured.values()), outcomes
     assert outcomes["three_forwards_one_backward"][0] and outcomes["no_base_grad_after_zo"][0], outcomes
+    assert outcomes["lmao_memory_below_full_ft"][0], outcomes
     assert outcomes["lmao_beats_lora_and_mezo"][1]["seeds"] == 1
 
 

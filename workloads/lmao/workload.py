@@ -11,7 +11,7 @@ import torch
 
 from components.basemodel import check_targets, load_base, lora, task_problems, with_task_fields
 from orchestrator.run import fraction_steps
-from workloads.lmao import data, zo
+from workloads.lmao import data, memory, zo
 
 
 MAX_WORKERS = 1
@@ -24,9 +24,10 @@ class Config(with_task_fields(dtype="float32")):
     classified (`template`, `label_field`, `label_words`); the paper's OPT runs, as MeZO's, load the base in
     float16 (`dtype`): bfloat16's 8-bit mantissa rounds away most zeroth-order updates of size zo_lr * g."""
 
-    method: Literal["lmao", "lora", "mezo"] = "lmao"
+    method: Literal["lmao", "lora", "mezo", "full"] = "lmao"
     """'lmao': per step a first-order LoRA step then a MeZO step on every base parameter, same batch;
-    'lora': the LoRA step alone (base frozen); 'mezo': the MeZO step alone on every parameter, no LoRA."""
+    'lora': the LoRA step alone (base frozen); 'mezo': the MeZO step alone on every parameter, no LoRA;
+    'full': full first-order fine-tuning, AdamW on every base parameter (the paper's 'FT' reference)."""
     eval_frac: float = 0.2
     """Fraction of task_path held out for evaluation when no eval_path is given."""
     template: str = "{sentence} It was"
@@ -62,7 +63,12 @@ class Config(with_task_fields(dtype="float32")):
     """LoRA learning-rate schedule: 'linear' decay to 0 over the steps (the Hugging Face Trainer default the
     paper's OPT runs inherit) or 'constant' (its RoBERTa runs). The zeroth-order rate is always constant."""
     grad_clip: float = 1.0
-    """Clip the LoRA gradient norm to this before the Adam step (0: no clipping)."""
+    """Clip the first-order gradient norm (LoRA's, or every parameter's for 'full') to this before the Adam step (0: no clipping)."""
+    full_lr: float = 1e-5
+    """Peak AdamW learning rate of full fine-tuning ('full'; MeZO's and the paper's RoBERTa FT grid: 1e-5 to 5e-5),
+    on the LoRA rate's schedule."""
+    full_weight_decay: float = 0.0
+    """AdamW's decoupled weight decay of full fine-tuning (0: Adam)."""
     zo_lr: float = 1e-6
     """Learning rate of the zeroth-order SGD step on the base parameters (constant, no momentum; the paper's 1e-6)."""
     zo_eps: float = 1e-3
@@ -103,8 +109,8 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError("; ".join(problems))
     if cfg.lora_schedule not in ("linear", "constant"):
         raise ValueError(f"lora_schedule must be 'linear' or 'constant', got {cfg.lora_schedule!r}")
-    if cfg.method not in ("lmao", "lora", "mezo"):
-        raise ValueError(f"method must be 'lmao', 'lora' or 'mezo', got {cfg.method!r}")
+    if cfg.method not in ("lmao", "lora", "mezo", "full"):
+        raise ValueError(f"method must be 'lmao', 'lora', 'mezo' or 'full', got {cfg.method!r}")
     if cfg.pool not in data.POOLS:
         raise ValueError(f"pool must be one of {sorted(data.POOLS)}, got {cfg.pool!r}")
     if not 2 <= cfg.n_pairs <= len(data.POOLS[cfg.pool]):
@@ -130,8 +136,11 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     if not cfg.lora_lr > 0 or not cfg.zo_lr > 0 or not cfg.zo_eps > 0 or not cfg.lora_alpha > 0:
         raise ValueError(f"lora_lr, zo_lr, zo_eps and lora_alpha must be positive, got "
                          f"{cfg.lora_lr}, {cfg.zo_lr}, {cfg.zo_eps}, {cfg.lora_alpha}")
-    if cfg.zo_weight_decay < 0 or cfg.grad_clip < 0:
-        raise ValueError(f"zo_weight_decay and grad_clip must be >= 0, got {cfg.zo_weight_decay}, {cfg.grad_clip}")
+    if cfg.zo_weight_decay < 0 or cfg.grad_clip < 0 or cfg.full_weight_decay < 0:
+        raise ValueError(f"zo_weight_decay, full_weight_decay and grad_clip must be >= 0, got {cfg.zo_weight_decay}, "
+                         f"{cfg.full_weight_decay}, {cfg.grad_clip}")
+    if not cfg.full_lr > 0:
+        raise ValueError(f"full_lr must be positive, got {cfg.full_lr}")
     if not 0 < cfg.checkpoint_every_frac <= 1:
         raise ValueError(f"checkpoint_every_frac must lie in (0, 1], got {cfg.checkpoint_every_frac}")
     if cfg.threads < 0:
@@ -154,7 +163,7 @@ def task(cfg: Config, tokenizer: Any) -> tuple[data.Batch, Callable[[Any], dict[
     all of them, or a task file's records, the label words scored on the held-out records."""
     if not cfg.task_path:
         pairs = data.encode(data.bijection(cfg.pool, cfg.n_pairs, cfg.seed), tokenizer)
-        return pairs, lambda model: data.evaluate(model, pairs)
+        return pairs, lambda model: {**data.evaluate(model, pairs), "items": float(len(pairs))}
     words = tuple(w.strip() for w in cfg.label_words)
     rows = data.read_task(cfg.task_path, cfg.task_split, cfg.template, cfg.label_field, len(words))
     held = (data.read_task(cfg.eval_path, cfg.eval_split, cfg.template, cfg.label_field, len(words), "eval_path")
@@ -162,7 +171,8 @@ def task(cfg: Config, tokenizer: Any) -> tuple[data.Batch, Callable[[Any], dict[
     train_rows, eval_rows = data.split_task(rows, held, eval_frac=cfg.eval_frac, n_train=cfg.n_train,
                                             n_eval=cfg.n_eval, seed=cfg.seed)
     choices = data.encode_choices(eval_rows, words, tokenizer)
-    return data.encode_labelled(train_rows, words, tokenizer), lambda model: data.choice_metrics(model, choices, cfg.eval_chunk)
+    return data.encode_labelled(train_rows, words, tokenizer), lambda model: {
+        **data.choice_metrics(model, choices, cfg.eval_chunk), "items": float(len(choices.labels))}
 
 
 def train(cfg: Config, run: Any) -> dict[str, float]:
@@ -170,15 +180,17 @@ def train(cfg: Config, run: Any) -> dict[str, float]:
     model, tokenizer = load_base(cfg.base, seed=cfg.base_seed, dtype=cfg.dtype, device=run.device)
     rows, evaluate = task(cfg, tokenizer)
     pairs = rows.to(run.device)
-    first_order = cfg.method in ("lmao", "lora")
+    full = cfg.method == "full"
+    first_order = cfg.method in ("lmao", "lora", "full")
     zeroth_order = cfg.method in ("lmao", "mezo")
 
     causal_lm = model
-    # The base stays requires_grad=False throughout: the LoRA backward cannot reach it, and the MeZO
-    # phase runs under no_grad (the paper's code unfreezes it for that phase; nothing would be stored).
+    # The base stays requires_grad=False throughout (but for full fine-tuning): the LoRA backward cannot
+    # reach it, and the MeZO phase runs under no_grad (the paper's code unfreezes it for that phase;
+    # nothing would be stored).
     for p in model.parameters():
-        p.requires_grad_(False)
-    if first_order:
+        p.requires_grad_(full)
+    if cfg.method in ("lmao", "lora"):
         check_targets(model, cfg.lora_targets, what="lora_targets")
         torch.manual_seed(cfg.seed)  # peft draws lora_A from torch's global generator
         model = lora(model, list(cfg.lora_targets), r=cfg.lora_rank, alpha=cfg.lora_alpha)
@@ -187,13 +199,22 @@ def train(cfg: Config, run: Any) -> dict[str, float]:
     base_named = [(n, p) for n, p in named if "lora_" not in n]
     base_params = [p for _, p in base_named]
     decay = zo.decay_mask(base_named)
-    optimizer = torch.optim.Adam(lora_params, lr=cfg.lora_lr) if first_order else None
+    trainable = base_params if full else lora_params  # what the first-order step moves
+    peak_lr = cfg.full_lr if full else cfg.lora_lr
+    if full:
+        optimizer = torch.optim.AdamW(trainable, lr=peak_lr, weight_decay=cfg.full_weight_decay)
+    else:
+        optimizer = torch.optim.Adam(trainable, lr=peak_lr) if first_order else None
     if optimizer is not None:
         model, optimizer = run.prepare(model, optimizer)
     counter = zo.PassCounter(causal_lm)
     gen = torch.Generator().manual_seed(cfg.seed)
 
     stats = {"fwd_min": math.inf, "fwd_max": -math.inf, "bwd_min": math.inf, "bwd_max": -math.inf, "base_grads": 0.0}
+    mem: dict[str, float] = {}  # the largest bytes held per part, over steps (memory.py)
+    saved = memory.SavedActivations(p for _, p in named)
+    param_bytes = memory.tensor_bytes(p for _, p in named)
+    noise_bytes = memory.zo_noise_bytes(base_params) if zeroth_order else 0
     start = 0
     state = run.restore()
     if state is not None:
@@ -205,25 +226,30 @@ def train(cfg: Config, run: Any) -> dict[str, float]:
             optimizer.load_state_dict(state["optimizer"])
         gen.set_state(state["gen"])
         stats.update(state["stats"])
+        mem.update(state.get("mem", {}))
         start = int(state["step"])
     save_at = fraction_steps(cfg.steps, cfg.checkpoint_every_frac)
-    changed = [n for n, _ in named] if zeroth_order else [n for n, _ in named if "lora_" in n]  # what a checkpoint must keep
+    changed = [n for n, _ in named] if zeroth_order or full else [n for n, _ in named if "lora_" in n]  # what a checkpoint keeps
 
     result = {"loss": math.nan, "acc": math.nan}
     loss_sum, loss_n, window_start, window_steps = 0.0, 0, time.perf_counter(), 0
     for step in range(start + 1, cfg.steps + 1):
         batch = data.trim(pairs.rows(torch.randint(len(pairs), (cfg.batch,), generator=gen))) if cfg.batch else pairs
         before = counter.snapshot()
-        if first_order:  # the LoRA phase: one forward, one backward, an Adam step on A and B
+        held = {"params": param_bytes, "grads": 0, "optimizer": 0, "activations": 0, "zo_noise": noise_bytes}
+        if first_order:  # the LoRA phase (or full fine-tuning): one forward, one backward, an Adam step
             for group in optimizer.param_groups:
-                group["lr"] = cfg.lora_lr * ((1 - (step - 1) / cfg.steps) if cfg.lora_schedule == "linear" else 1.0)
+                group["lr"] = peak_lr * ((1 - (step - 1) / cfg.steps) if cfg.lora_schedule == "linear" else 1.0)
             model.train()
-            loss = data.answer_loss(model, batch)
+            with saved.recording():
+                loss = data.answer_loss(model, batch)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.grad_clip:
-                torch.nn.utils.clip_grad_norm_(lora_params, cfg.grad_clip)
+                torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
+            held.update(grads=memory.grad_bytes(trainable), activations=saved.bytes)
             optimizer.step()
+            held["optimizer"] = memory.optimizer_state_bytes(optimizer)
             optimizer.zero_grad(set_to_none=True)
             step_loss = loss.item()
         if zeroth_order:  # the MeZO phase, with the updated adapter: two forwards, no backward
@@ -237,6 +263,7 @@ def train(cfg: Config, run: Any) -> dict[str, float]:
         stats["fwd_min"], stats["fwd_max"] = min(stats["fwd_min"], fwd), max(stats["fwd_max"], fwd)
         stats["bwd_min"], stats["bwd_max"] = min(stats["bwd_min"], bwd), max(stats["bwd_max"], bwd)
         stats["base_grads"] = max(stats["base_grads"], float(zo.params_holding_grad(base_params)))
+        memory.merge_max(mem, held)
 
         loss_sum, loss_n, window_steps = loss_sum + step_loss, loss_n + 1, window_steps + 1
         metrics: dict[str, float] = {}
@@ -256,13 +283,16 @@ def train(cfg: Config, run: Any) -> dict[str, float]:
             params = dict(model.named_parameters())
             run.save({"step": step, "params": {n: params[n].detach().cpu().clone() for n in changed},
                       "optimizer": optimizer.state_dict() if optimizer is not None else None,
-                      "gen": gen.get_state(), "stats": dict(stats)})
+                      "gen": gen.get_state(), "stats": dict(stats), "mem": dict(mem)})
     counter.remove()
     return {
-        "eval/loss": result["loss"], "eval/acc": result["acc"],
+        "eval/loss": result["loss"], "eval/acc": result["acc"], "diag/eval_items": result.get("items", math.nan),
         "diag/forwards_per_step_min": float(stats["fwd_min"]), "diag/forwards_per_step_max": float(stats["fwd_max"]),
         "diag/backwards_per_step_min": float(stats["bwd_min"]), "diag/backwards_per_step_max": float(stats["bwd_max"]),
         "diag/base_params_with_grad": float(stats["base_grads"]),
-        "diag/trainable_first_order": float(sum(p.numel() for p in lora_params)),
+        "diag/trainable_first_order": float(sum(p.numel() for p in trainable)) if first_order else 0.0,
         "diag/zo_params": float(sum(p.numel() for p in base_params)) if zeroth_order else 0.0,
+        **{f"mem/{part}_bytes": value for part, value in mem.items() if part != "total"},
+        "mem/peak_train_bytes": mem.get("total", math.nan),
+        **({"mem/cuda_peak_bytes": cuda} if (cuda := memory.cuda_peak_bytes(run.device)) is not None else {}),
     }
