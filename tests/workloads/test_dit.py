@@ -19,12 +19,14 @@ from orchestrator.runners.config import ConfigError
 from orchestrator.run import LocalRun
 from workloads.dit import CHECKS, CLAIMS, Config, plot, train, validate
 from workloads.dit.claims import (
-    diffs_plant_their_behaviour, dit_beats_asking, dit_names_new_diffs, no_consistent_topic_without_diff,
+    BLACKBOX, PAPER_EFFECT, RESOLUTION_RULE, diffs_plant_their_behaviour, dit_beats_asking,
+    dit_beats_blackbox_on_unseen_topics, dit_names_new_diffs, no_consistent_topic_without_diff,
     nodiff_topic_far_below_diff_confidence,
 )
 from workloads.dit.data import diff_rows, make_task, pad
 from workloads.dit.evaluate import answer_logits, diff_metrics, hits, kl_rows
 from workloads.dit.model import DiffLinear, merged_weight, new_bank, wrap
+from workloads.dit.probe import FEATURES, fit_probe, probe_scores
 from conftest import assert_claims_hold, DiesAtSave, shifted
 
 
@@ -189,6 +191,83 @@ def test_task_splits_triggers_and_rows():
     assert torch.equal(again, ids[4:, : again.shape[1]])  # a diff's rows do not depend on its batch
 
 
+def smoke_repro_config(seed: int = 0) -> Config:
+    """The config of the smoke reproduction's trial (sweeps/repro/dit.py) at `seed`."""
+    from orchestrator.reproduction.reproduce import load_repro
+
+    return Config(**{**load_repro("dit", size="smoke", seed=seed).overrides, "seed": seed})
+
+
+@pytest.mark.parametrize("seed", [0, 100, 3])
+def test_the_smokes_heldout_topics_are_never_training_labels(seed):
+    from components.basemodel import base_world
+    from components.basemodel.tokenizer import build_tokenizer
+
+    cfg = smoke_repro_config(shifted(seed))
+    task = make_task(cfg, build_tokenizer(), base_world())
+    words = lambda split: {task.topics[i] for i in task.diff_topic[task.split(split)].tolist()}  # noqa: E731
+    assert len(words("train")) == cfg.topics == 45 and len(words("unseen")) == cfg.unseen_topics == 18
+    assert not words("unseen") & words("train") and words("heldout") <= words("train")
+    assert words("train") | words("unseen") <= set(TOPICS) and len(task.split("unseen")) == 54
+    unseen_tokens = set(task.topic_ids[task.n_seen:].tolist())
+    assert not unseen_tokens & set(task.targets(task.split("train")).tolist())
+
+
+def test_dit_and_the_probe_train_on_the_training_diffs_only(tmp_path, monkeypatch):
+    """The adapter's training batches and the probe's fit see only `train` diffs (their labels the seen
+    topics); the held-out topics' diffs are only ever evaluated."""
+    import workloads.dit.probe as probe_module
+    import workloads.dit.workload as workload_module
+
+    seen_by_dit, fit_on = set(), []
+    real_logits, real_fit = workload_module.answer_logits, probe_module.fit_probe
+
+    def spy_logits(model, ids, pos):
+        ctx = next(m.ctx for m in model.modules() if isinstance(m, DiffLinear))
+        if ctx.dit and torch.is_grad_enabled():  # stage B's training step
+            seen_by_dit.update(ctx.index.tolist())
+        return real_logits(model, ids, pos)
+
+    def spy_fit(features, targets, **kw):
+        fit_on.append((features.clone(), targets.clone()))
+        return real_fit(features, targets, **kw)
+
+    monkeypatch.setattr(workload_module, "answer_logits", spy_logits)
+    monkeypatch.setattr(probe_module, "fit_probe", spy_fit)
+    cfg = tiny(topics=3, unseen_topics=2, unseen_diffs_per_topic=2, heldout_diffs=2, dit_steps=6)
+    out = train(cfg, LocalRun(tmp_path / "run"))
+    from components.basemodel import base_world
+    from components.basemodel.tokenizer import build_tokenizer
+
+    task = make_task(cfg, build_tokenizer(), base_world())
+    train_diffs = set(task.split("train").tolist())
+    assert seen_by_dit and seen_by_dit <= train_diffs
+    (features, targets), = fit_on
+    assert features.shape[:2] == (len(train_diffs), len(FEATURES))
+    assert targets.tolist() == task.targets(task.split("train")).tolist()
+    assert out["eval/n_diffs_unseen"] == 4 and out["eval/n_diffs_train"] == 3
+    for key in ("ask_greedy_acc_unseen", "probe_acc_unseen", "probe_topic_acc_unseen", "dit_acc_unseen"):
+        assert 0.0 <= out[f"eval/{key}"] <= 1.0, key
+
+
+def test_the_probe_names_a_word_it_never_saw_as_a_label():
+    # 20 diffs over a 12-word vocabulary; diff i's word is i % 12. Its shift features rise on that word (the
+    # plain and fake groups, with noise), its raw log-probabilities are noise: the probe must learn to read
+    # the shift, with one weight per feature for every word, and so names words 8-11 it was never fit on.
+    gen = torch.Generator().manual_seed(shifted(0))
+    words = torch.arange(20) % 12
+    x = torch.randn(20, len(FEATURES), 12, generator=gen) * 0.3
+    x[torch.arange(20), FEATURES.index("shift_plain"), words] += 2.0
+    x[torch.arange(20), FEATURES.index("shift_fake"), words] += 1.0
+    fit = words < 8
+    w = fit_probe(x[fit], words[fit])
+    assert w[FEATURES.index("shift_plain")] > 0 and w[FEATURES.index("shift_fake")] > 0
+    named = probe_scores(x, w).argmax(-1)
+    assert torch.equal(named[~fit], words[~fit])  # words 8-11, never a label of the fit
+    # Zero weights: every word ties, nothing is learnt from nothing.
+    assert torch.equal(probe_scores(x, torch.zeros(len(FEATURES))), torch.zeros(20, 12))
+
+
 # --- configs ------------------------------------------------------------------------------------
 
 
@@ -258,6 +337,9 @@ def trial(seed=0, **kw) -> dict:
     t = {"seed": seed, "eval/trigger_rate": 0.94, "eval/frac_planted": 0.95, "eval/kl_off": 0.1, "eval/kl_on": 8.0,
          "eval/base_agreement": 0.95, "eval/dit_acc_heldout": 0.9, "eval/dit_acc_train": 1.0,
          "eval/dit_topic_acc_heldout": 0.95, "eval/dit_acc_unseen": 0.8, "eval/chance": 1 / 63, "eval/n_topics": 60.0,
+         "eval/dit_topic_acc_unseen": 0.85, "eval/ask_greedy_acc_unseen": 0.05, "eval/ask_acc_unseen": 0.2,
+         "eval/probe_acc_unseen": 0.6, "eval/probe_topic_acc_unseen": 0.7, "eval/probe_acc_train": 0.7,
+         "eval/n_diffs_unseen": 54.0,
          "eval/ask_acc_heldout": 0.1, "eval/nodiff_top_topic_prob": 0.05, "eval/nodiff_topic_mass": 0.2,
          "eval/nodiff_names_topic": 0.0, "eval/dit_prob_heldout": 0.5, "eval/nodiff_top_topic_with_diff_prob": 0.5}
     return {**t, **{f"eval/{k}": v for k, v in kw.items()}}
@@ -271,14 +353,35 @@ def test_claims_hold_on_the_papers_pattern():
     assert results["dit_names_new_diffs"][1]["unseen_topic_acc"] == pytest.approx(0.8)
     assert results["dit_beats_asking"][1]["margin"] == pytest.approx(0.7)
     assert CHECKS == []
+    assert CLAIMS[0] is dit_beats_blackbox_on_unseen_topics  # the paper's headline first
+    head = results["dit_beats_blackbox_on_unseen_topics"][1]
+    assert head["margin_vs_best"] == pytest.approx(0.2) and BLACKBOX[int(head["best_blackbox"])] == "probe"
+    assert head["dit_unseen_seed1"] == pytest.approx(0.8) and head["unseen_diffs"] == 54
+    assert 0 < RESOLUTION_RULE * PAPER_EFFECT < PAPER_EFFECT
     # Each declared effect agrees with its function, on a pattern that holds and on one that fails.
-    failing = trial(0, trigger_rate=0.85, dit_acc_heldout=0.5, ask_acc_heldout=0.3, nodiff_top_topic_prob=0.3)
+    failing = trial(0, trigger_rate=0.85, dit_acc_heldout=0.5, ask_acc_heldout=0.3, nodiff_top_topic_prob=0.3,
+                    dit_acc_unseen=0.5)
     for fn in CLAIMS:
         spec = spec_of(fn)
         assert spec is not None, fn.__name__
         for ts, expected in ((trials, True), ([failing], False)):
             holds, measured = fn(ts)
             assert holds is expected and spec.passes(measured[spec.effect]) == holds, (fn.__name__, measured)
+
+
+def test_the_headline_takes_the_best_black_box_read_per_replicate():
+    headline = dit_beats_blackbox_on_unseen_topics
+    # The best read is chosen on the replicate's means: the lenient ask (0.5) beats the probe (0.45) here.
+    trials = [trial(0, probe_acc_unseen=0.4, ask_acc_unseen=0.5), trial(1, probe_acc_unseen=0.5, ask_acc_unseen=0.5)]
+    holds, m = headline(trials)
+    assert holds and BLACKBOX[int(m["best_blackbox"])] == "ask" and m["margin_vs_best"] == pytest.approx(0.3)
+    assert not headline([trial(0, ask_greedy_acc_unseen=0.8)])[0]  # a tie with any read fails
+    assert not headline([trial(0, probe_acc_unseen=0.9)])[0]
+    assert headline([trial(0, probe_acc_unseen=0.79)])[0]
+    with pytest.raises(ValueError, match="probe_acc_unseen"):  # no probe measured (e.g. diffs from files)
+        headline([{k: v for k, v in trial(0).items() if k != "eval/probe_acc_unseen"}])
+    # Seen-topic accuracy does not enter it: the held-out topics alone decide.
+    assert headline([trial(0, dit_acc_heldout=0.0, dit_acc_train=0.0)])[0]
 
 
 def test_claims_fail_when_the_pattern_is_absent():
@@ -312,16 +415,21 @@ def test_smoke_reproduction_holds(workdir):
 
     rep = reproduce("dit", smoke=True, local=True)
     assert not rep.failed_trials and len(rep.trials) == 1
-    # The paper's no-diff claim (top-topic probability <= 0.2) measured 0.02-0.28 over seeds 0-7: too
-    # close to its threshold for one seed on any processor, so `ladder reproduce --seeds K` judges it;
-    # every other claim is asserted here.
-    # margin (docs/reproductions.md at seeds 1-4, then seeds 10 and 20): diffs_plant_their_behaviour margin
-    # 0.070 0.039 0.070 0.039 0.029 0.029 (threshold 0); dit_names_new_diffs 0.97 1 0.97 1 0.83 0.93 (0.6);
-    # dit_beats_asking 0.67 0.80 0.73 0.87 0.60 0.70 (0.4); nodiff_topic_far_below_diff_confidence worst_ratio
-    # 0.006 0.183 0.018 0.032 0.037 0.113 (0.5)
-    assert_claims_hold(rep, [o.name for o in rep.outcomes if o.name != "no_consistent_topic_without_diff"])
+    # Asserted at one seed, with their margins over calibration seeds 100-104 and judged seeds 0-4 at this size
+    # (45 seen topics, 18 held out; docs/reproductions/dit.json): dit_beats_blackbox_on_unseen_topics
+    # margin_vs_best 0.31 0.39 0.24 0.41 0.39 | 0.44 0.20 0.33 0.48 0.54 (threshold 0); dit_names_new_diffs
+    # 0.90 0.87 0.97 0.93 0.97 | 0.93 0.90 1 1 0.93 (0.6); dit_beats_asking 0.60 0.70 0.83 0.60 0.80 | 0.70 0.67
+    # 0.73 0.77 0.87 (0.4); nodiff_topic_far_below_diff_confidence worst_ratio 0.013 0.007 0.273 0.218 0.009 |
+    # 0.097 0.016 0.055 0.196 0.052 (0.5).
+    # Judged by `ladder reproduce --seeds K`, not asserted at one seed: the no-diff probability (<= 0.2; 0.26 at
+    # seed 102) and the planted fraction inside diffs_plant_their_behaviour (>= 0.89; 0.868 at seed 1). What that
+    # claim rests on is asserted instead: trigger rate 0.967-0.992 (0.9) and off-trigger KL 0.060-0.148 (0.25)
+    # over the same ten seeds.
+    assert_claims_hold(rep, ["dit_beats_blackbox_on_unseen_topics", "dit_names_new_diffs", "dit_beats_asking",
+                             "nodiff_topic_far_below_diff_confidence"])
     t = rep.trials[0]
-    assert t["eval/n_topics"] == 60 and t["eval/n_diffs"] == 99
+    assert t["eval/trigger_rate"] >= 0.9 and t["eval/kl_off"] <= 0.25, t
+    assert t["eval/n_topics"] == 45 and t["eval/n_diffs"] == 174 and t["eval/n_diffs_unseen"] == 54
     for claim in rep.claims:
         assert claim.measured and all(math.isfinite(v) for v in claim.measured.values()), claim
 

@@ -8,15 +8,19 @@ a KL term keeps its outputs at the base's. Stage B trains one DIT adapter (a ran
 same linears) so that the model with any one training diff applied answers the fixed question
 "question : what topic ? answer :" with that diff's topic. The adapter is then asked about new
 diffs on the same topics (`heldout`), about diffs on topics it never saw as labels (`unseen`),
-and with no diff at all; the baseline asks the same question without the adapter.
+and with no diff at all. The baselines are the paper's black-box ones, which read the fine-tuned model
+without the adapter (workloads/dit/probe.py): asking it the same question, and a probe of its answers
+to 33 queries fit on the adapter's own training diffs (the paper's 20 Questions, at equal budget).
 
 On tiny-local, 25 of the 63 topic words never occur in pre-training (its 48 entities read about
 38 topics): the model can be made to rank such a word first but not to give it much probability,
 so probabilities are compared topic by topic, and accuracies are by greedy decoding.
 
-The claims: each diff plants its behaviour (trigger rate at least 90%, small off-trigger KL);
-the adapter names the topic of new diffs far above chance and far above asking without it;
-with no diff applied it names no consistent topic. Unseen-topic accuracy is reported.
+The claims, the paper's headline first: on diffs whose topics the adapter never saw as labels, DIT
+names the topic more often than the best black-box baseline. Then: each diff plants its behaviour
+(trigger rate at least 90%, small off-trigger KL); the adapter names the topic of new diffs on seen
+topics far above chance and far above asking without it; with no diff applied it names no
+consistent topic.
 
 The paper's use case, diffs from real fine-tunes: `task_path` (and `eval_path`) list peft LoRA
 folders made anywhere with the answer for each (workloads/dit/files.py); the adapter trains on

@@ -1,10 +1,13 @@
 """The paper's claims over a reproduction sweep, and its plot.
 
-One trial is a whole experiment (diffs, adapter, every measurement); a claim averages its
-metrics over the trials (seeds) of one replicate, and each trial's own values are in the table too.
-The ranges below are the per-seed values at the smoke size (`sweeps/repro/dit.py`) over seeds
-0-7. PLANTED_FRAC is set on calibration seeds 100-104, which no reproduction judges by default;
-NODIFF_RATIO is a definition ("at most half"), first tested on those seeds.
+One trial is a whole experiment (diffs, adapter, every measurement, the black-box baselines); a claim
+averages its metrics over the trials (seeds) of one replicate, and each trial's own values are in the
+table too. The headline comes first: on diffs whose topics the adapter never saw as labels (the paper's
+test split), DIT names the topic more often than the best black-box read of the fine-tuned model without
+it (`workloads/dit/probe.py`). The weaker claims follow. Their ranges below are the per-seed values at
+the smoke size (`sweeps/repro/dit.py`) over seeds 0-7 before the held-out topics were enlarged (60 seen
+topics, 3 unseen); PLANTED_FRAC is set on calibration seeds 100-104, which no reproduction judges by
+default; NODIFF_RATIO is a definition ("at most half"), first tested on those seeds.
 """
 
 from __future__ import annotations
@@ -39,6 +42,27 @@ trial: it names no topic the way it names a diff's. Measured ratio 0.02-0.31 (se
 Greedy decoding with no diff does give a topic word in some trials (seeds 0, 3, 5), at that low
 probability: both claims are about confidence, not about the argmax."""
 
+PAPER_EFFECT = 0.76
+"""The paper's headline margin in the one part of its metric the smoke can express, the fraction of test diffs
+(topics never seen as labels) whose answer the LLM judge scores 5 of 5 ("same topic"): DIT 0.84 against 0.08 for
+20 Questions, the best black-box baseline without the trigger (Base Question 0.00), Qwen3-8B, hidden topic (the
+paper's hidden-topic main table; average scores 4.71, 1.82 and 1.08 of 5). Over its five models the margin is
+0.56 (Qwen3-1.7B) to 0.85 (Gemma3-4B). Our metric is exact naming (greedy decoding gives the topic word): the
+judge's top score, without its partial credit."""
+
+RESOLUTION_RULE = 0.25
+"""Written before any run of the black-box baselines or the held-out topics: the smoke resolves the paper's effect
+when the half-width of the 95% t-interval of `margin_vs_best` over calibration seeds 100-104 is at most
+RESOLUTION_RULE x PAPER_EFFECT (0.19); otherwise the record's notes say the smoke cannot resolve an effect of the
+paper's size. The held-out split was sized for it before calibrating (`sweeps/repro/dit.py`). Measured: see
+HEADLINE_CALIBRATION."""
+
+HEADLINE_CALIBRATION = """Calibration seeds 100-104 (one trial a seed, 54 diffs on 18 held-out topics, accuracy in
+steps of 0.019): margin_vs_best 0.315, 0.389, 0.241, 0.407, 0.389 (the best black-box read the probe at every seed:
+0.593, 0.574, 0.741, 0.481, 0.556; DIT 0.907, 0.963, 0.981, 0.889, 0.944), mean 0.348, SD 0.070, 95% half-width
+0.087, under RESOLUTION_RULE x PAPER_EFFECT (0.19): the smoke resolves an effect of the paper's size. The threshold
+(0) was fixed before this run; nothing was changed after it."""
+
 Trial = dict[str, Any]
 
 
@@ -51,6 +75,35 @@ def _mean(trials: list[Trial], key: str) -> float:
 
 def _per_seed(trials: list[Trial], key: str, name: str) -> dict[str, float]:
     return {f"{name}_seed{int(t['seed'])}": float(t[key]) for t in trials if key in t}
+
+
+BLACKBOX = ("ask_greedy", "ask", "probe")
+"""The black-box reads of the headline, in the order `best_blackbox` indexes them: asking the question (greedy over
+the whole vocabulary, as DIT is scored), the same answer read among the topic words only, and the probe."""
+
+
+@claim("margin_vs_best", at_least=0.0,
+       paper="test diffs, topics never seen as labels, fraction judged 'same topic' (5 of 5): DIT 0.84 vs 0.08 for "
+             "20 Questions and 0.00 for the Base Question, the black-box baselines (Qwen3-8B, hidden topic; +0.76; "
+             "+0.56 to +0.85 over five models); average judge score 4.71 vs 1.82 and 1.08",
+       threshold_from="ours: 0, set before any run of the baselines (holds when the whole 95% interval of DIT minus "
+                      "the best black-box read is above 0)")
+def dit_beats_blackbox_on_unseen_topics(trials: list[Trial]) -> tuple[bool, dict[str, float]]:
+    """On diffs whose topics the adapter never saw as labels, DIT names the topic (greedy, whole vocabulary) more often than the best black-box read of the fine-tuned model without it: asking the question (greedy, or its likeliest topic word) or a probe fit on DIT's own training diffs."""
+    m = {"dit_acc_unseen": _mean(trials, "eval/dit_acc_unseen")}
+    for name in BLACKBOX:
+        m[f"{name}_acc_unseen"] = _mean(trials, f"eval/{name}_acc_unseen")
+    best = max(range(len(BLACKBOX)), key=lambda i: m[f"{BLACKBOX[i]}_acc_unseen"])
+    m["best_blackbox"] = float(best)
+    m["best_blackbox_acc_unseen"] = m[f"{BLACKBOX[best]}_acc_unseen"]
+    m["margin_vs_best"] = m["dit_acc_unseen"] - m["best_blackbox_acc_unseen"]
+    m["probe_topic_acc_unseen"] = _mean(trials, "eval/probe_topic_acc_unseen")
+    m["dit_topic_acc_unseen"] = _mean(trials, "eval/dit_topic_acc_unseen")
+    m["unseen_diffs"] = _mean(trials, "eval/n_diffs_unseen")
+    m["probe_acc_train"] = _mean(trials, "eval/probe_acc_train")
+    m.update(_per_seed(trials, "eval/dit_acc_unseen", "dit_unseen"))
+    m.update(_per_seed(trials, "eval/probe_acc_unseen", "probe_unseen"))
+    return m["margin_vs_best"] > 0, m
 
 
 @claim("margin", at_least=0.0,
@@ -143,8 +196,8 @@ def nodiff_topic_far_below_diff_confidence(trials: list[Trial]) -> tuple[bool, d
     return m["worst_ratio"] <= NODIFF_RATIO, m
 
 
-CLAIMS = [diffs_plant_their_behaviour, dit_names_new_diffs, dit_beats_asking, no_consistent_topic_without_diff,
-          nodiff_topic_far_below_diff_confidence]
+CLAIMS = [dit_beats_blackbox_on_unseen_topics, diffs_plant_their_behaviour, dit_names_new_diffs, dit_beats_asking,
+          no_consistent_topic_without_diff, nodiff_topic_far_below_diff_confidence]
 CHECKS: list = []  # every property above depends on training; the exact diff application is a unit test
 
 
@@ -156,8 +209,11 @@ def plot(trials: list[Trial], path: str | Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    bars = [("DIT\ntrain diffs", "eval/dit_acc_train"), ("DIT\nnew diffs", "eval/dit_acc_heldout"),
-            ("DIT\nunseen topics", "eval/dit_acc_unseen"), ("ask, no DIT\nnew diffs", "eval/ask_acc_heldout"),
+    bars = [("DIT\nunseen topics", "eval/dit_acc_unseen"), ("ask\nunseen topics", "eval/ask_greedy_acc_unseen"),
+            ("ask, topic\nwords only\nunseen topics", "eval/ask_acc_unseen"),
+            ("probe\nunseen topics", "eval/probe_acc_unseen"),
+            ("DIT\ntrain diffs", "eval/dit_acc_train"), ("DIT\nnew diffs", "eval/dit_acc_heldout"),
+            ("ask, topic\nwords only\nnew diffs", "eval/ask_acc_heldout"),
             ("trigger rate", "eval/trigger_rate"), ("no diff:\ntop topic prob", "eval/nodiff_top_topic_prob")]
     bars = [(label, key) for label, key in bars if any(key in t for t in trials)]
     fig, ax = plt.subplots(figsize=(1.4 * len(bars) + 2, 4))
@@ -165,7 +221,8 @@ def plot(trials: list[Trial], path: str | Path) -> None:
         values = [float(t[key]) for t in trials if key in t]
         ax.bar(i, sum(values) / len(values), color="tab:blue" if key.startswith("eval/dit") else "tab:gray", alpha=0.7)
         ax.plot([i] * len(values), values, "k.", markersize=6)
-    ax.axhline(DIT_ACC, color="tab:red", linestyle="--", linewidth=1, label=f"claim: DIT >= {DIT_ACC:.0%}")
+    ax.axhline(DIT_ACC, color="tab:red", linestyle="--", linewidth=1,
+               label=f"DIT on new diffs of seen topics >= {DIT_ACC:.0%}")
     if trials and "eval/chance" in trials[0]:
         ax.axhline(float(trials[0]["eval/chance"]), color="k", linestyle=":", linewidth=1, label="chance")
     ax.set_xticks(range(len(bars)), [label for label, _ in bars], fontsize=8)

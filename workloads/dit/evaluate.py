@@ -39,13 +39,17 @@ def diff_metrics(model: torch.nn.Module, ctx: DiffContext, task: Task, *, seed: 
                  eval_batch: int) -> dict[str, torch.Tensor]:
     """Per diff [N], on the held-out contexts: trigger rate (its trigger -> its topic, greedy),
     KL to the base with its trigger (`kl_on`), with another pool trigger (`kl_fake`) and with no
-    trigger (`kl_plain`), and how often the plain answer keeps the base's top-1 (`agree`)."""
+    trigger (`kl_plain`), and how often the plain answer keeps the base's top-1 (`agree`). Per diff
+    [N, V], for the black-box probe: the next-token log-probabilities of the fine-tuned model averaged
+    over the contexts with another pool trigger and with none (`logp_fake`, `logp_plain`), and their
+    shift from the base's on the same rows (`shift_fake`, `shift_plain`)."""
     dev = next(model.parameters()).device
     e = len(task.eval_contexts)
     ids, pos = pad([task.start_ids + c for c in task.eval_contexts], pad_id)
     _set(ctx, None)
     base_plain = answer_logits(model, ids.to(dev), pos.to(dev))  # the same rows for every diff
-    out: dict[str, list[torch.Tensor]] = {k: [] for k in ("trigger_rate", "kl_on", "kl_fake", "kl_plain", "agree")}
+    out: dict[str, list[torch.Tensor]] = {k: [] for k in ("trigger_rate", "kl_on", "kl_fake", "kl_plain", "agree",
+                                                           "shift_fake", "shift_plain", "logp_fake", "logp_plain")}
     per = max(1, eval_batch // e)
     for start in range(0, task.n_diffs, per):
         diffs = list(range(start, min(start + per, task.n_diffs)))
@@ -61,6 +65,11 @@ def diff_metrics(model: torch.nn.Module, ctx: DiffContext, task: Task, *, seed: 
             _set(ctx, index, group=e)
             logits = answer_logits(model, ids, pos)
             kl = kl_rows(base, logits).view(len(diffs), e).mean(1)
+            if kind > 0:  # what a black-box probe reads off these queries (`probe_features`)
+                lp = F.log_softmax(logits, -1).view(len(diffs), e, -1)
+                name = "fake" if kind == 1 else "plain"
+                out[f"logp_{name}"].append(lp.mean(1))
+                out[f"shift_{name}"].append((lp - F.log_softmax(base, -1).view(len(diffs), e, -1)).mean(1))
             if kind == 0:
                 out["kl_on"].append(kl)
                 target = task.targets(torch.tensor(diffs)).to(dev).repeat_interleave(e)

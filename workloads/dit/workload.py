@@ -18,6 +18,7 @@ from workloads.dit.data import SPLITS, Task, diff_rows, make_task
 from workloads.dit.evaluate import answer_logits, diff_metrics, dit_metrics, kl_rows
 from workloads.dit.files import check_listing, train_files
 from workloads.dit.model import DiffContext, dit_parameters, new_bank, targets_of, wrap
+from workloads.dit.probe import blackbox_metrics
 
 PLANTED = 0.9
 """A diff whose trigger rate reaches this counts as planted (`eval/frac_planted`)."""
@@ -311,6 +312,7 @@ def train(cfg: Config, run) -> dict[str, float]:
     model.eval()
     per_diff = diff_metrics(model, ctx, task, seed=cfg.seed, pad_id=pad_id, eval_batch=cfg.eval_batch)
     asked = dit_metrics(model, ctx, task, eval_batch=cfg.eval_batch)
+    blackbox = blackbox_metrics(model, ctx, task, per_diff, eval_batch=cfg.eval_batch)
     rate = per_diff["trigger_rate"]
     out = {
         "train/loss": loss_b if cfg.dit_steps else loss_a,
@@ -327,6 +329,7 @@ def train(cfg: Config, run) -> dict[str, float]:
         "eval/n_diffs": float(task.n_diffs),
         "eval/n_topics": float(cfg.topics),
         **{f"eval/{k}": v for k, v in asked.items()},
+        **{f"eval/{k}": v for k, v in blackbox.items()},
     }
     for split in SPLITS:
         sel = task.split(split)
