@@ -481,9 +481,12 @@ def file_smoke(base: str, task: str, eval_path: str, **kw) -> Config:
 
 def assert_file_run(res):
     losses = [m["train/loss"] for _, m in res.history if "train/loss" in m]
-    # margin: last over first loss over seeds 1-3, 10, 20: tiny GPT-2 0.9914 0.9935 0.9931 0.9918 0.9929,
-    # tiny-local 0.740 0.841 0.744 0.836 0.764 (threshold 1; the GPT-2 margin is under 1%)
-    assert len(losses) >= 4 and losses[-1] < losses[0], losses  # the adapter learns
+    # The median of the later logged losses, not the last one: a logged loss is one minibatch's, and at
+    # seed shift 7 on tiny-local the curve fell 3.76 -> 2.94 and its last minibatch read 4.65 (median of
+    # the later ones 3.13, 0.83 of the first). Last over first at seeds 1-3, 10, 20: tiny GPT-2
+    # 0.991-0.994, tiny-local 0.740-0.841 (threshold 1).
+    later = sorted(losses[1:])
+    assert len(losses) >= 4 and later[len(later) // 2] < losses[0], losses  # the adapter learns
     m = res.metrics
     assert m["eval/n_diffs_train"] == 6 and m["eval/n_diffs_heldout"] == 3 and m["eval/n_diffs_unseen"] == 1
     assert m["eval/chance"] == pytest.approx(1 / 4)

@@ -19,7 +19,11 @@ from orchestrator.runners import registry
 from orchestrator.runners.config import ConfigError
 from workloads.swd_rl import CHECKS, CLAIMS, Config, plot, smoke, train, validate
 from workloads.swd_rl.learners import QNet
-from workloads.swd_rl.claims import FULL_MIN_STEPS, critic_grad_ordered_late, swd_return_not_below_uniform
+from workloads.swd_rl.claims import (
+    BENCH_CHECKS, BENCH_CLAIMS, FULL_MIN_STEPS, PLASTICITY_RANK_RATIO, RANDOM_RETURN, agent_learns,
+    critic_grad_ordered_late, critic_grad_swd_above_uniform_late, plasticity_loss_in_uniform,
+    swd_return_above_uniform, swd_return_not_below_uniform,
+)
 from workloads.swd_rl.diagnostics import effective_rank, feature_rank, grad_stats, jacobian, ntk_rank
 from workloads.swd_rl.replay import (
     ReplayBuffer, _shape_support_and_mass, age_probabilities, age_weights, sample_ages,
@@ -115,6 +119,19 @@ def test_effective_rank_by_hand():
     assert effective_rank(torch.tensor([10.0, 1.0, 0.001])) == 2  # 10 / 11.001 < 0.99 <= 11 / 11.001
     assert effective_rank(torch.tensor([10.0, 1.0, 0.001]), delta=0.1) == 1  # 10 / 11.001 >= 0.9
     assert effective_rank(torch.zeros(4)) == 0
+
+
+def test_feature_rank_falls_when_features_collapse():
+    # Plasticity loss as the bench measures it: features whose columns collapse onto fewer
+    # directions have a lower srank than well-spread ones of the same shape.
+    g = torch.Generator().manual_seed(1)
+    spread = torch.randn(64, 32, generator=g, dtype=torch.float64)
+    collapsed = torch.randn(64, 4, generator=g, dtype=torch.float64) @ torch.randn(4, 32, generator=g, dtype=torch.float64)
+    assert feature_rank(collapsed) <= 4 < feature_rank(spread)
+    model = Linear2()
+    x = torch.randn(12, 4, generator=g)
+    low = x[:, :1].repeat(1, 4)  # every input on one direction
+    assert ntk_rank(model, (low[:, :3], low[:, 3:])) == 1 < ntk_rank(model, (x[:, :3], x[:, 3:]))
 
 
 def test_feature_rank_of_a_matrix_of_known_rank():
@@ -350,6 +367,63 @@ def test_return_claim_is_not_judged_at_smoke_size_and_judged_at_full_size():
     assert measured["worst_gap_in_seed_noise"] == pytest.approx(measured["gap"] / measured["seed_noise"])
     two_seeds = {s: v[:2] for s, v in close.items()}
     assert swd_return_not_below_uniform(trials_for(grads, two_seeds, steps=FULL_MIN_STEPS))[0] is None
+
+
+def bench_seed(returns: dict[str, float], grads: dict[str, float], ntk: list[float]) -> list[dict]:
+    """One bench seed's three trials (10,000 steps, evaluations every 1,000, late window > 7,500); the
+    uniform arm's NTK-rank curve is `ntk` at steps 1000..10000, the other arms' a flat 50."""
+    out = []
+    for sampler in ("reverse", "uniform", "swd"):
+        ranks = ntk if sampler == "uniform" else [50.0] * 10
+        t = {"env_id": "Pendulum-v1", "algo": "td3", "utd": 4, "sampler": sampler, "seed": 100, "total_steps": 10_000,
+             "learning_starts": 1000, "late_frac": 0.25, "eval/return_late": returns[sampler],
+             "train/grad_l1_late": grads[sampler]}
+        for i, r in enumerate(ranks):
+            step = 1000 * (i + 1)
+            t |= {f"curve/ntk_rank/{step}": r, f"curve/grad_l1/{step}": 100.0 + step / 100,
+                  f"curve/feature_rank/{step}": 20.0, f"curve/return/{step}": returns[sampler]}
+        out.append(t)
+    return out
+
+
+def test_bench_claims_measure_the_paired_effects_and_the_rank_fall():
+    assert all(spec_of(fn) is not None for fn in BENCH_CLAIMS) and all(spec_of(fn) is None for fn in BENCH_CHECKS)
+    assert registry.load("swd_rl").claims_at("bench") == BENCH_CLAIMS
+    falls = [60, 56, 50, 46, 44, 40, 36, 30, 30, 27]  # early: step 2000 (56); late: steps 8000-10000 (29)
+    trials = bench_seed({"reverse": -300.0, "uniform": -200.0, "swd": -180.0}, {"reverse": 1.0, "uniform": 2.0, "swd": 3.0},
+                        falls)
+    held, m = swd_return_above_uniform(trials)
+    assert held and m["return_gap"] == pytest.approx(20.0)
+    held, m = critic_grad_swd_above_uniform_late(trials)
+    assert held and m["swd_over_uniform"] == pytest.approx(1.5)
+    held, m = plasticity_loss_in_uniform(trials)
+    assert m["uniform_ntk_rank_late_over_early"] == pytest.approx(29 / 56) and held == (29 / 56 <= PLASTICITY_RANK_RATIO)
+    assert m["ntk_rank_late_jitter"] == pytest.approx(3 / 30)
+    flat = bench_seed({"reverse": -300.0, "uniform": -200.0, "swd": -260.0}, {"reverse": 3.0, "uniform": 2.0, "swd": 1.0},
+                      [60.0] * 10)
+    assert not swd_return_above_uniform(flat)[0] and not critic_grad_swd_above_uniform_late(flat)[0]
+    assert not plasticity_loss_in_uniform(flat)[0]
+    assert agent_learns(trials)[0] and not agent_learns(bench_seed(
+        {"reverse": 0.0, "uniform": RANDOM_RETURN, "swd": 0.0}, {"reverse": 1.0, "uniform": 1.0, "swd": 1.0}, falls))[0]
+    with pytest.raises(ValueError, match="one seed a build"):
+        swd_return_above_uniform(trials + trials)
+
+
+def test_the_bench_size_builds_and_passes_its_check(workdir):
+    """`ladder reproduce swd_rl --size bench --check`: the bench (run on demand, not in CI) builds at
+    every seed, as the smoke's three samplers at one seed, longer and at a high UTD, and this
+    machine can run it."""
+    from orchestrator.reproduction import reproduce
+
+    smoke_sweep, bench = (reproduce.load_repro("swd_rl", size=size, seed=shifted(0)) for size in ("smoke", "bench"))
+    assert bench.name == "repro-swd_rl-bench" and bench.trial_count() == smoke_sweep.trial_count() == 3
+    assert {p["sampler"] for p in bench.trial_params()} == {"reverse", "uniform", "swd"}
+    b, s = bench.base_config(), smoke_sweep.base_config()
+    assert b.seed == s.seed == shifted(0) and b.env_id == "Pendulum-v1" and b.algo == "td3"
+    assert b.utd >= 4 > s.utd and b.total_steps > s.total_steps and b.buffer_size >= b.total_steps
+    assert b.utd * (b.total_steps - b.learning_starts) >= 4 * s.utd * (s.total_steps - s.learning_starts)  # updates
+    said = reproduce.check("swd_rl", size="bench", local=True)
+    assert said.startswith("swd_rl at bench size: 9 trials (3 a seed") and said.endswith("ready to run"), said
 
 
 def test_plot_writes_a_png(tmp_path):

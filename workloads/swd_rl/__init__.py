@@ -22,8 +22,8 @@ several seeds). At the sizes a CPU runs the measured gradient ordering is the op
 `claims`): the paper states it for million-step MuJoCo runs.
 """
 
-from workloads.swd_rl.claims import CHECKS, CLAIMS, plot
+from workloads.swd_rl.claims import BENCH_CHECKS, BENCH_CLAIMS, CHECKS, CLAIMS, plot
 from workloads.swd_rl.config import MAX_WORKERS
 from workloads.swd_rl.workload import Config, preflight, smoke, train, validate
 
-__all__ = ["CHECKS", "CLAIMS", "MAX_WORKERS", "Config", "plot", "preflight", "smoke", "train", "validate"]
+__all__ = ["BENCH_CHECKS", "BENCH_CLAIMS", "CHECKS", "CLAIMS", "MAX_WORKERS", "Config", "plot", "preflight", "smoke", "train", "validate"]
