@@ -2,7 +2,9 @@
 preference pairs from the base's world, evaluated over gamma in {-1, 0, 0.5, 1, 2} on held-out
 entities.
 
-The smoke size is one trial on tiny-local (B = 16, 150 steps) at the given seed; `--seed N`
+The smoke size is one trial on tiny-local (B = 16, 150 steps) at the given seed, which also runs
+the test-time baselines (a Bradley-Terry reward head, best-of-N with N = 16, ARGS with k = 10 and
+w = 1.5) on the same pairs and held-out prompts; `--seed N`
 draws another entity split, other pairs and another calibrator init. The full size runs the same
 code on a real checkpoint (`FULL_BASE`, from the Hugging Face cache or a local folder) with the
 paper's B = 256, three seeds.

@@ -15,8 +15,12 @@ from components.basemodel import base_world, load_base
 from orchestrator.claims import spec_of
 from orchestrator.runners.config import ConfigError
 from workloads.palc import CHECKS, CLAIMS, plot, smoke, validate
+from workloads.palc.baselines import (
+    RewardHead, args_decode, arm_latency, best_of_n, fit_reward, pooled_features, reward_accuracy, score_samples,
+    until_stop,
+)
 from workloads.palc.claims import (
-    base_untouched, gamma_zero_is_base, latency_within_budget, preference_accuracy_rises, share_rises_with_gamma,
+    TEST_TIME_BASELINES, palc_beats_best_test_time_baseline, palc_faster_than_test_time_baselines, base_untouched, gamma_zero_is_base, latency_within_budget, preference_accuracy_rises, share_rises_with_gamma,
 )
 from workloads.palc.data import (
     BLUNT, GENTLE, encode, generation_prompts, gentle_share, make_pairs, pair_batch, split_entities,
@@ -175,6 +179,107 @@ def test_latency_is_measured_for_both_arms(base, world):
     assert lat["base_s"] > 0 and lat["palc_s"] > 0 and math.isfinite(lat["ratio"]) and lat["ratio"] > 0
 
 
+# --- the test-time baselines ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def reward(base, world):
+    model, tok = base
+    train_ents, held_ents = split_entities(world, 12, 0)
+    pairs = make_pairs(world, train_ents, 300, "rm-test", 0.5)
+    feats = pooled_features(model, tok, pairs, 0, torch.device("cpu"))
+    return fit_reward(feats, 200, 0.05, 0.01, 0), feats, held_ents
+
+
+def test_reward_head_ranks_the_pairs_it_was_fit_on_above_chance(reward):
+    head, feats, _ = reward
+    assert sum(p.numel() for p in head.parameters()) == 64 + 1
+    acc, margin = reward_accuracy(head, feats)
+    assert acc > 0.9 and margin > 0  # chance is 0.5; an unfitted (zero) head ties every pair
+    assert reward_accuracy(RewardHead(64), feats)[0] == 0.0
+
+
+def test_pooled_features_read_the_response_positions_only(base, world):
+    model, tok = base
+    pairs = make_pairs(world, list(world.entities[:2]), 3, "pool", 0.5)  # rows of different lengths, padded
+    mean = pooled_features(model, tok, pairs, 0, torch.device("cpu"), pool="mean")
+    last = pooled_features(model, tok, pairs, 0, torch.device("cpu"))
+    for i, pair in enumerate(pairs):
+        for j, resp in enumerate((pair.chosen, pair.rejected)):
+            ids, start = encode(tok, pair.prompt, resp)
+            with torch.no_grad():
+                h = model(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states[-1][0].float()
+            assert torch.allclose(mean[j, i], h[start:].mean(0), atol=1e-4)
+            assert torch.allclose(last[j, i], h[-1], atol=1e-4)
+
+
+def test_until_stop_keeps_the_first_stop_and_nothing_after():
+    t = torch.tensor([[5, 7, 9, 7, 1], [1, 2, 3, 4, 5]])
+    assert until_stop(t, 7).tolist() == [[True, True, False, False, False], [True] * 5]
+    assert until_stop(t, None).all()
+
+
+def test_best_of_n_keeps_the_argmax_reward_sample(base, reward):
+    model, tok = base
+    head, _, held_ents = reward
+    ids = group_by_length(tok, generation_prompts(held_ents))[0]
+    stop = tok(".", add_special_tokens=False).input_ids[0]
+    chosen, samples, rewards = best_of_n(model, head, ids, 6, 5, torch.Generator().manual_seed(1), stop)
+    assert samples.shape == (ids.shape[0], 6, 5) and rewards.shape == (ids.shape[0], 6)
+    for i in range(ids.shape[0]):
+        assert torch.equal(chosen[i], samples[i, int(rewards[i].argmax())])
+    # the same samples as the base's own sampling with that stream, and a different head picks differently
+    rows = ids.repeat_interleave(6, 0)
+    again = generate(model, None, rows, 5, generator=torch.Generator().manual_seed(1)).view(ids.shape[0], 6, 5)
+    assert torch.equal(again, samples)
+    # the kept sample's reward is the head on that sample alone
+    i = 0
+    alone = score_samples(model, head, ids[i:i + 1], chosen[i:i + 1], stop)
+    assert torch.allclose(alone, rewards[i].max().unsqueeze(0), atol=1e-4)
+
+
+def test_args_with_zero_weight_is_greedy_decoding_of_the_base(base, reward):
+    model, tok = base
+    head, _, held_ents = reward
+    for ids in group_by_length(tok, generation_prompts(held_ents))[:2]:
+        for pool in ("last", "mean"):
+            assert torch.equal(args_decode(model, head, ids, 6, k=5, w=0.0, pool=pool), generate(model, None, ids, 6))
+
+
+def test_args_follows_the_reward_when_it_dominates(base, reward):
+    model, tok = base
+    _, _, held_ents = reward
+    ids = group_by_length(tok, generation_prompts(held_ents))[0]
+    greedy = generate(model, None, ids, 1)
+    # a reward that is the negated base logit of the greedy token at step one: w large makes ARGS avoid it
+    head = RewardHead(64)
+    with torch.no_grad():
+        head.lin.weight[0] = -model.get_output_embeddings().weight[greedy[0, 0]].float()
+    first = args_decode(model, head, ids, 1, k=5, w=100.0)
+    assert (first != greedy).float().mean() > 0.5
+
+
+def test_dpo_head_trains_on_the_pairs_and_leaves_the_base_alone(base, world):
+    from workloads.palc.workload import train_dpo_head
+
+    model, tok = base
+    train_ents, _ = split_entities(world, 12, 0)
+    pairs = make_pairs(world, train_ents, 200, "dpo-head", 0.5)
+    digest = param_digest(model)
+    cfg = dataclasses.replace(smoke(), steps=40, warmup_steps=4)
+    head = train_dpo_head(cfg, model, tok, pairs, torch.device("cpu"))
+    assert not head.training and param_digest(model) == digest
+    batch = pair_batch(tok, pairs[:64])
+    # chance is 0.5: the trained head prefers the chosen responses it was trained on
+    assert (margins(model, head, batch, [1.0])[1.0] > 0).float().mean() > 0.7
+
+
+def test_arm_latency_measures_every_arm_against_the_base():
+    lat = arm_latency({"base": lambda: sum(range(1000)), "slow": lambda: sum(range(20000))}, 2, 3,
+                      torch.device("cpu"), "cpu")
+    assert lat["base_s"] > 0 and lat["slow_s"] > 0 and math.isfinite(lat["slow_ratio"]) and "base_ratio" not in lat
+
+
 # --- config checks -----------------------------------------------------------------------------
 
 
@@ -192,6 +297,8 @@ def test_latency_is_measured_for_both_arms(base, world):
     ({"dtype": "int8"}, "dtype='int8'"),
     ({"eval_path": "held.jsonl"}, "eval_path=.held.jsonl. is set without task_path"),
     ({"dpo_targets": " , "}, "dpo_targets name at least one kind"),
+    ({"bon_n": 0}, "bon_n, args_k"),
+    ({"rm_pool": "max"}, "rm_pool='max'"),
 ])
 def test_bad_configs_name_the_problem(change, message):
     with pytest.raises(ValueError, match=message):
@@ -210,7 +317,8 @@ def trial(**kw) -> dict:
     t = {"seed": 0, "eval/pref_acc_base": 0.52, "eval/pref_acc": 0.97, "eval/gamma0_max_abs_logit_diff": 0.0,
          "perf/latency_ratio": 1.05, "perf/base_s_per_token": 0.002, "eval/base_unchanged": 1.0,
          "eval/base_trainable_params": 0.0, "eval/base_grads": 0.0, "eval/trainable_params": 10288.0,
-         "eval/expected_params": 10288.0}
+         "eval/expected_params": 10288.0, "eval/share_bon": 0.3, "eval/share_args": 0.4,
+         "perf/palc_latency_ratio_rot": 1.05, "perf/bon_latency_ratio_rot": 8.0, "perf/args_latency_ratio_rot": 3.0}
     for g, acc, s in zip((-1.0, 0.0, 0.5, 1.0, 2.0), (0.01, 0.52, 0.9, 0.97, 0.99), (0.0, 0.15, 0.3, 0.5, 1.0)):
         t[f"eval/pref_acc/{gamma_key(g)}"] = acc
         t[f"eval/share_greedy/{gamma_key(g)}"] = s
@@ -224,7 +332,8 @@ def test_claims_hold_on_the_papers_pattern():
     assert {c.__name__ for c in CHECKS} == {"gamma_zero_is_base", "base_untouched"}
     # Each declared effect agrees with its function, on a pattern that holds and on one that fails.
     flat = {f"eval/share_{k}/{gamma_key(g)}": 0.3 for k in ("greedy", "sampled") for g in (-1.0, 0.0, 0.5, 1.0, 2.0)}
-    failing = trial(**{"eval/pref_acc": 0.85, "perf/latency_ratio": 1.31, **flat})
+    failing = trial(**{"eval/pref_acc": 0.85, "perf/latency_ratio": 1.31, "eval/share_args": 0.6,
+                       "perf/args_latency_ratio_rot": 1.0, **flat})
     for fn in CLAIMS:
         spec = spec_of(fn)
         assert spec is not None, fn.__name__
@@ -234,6 +343,10 @@ def test_claims_hold_on_the_papers_pattern():
 
 
 @pytest.mark.parametrize("claim, change", [
+    (palc_beats_best_test_time_baseline, {"eval/share_bon": 0.9}),
+    (palc_beats_best_test_time_baseline, {"eval/share_args": 0.9}),
+    (palc_faster_than_test_time_baselines, {"perf/bon_latency_ratio_rot": 1.0}),
+    (palc_faster_than_test_time_baselines, {"perf/args_latency_ratio_rot": 1.0}),
     (preference_accuracy_rises, {"eval/pref_acc": 0.85}),
     (preference_accuracy_rises, {"eval/pref_acc_base": 0.8}),
     (share_rises_with_gamma, {"eval/share_greedy/gamma_1": 0.2}),
@@ -249,6 +362,18 @@ def test_each_claim_fails_when_its_property_is_broken_in_one_seed(claim, change)
     assert holds is False and measured
     spec = spec_of(claim)
     assert spec is None or not spec.passes(measured[spec.effect])
+
+
+def test_headline_takes_the_best_baseline_per_replicate_and_a_tie_does_not_hold():
+    holds, m = palc_beats_best_test_time_baseline([trial(**{"eval/share_bon": 0.45, "eval/share_args": 0.2})])
+    assert holds and m["best_baseline"] == TEST_TIME_BASELINES.index("bon")
+    assert m["share_margin_vs_best"] == pytest.approx(0.05) and m["share_margin_vs_args"] == pytest.approx(0.3)
+    assert palc_beats_best_test_time_baseline([trial(**{"eval/share_args": 0.5})])[0] is False
+    # mean over the replicate's trials: 0.5 - mean(0.4, 0.7) < 0
+    assert palc_beats_best_test_time_baseline([trial(), trial(seed=1, **{"eval/share_args": 0.7})])[0] is False
+    no_baselines = {k: v for k, v in trial().items() if k != "eval/share_bon"}
+    with pytest.raises(ValueError, match="baselines"):
+        palc_beats_best_test_time_baseline([no_baselines])
 
 
 def test_flat_shares_do_not_count_as_rising():
@@ -292,6 +417,13 @@ def test_smoke_reproduction_holds(workdir):
         assert min(share[1] - share[0], share[2] - share[1]) > 0.02, (kind, share)
     assert math.isfinite(t["perf/latency_ratio"]) and t["perf/palc_s_per_token"] > 0
     assert t["eval/trainable_params"] == 16 * (64 + 579)
+    # The test-time baselines ran on the same prompts. The reward head ranks its training pairs above
+    # chance (0.5): 0.967-0.977 over seeds 100-104 and 200. The headline's gap, PALC's share minus the
+    # best baseline's: 0.16-0.32 over seeds 100-104 and 200 (threshold 0).
+    assert t["eval/rm_train_acc"] > 0.5 and t["eval/rm_heldout_acc"] > 0.5
+    assert all(0.0 <= t[f"eval/share_{b}"] <= 1.0 for b in ("bon", "args", "bon_samples"))
+    assert t["eval/share_greedy/gamma_1"] > max(t["eval/share_bon"], t["eval/share_args"])
+    assert all(math.isfinite(t[f"perf/{a}_latency_ratio_rot"]) for a in ("palc", "bon", "args"))
 
 
 # --- preference files, a second architecture, the DPO baseline ---------------------------------

@@ -27,7 +27,15 @@ same base trained with the DPO loss, its reference the base itself (the adapter 
 copy of the model is held). Both methods report the same held-out metrics: preference accuracy and
 mean margin of the aligned model and of the base, and the implicit reward's accuracy and margin.
 
-The claims: held-out preference accuracy rises from about 50% (the base) to at least 90%; the
+The test-time alignment baselines (`workloads.palc.baselines`, implemented here; PALC trials on
+the synthetic world, `baselines=True`): a Bradley-Terry reward head on the frozen base's last
+hidden state fitted on PALC's training pairs, best-of-N sampling of the base scored by it, and
+ARGS reward-guided decoding (Khanov et al. 2024: the base's top-k next tokens re-scored by
+logit + w x reward). Each writes one response per held-out prompt; their gentle-word shares and
+per-token latencies over the base's are measured beside PALC's.
+
+The claims: the headline, PALC's gentle-word share of greedy generations above the best
+test-time baseline's; PALC decodes faster per token than either baseline; held-out preference accuracy rises from about 50% (the base) to at least 90%; the
 gentle-word share of generations rises monotonically in gamma; per-token latency is at most 1.3x
 the base's. The checks (invariants of the construction): gamma 0 reproduces the base's logits,
 the base's parameters are untouched and only B(H + V) parameters train.

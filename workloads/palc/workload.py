@@ -13,6 +13,7 @@ import torch
 from components.basemodel import (
     PromptField, base_world, check_records, load_base, lora, read_records, select, task_problems, with_task_fields,
 )
+from workloads.palc.baselines import args_decode, arm_latency, best_of_n, fit_reward, pooled_features, reward_accuracy
 from workloads.palc.data import (
     Pair, file_fields, generation_prompts, gentle_share, make_pairs, pair_batch, pairs_from_records, split_entities,
 )
@@ -102,6 +103,32 @@ class Config(with_task_fields(PromptField)):
     latency_clock: Literal["wall", "cpu"] = "wall"
     """'wall': elapsed time (synchronised on CUDA); 'cpu': this thread's CPU time, which other
     processes on a shared CPU machine do not inflate (meaningful with threads=1 on CPU only)."""
+    baselines: bool = True
+    """Also run the test-time alignment baselines on the same base, pairs and held-out prompts
+    (`workloads.palc.baselines`: a Bradley-Terry reward head, best-of-N, ARGS); PALC trials on the
+    synthetic world only (a task file has no gentle words to count)."""
+    rm_pool: Literal["last", "mean"] = "last"
+    """The reward head reads the last hidden state at the response's last token ('last', the usual
+    reward-model head) or its mean over the response's tokens ('mean'). On tiny-local the mean-pooled
+    head, fitted on pairs that differ only in trait words, gave best-of-N no lift over the base's
+    samples at a trial seed outside those judged or calibrated (200); 'last' did."""
+    rm_steps: int = 300
+    """Full-batch AdamW steps of the reward head's Bradley-Terry fit."""
+    rm_lr: float = 0.05
+    """The reward head's learning rate."""
+    rm_weight_decay: float = 0.01
+    """The reward head's weight decay."""
+    dpo_head: bool = True
+    """With the baselines, also train DPO on a calibrator-shaped head (`train_dpo_head`), reported beside
+    them and not judged."""
+    bon_n: int = 16
+    """Best-of-N's samples per prompt."""
+    args_k: int = 10
+    """ARGS's candidates per step (the ARGS paper's k = 10 on HH-RLHF)."""
+    args_w: float = 1.5
+    """ARGS's reward weight (the ARGS paper's w = 1.5 on HH-RLHF)."""
+    baseline_latency_reps: int = 7
+    """Repetitions of the baselines' latency measurement (base, PALC, best-of-N, ARGS in rotating order)."""
     log_every: int = 50
     """Report training metrics every this many steps."""
     checkpoint_every: int = 250
@@ -131,6 +158,10 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError("train_pairs and micro_batch must be >= 0 and max_len 0 (no limit) or at least 2")
     if not cfg.chosen_field or not cfg.rejected_field:
         raise ValueError("chosen_field and rejected_field must name fields")
+    if cfg.baselines and (cfg.bon_n < 1 or cfg.args_k < 1 or cfg.rm_steps < 1 or cfg.baseline_latency_reps < 1):
+        raise ValueError("bon_n, args_k, rm_steps and baseline_latency_reps must be at least 1")
+    if cfg.rm_pool not in ("last", "mean"):
+        raise ValueError(f"rm_pool={cfg.rm_pool!r}: choose 'last' or 'mean'")
     if not cfg.dpo_beta > 0 or cfg.lora_r <= 0 or not dpo_targets(cfg):
         raise ValueError("dpo_beta and lora_r must be positive and dpo_targets name at least one kind")
     for name in ("bottleneck", "heldout_pairs", "heldout_entities", "steps", "batch", "gen_new_tokens",
@@ -312,6 +343,8 @@ def train(cfg: Config, run) -> dict[str, float]:
     model.eval()
     if cal is not None:
         final = evaluate(cfg, base, tok, cal, held, held_ents, dev)
+        if cfg.baselines and held_ents is not None:
+            final.update(evaluate_baselines(cfg, base, tok, cal, pairs, held, held_ents, dev))
     else:
         final = evaluate_dpo(cfg, model, tok, held, dev)
     final["train/loss"], final["train/pref_acc"] = loss_v, acc_v
@@ -326,6 +359,88 @@ def train(cfg: Config, run) -> dict[str, float]:
     run.report({**{k: v for k, v in final.items() if k.startswith(("eval/", "perf/"))}, "progress": 1.0},
                step=cfg.steps)
     return final
+
+
+@torch.no_grad()
+def evaluate_baselines(cfg: Config, base: Any, tok: Any, cal: Calibrator, pairs: list[Pair], held: list[Pair],
+                       held_ents: list[str], dev: torch.device) -> dict[str, float]:
+    """The test-time baselines on the held-out generation prompts PALC's shares are counted on: the
+    reward head fitted on PALC's training pairs (its accuracy on them and on the held-out pairs),
+    the gentle-word share of best-of-N's and ARGS's responses, and their per-token latency over
+    the base's (with PALC's again, measured in the same rotation)."""
+    out: dict[str, float] = {}
+    train_f = pooled_features(base, tok, pairs, cfg.max_len, dev, pool=cfg.rm_pool)
+    head = fit_reward(train_f, cfg.rm_steps, cfg.rm_lr, cfg.rm_weight_decay, cfg.seed)
+    out["eval/rm_train_acc"], out["eval/rm_train_margin"] = reward_accuracy(head, train_f)
+    out["eval/rm_heldout_acc"], out["eval/rm_heldout_margin"] = reward_accuracy(
+        head, pooled_features(base, tok, held, cfg.max_len, dev, pool=cfg.rm_pool))
+    stop = tok(".", add_special_tokens=False).input_ids
+    stop_id = stop[0] if len(stop) == 1 else None
+    groups = [ids.to(dev) for ids in group_by_length(tok, generation_prompts(held_ents))]
+    bon, args_, bon_samples = [], [], []
+    for j, ids in enumerate(groups):
+        gen = torch.Generator(device=dev).manual_seed(cfg.seed * 7919 + 104729 + j)
+        chosen, samples, _ = best_of_n(base, head, ids, cfg.bon_n, cfg.gen_new_tokens, gen, stop_id, cfg.rm_pool)
+        bon += tok.batch_decode(chosen, skip_special_tokens=True)
+        bon_samples += tok.batch_decode(samples.reshape(-1, samples.shape[-1]), skip_special_tokens=True)
+        args_ += tok.batch_decode(args_decode(base, head, ids, cfg.gen_new_tokens, cfg.args_k, cfg.args_w, cfg.rm_pool),
+                                  skip_special_tokens=True)
+    out["eval/share_bon"] = gentle_share(bon)
+    out["eval/share_bon_samples"] = gentle_share(bon_samples)
+    out["eval/share_args"] = gentle_share(args_)
+    out["eval/gamma_eval"] = cfg.gamma_eval  # the gamma of PALC's share the headline compares with
+    ids = groups[-1]
+    gen = torch.Generator(device=dev)
+    arms = {"base": lambda: generate(base, None, ids, cfg.latency_new_tokens),
+            "palc": lambda: generate(base, cal, ids, cfg.latency_new_tokens, cfg.gamma_eval),
+            "bon": lambda: best_of_n(base, head, ids, cfg.bon_n, cfg.latency_new_tokens, gen.manual_seed(0), stop_id,
+                                     cfg.rm_pool),
+            "args": lambda: args_decode(base, head, ids, cfg.latency_new_tokens, cfg.args_k, cfg.args_w,
+                                        cfg.rm_pool)}
+    lat = arm_latency(arms, cfg.latency_new_tokens, cfg.baseline_latency_reps, dev, cfg.latency_clock)
+    for name in ("palc", "bon", "args"):
+        out[f"perf/{name}_latency_ratio_rot"] = lat[f"{name}_ratio"]
+    if cfg.dpo_head:  # last, so that its training draws change nothing measured above
+        dpo = train_dpo_head(cfg, base, tok, pairs, dev)
+        margin = torch.cat([margins(base, dpo, {k: v.to(dev) for k, v in pair_batch(tok, piece, cfg.max_len).items()},
+                                    [1.0])[1.0] for piece in chunks(held, cfg.micro_batch or 256)])
+        out["eval/pref_acc_dpo_head"] = float((margin > 0).float().mean())
+        greedy = []
+        for ids in groups:
+            greedy += tok.batch_decode(generate(base, dpo, ids, cfg.gen_new_tokens, 1.0), skip_special_tokens=True)
+        out["eval/share_dpo_head"] = gentle_share(greedy)
+    return out
+
+
+@torch.enable_grad()
+def train_dpo_head(cfg: Config, base: Any, tok: Any, pairs: list[Pair], dev: torch.device) -> Calibrator:
+    """The training-based reference, reported beside the test-time baselines and not judged: DPO
+    (Rafailov et al. 2023, beta = dpo_beta) with the policy l + m(h), m a calibrator of PALC's shape
+    and init on the frozen base, the reference the base itself; the same steps, batches, schedule and
+    dropout as PALC's training. It differs from PALC only in the loss (DPO's summed log-ratio against
+    the base, where PALC's is reference-free on mean log-probabilities). The paper's DPO tunes the
+    whole model; the `method='dpo'` trials run a LoRA one."""
+    vocab, hidden = base.get_output_embeddings().weight.shape
+    torch.manual_seed(cfg.seed + 1)
+    head = Calibrator(hidden, vocab, cfg.bottleneck, relu=cfg.relu, dropout=cfg.dropout,
+                      up_init_std=cfg.up_init_std).to(dev)
+    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    head.train()
+    for step in range(cfg.steps):
+        g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+        chosen = [pairs[i] for i in torch.randint(len(pairs), (cfg.batch,), generator=g).tolist()]
+        for group in opt.param_groups:
+            group["lr"] = lr_at(cfg, step)
+        batch = {k: v.to(dev) for k, v in pair_batch(tok, chosen, cfg.max_len).items()}
+        logits, h = base_forward(base, batch["ids"], batch["attn"])
+        pol, _ = logprob_sums(logits + head(h), batch["ids"], batch["resp"])
+        ref, _ = logprob_sums(logits, batch["ids"], batch["resp"])
+        opt.zero_grad(set_to_none=True)
+        dpo_loss(pol, ref, cfg.dpo_beta).backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.clip)
+        opt.step()
+    head.eval()
+    return head
 
 
 def row_sums(model: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
