@@ -208,8 +208,9 @@ def critic_grad_swd_above_uniform_late(trials: list[dict[str, Any]]) -> tuple[bo
        threshold_from="ours: 1 - 2 x the rank's largest late evaluation-to-evaluation change on calibration "
                       "seeds 100-102 (PLASTICITY_RANK_RATIO)")
 def plasticity_loss_in_uniform(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
-    """The precondition: the uniform arm's NTK rank falls from early to late in training. Its
-    gradient L1 late over early and feature rank are reported beside it, not judged."""
+    """The precondition: the uniform arm's NTK rank falls from early to late in training.
+
+    Its gradient L1 late over early and feature rank are reported beside it, not judged."""
     uni = _one_seed(trials)["uniform"]
     early, late, values = early_late(uni, "ntk_rank")
     jitter = max((abs(b - a) / a for a, b in zip(values, values[1:]) if a > 0), default=math.nan)
