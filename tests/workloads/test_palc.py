@@ -16,7 +16,7 @@ from orchestrator.claims import spec_of
 from orchestrator.runners.config import ConfigError
 from workloads.palc import CHECKS, CLAIMS, plot, smoke, validate
 from workloads.palc.baselines import (
-    RewardHead, args_decode, arm_latency, best_of_n, fit_reward, pooled_features, reward_accuracy, score_samples,
+    RewardHead, args_decode, best_of_n, fit_reward, pooled_features, reward_accuracy, score_samples,
     until_stop,
 )
 from workloads.palc.claims import (
@@ -26,7 +26,8 @@ from workloads.palc.data import (
     BLUNT, GENTLE, encode, generation_prompts, gentle_share, make_pairs, pair_batch, split_entities,
 )
 from workloads.palc.model import (
-    Calibrator, base_forward, generate, group_by_length, latency, margins, mean_logprob, param_digest, preference_loss,
+    Calibrator, arm_latency, base_forward, generate, group_by_length, latency, margins, mean_logprob, param_digest,
+    preference_loss,
 )
 from workloads.palc.workload import gamma_key
 

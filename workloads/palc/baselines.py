@@ -18,14 +18,13 @@ scored by it, and reward-guided decoding in the style of ARGS.
 
 from __future__ import annotations
 
-import statistics
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from workloads.palc.data import Pair, pair_batch
-from workloads.palc.model import _clock, generate
+from workloads.palc.model import generate
 
 
 class RewardHead(nn.Module):
@@ -152,24 +151,3 @@ def args_decode(base: nn.Module, head: RewardHead, ids: torch.Tensor, new_tokens
         total = total + h[rows]
         out.append(cand[torch.arange(p, device=ids.device), pick].unsqueeze(1))
     return torch.cat(out, dim=1)
-
-
-def arm_latency(arms: dict[str, Callable[[], Any]], new_tokens: int, reps: int, device: torch.device,
-                clock: str) -> dict[str, float]:
-    """Per-token decoding time of each arm (one call decodes `new_tokens` for the same prompts) and
-    its median paired ratio to the 'base' arm's, the arms' order rotating between repetitions."""
-    tick = _clock(clock, device)
-    names = list(arms)
-    for f in arms.values():  # warm-up
-        f()
-    times: dict[str, list[float]] = {k: [] for k in names}
-    for r in range(reps):
-        for name in names[r % len(names):] + names[: r % len(names)]:
-            t0 = tick()
-            arms[name]()
-            times[name].append((tick() - t0) / new_tokens)
-    out = {f"{k}_s": statistics.median(v) for k, v in times.items()}
-    for k in names:
-        if k != "base":
-            out[f"{k}_ratio"] = statistics.median(a / b for a, b in zip(times[k], times["base"]) if b > 0)
-    return out

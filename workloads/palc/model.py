@@ -131,25 +131,38 @@ def _clock(kind: str, device: torch.device) -> Callable[[], float]:
     return time.perf_counter
 
 
+def arm_latency(arms: dict[str, Callable[[], Any]], new_tokens: int, reps: int, device: torch.device,
+                clock: str) -> dict[str, float]:
+    """Per-token decoding time of each arm (one call decodes `new_tokens` for the same prompts) and
+    the median of its paired ratios to the 'base' arm's, the arms' order rotating between
+    repetitions: a slow drift of the machine's load moves a median of paired ratios much less than a
+    ratio of separate medians."""
+    tick = _clock(clock, device)
+    names = list(arms)
+    for f in arms.values():  # warm-up: allocator, kernels, caches
+        f()
+    times: dict[str, list[float]] = {k: [] for k in names}
+    for r in range(reps):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            t0 = tick()
+            arms[name]()
+            times[name].append((tick() - t0) / new_tokens)
+    out = {f"{k}_s": statistics.median(v) for k, v in times.items()}
+    for k in names:
+        if k != "base":
+            ratios = [a / b for a, b in zip(times[k], times["base"]) if b > 0]
+            out[f"{k}_ratio"] = statistics.median(ratios) if ratios else math.nan
+    return out
+
+
 def latency(base: nn.Module, cal: Calibrator, ids: torch.Tensor, new_tokens: int, reps: int, gamma: float,
             clock: str = "wall") -> dict[str, float]:
-    """Per-token decoding time of the base and of PALC on the same prompts, in the same process:
-    each repetition times the two back to back (the order alternating) and gives one ratio; the
-    ratio reported is the median of these paired ratios, which a slow drift of the machine's load
-    moves much less than a ratio of separate medians would."""
-    tick = _clock(clock, ids.device)
-    arms = {"base": None, "palc": cal}
-    for c in arms.values():  # warm-up: allocator, kernels, caches
-        generate(base, c, ids, 2, gamma)
-    times: dict[str, list[float]] = {k: [] for k in arms}
-    for r in range(reps):
-        for name in (("base", "palc") if r % 2 == 0 else ("palc", "base")):
-            t0 = tick()
-            generate(base, arms[name], ids, new_tokens, gamma)
-            times[name].append((tick() - t0) / new_tokens)
-    ratios = [p / b for p, b in zip(times["palc"], times["base"]) if b > 0]
-    return {"base_s": statistics.median(times["base"]), "palc_s": statistics.median(times["palc"]),
-            "ratio": statistics.median(ratios) if ratios else math.nan}
+    """Per-token decoding time of the base and of PALC on the same prompts, in the same process,
+    timed back to back in alternating order (`arm_latency` with the two arms)."""
+    lat = arm_latency({"base": lambda: generate(base, None, ids, new_tokens, gamma),
+                       "palc": lambda: generate(base, cal, ids, new_tokens, gamma)},
+                      new_tokens, reps, ids.device, clock)
+    return {"base_s": lat["base_s"], "palc_s": lat["palc_s"], "ratio": lat["palc_ratio"]}
 
 
 def group_by_length(tokenizer: Any, prompts: list[str]) -> list[torch.Tensor]:

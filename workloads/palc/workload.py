@@ -13,13 +13,13 @@ import torch
 from components.basemodel import (
     PromptField, base_world, check_records, load_base, lora, read_records, select, task_problems, with_task_fields,
 )
-from workloads.palc.baselines import args_decode, arm_latency, best_of_n, fit_reward, pooled_features, reward_accuracy
+from workloads.palc.baselines import args_decode, best_of_n, fit_reward, pooled_features, reward_accuracy
 from workloads.palc.data import (
     Pair, file_fields, generation_prompts, gentle_share, make_pairs, pair_batch, pairs_from_records, split_entities,
 )
 from workloads.palc.model import (
-    Calibrator, base_forward, dpo_loss, freeze, generate, group_by_length, latency, logprob_sums, margins, mean_logprob,
-    param_digest, preference_loss,
+    Calibrator, arm_latency, base_forward, dpo_loss, freeze, generate, group_by_length, latency, logprob_sums, margins,
+    mean_logprob, param_digest, preference_loss,
 )
 
 
