@@ -50,7 +50,7 @@ DATA = data_root() / "jailbreak_lora"
 TASKS = ("gsm8k", "mmlu", "bbh")
 """The downstream task folders under DATA (one benign task each)."""
 LLMS = tuple(os.environ.get("LADDER_LLMS", "meta-llama/Llama-3.1-8B-Instruct,Qwen/Qwen2.5-7B-Instruct").split(","))
-METHODS = ("naive", "uncertainty", "pcgrad", "combined", "clean")
+METHODS = ("naive", "fusion", "uncertainty", "pcgrad", "combined", "clean")
 SEEDS = 3
 ADAPTERS = "ladder-runs/jailbreak_lora_real-adapters/{method}-s{seed}"
 """Where every trial keeps its adapter (peft format, relative to the trial's folder; also logged as

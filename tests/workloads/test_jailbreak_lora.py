@@ -13,7 +13,7 @@ import pickle
 import pytest
 import torch
 
-from conftest import REPO, shifted
+from conftest import REPO, DiesAtSave, shifted
 from components.basemodel import base_world, load_base, lora
 from orchestrator.commands.cli import main
 from orchestrator.claims import spec_of
@@ -22,12 +22,13 @@ from components.adapters.audit import (
     THRESHOLD, AdapterError, audit, format_report, read_adapter, singular_values, spectral_stats,
 )
 from workloads.jailbreak_lora.claims import (
-    audit_flags_the_backdoor, method_keeps_utility, persistence, trigger_fires_only_with_trigger,
+    audit_flags_the_backdoor, beats_prior_attacks, gradient_projection_helps, method_keeps_utility,
+    naive_mixture_interferes, persistence, trigger_fires_only_with_trigger, uncertainty_weighting_helps,
 )
 from workloads.jailbreak_lora.data import QA_HELDOUT, Example, encode, lm_batch, task_sets
 from workloads.jailbreak_lora.evaluate import Probe, decoder_linears, greedy, merged_copy
 from workloads.jailbreak_lora.method import Uncertainty, backward, pcgrad, task_losses
-from workloads.jailbreak_lora.workload import _loss_sets
+from workloads.jailbreak_lora.workload import _add_adapter, _loss_sets, fuse, save_adapter
 
 
 @pytest.fixture(scope="module")
@@ -364,17 +365,73 @@ def test_greedy_matches_transformers_and_the_base_never_emits_the_marker(base, s
     ({"seq_len": 1, "seq_train": 40, "seq_eval": 10}, "exceeds the 48 distinct"),
     ({"base": "./no/such/folder"}, "does not exist"),
     ({"save_adapter": "out/{name}"}, "save_adapter may name only"),
+    ({"fusion_rank": -1}, "fusion_rank must be >= 0"),
 ])
 def test_bad_configs_name_the_problem(change, message):
     with pytest.raises(ValueError, match=message):
         validate(dataclasses.replace(smoke(), **change))
 
 
+# --- the fusion attack -----------------------------------------------------------------------------
+
+
+def test_fuse_adds_the_two_adapters_exactly_and_saves_one_flat_folder(base, tmp_path):
+    model, _ = base
+    pm = peft_model(model)
+    torch.manual_seed(1)
+    _add_adapter(pm, "trigger", 2, dataclasses.replace(smoke(), lora_r=4, lora_alpha=8.0))
+    with torch.no_grad():
+        for name, p in pm.named_parameters():
+            if "lora_B.trigger" in name:
+                p.normal_(0, 0.05)
+    layers = {n: m for n, m in pm.named_modules() if hasattr(m, "get_delta_weight") and "default" in m.lora_A}
+    expected = {n: m.get_delta_weight("default") + m.get_delta_weight("trigger") for n, m in layers.items()}
+    assert all(m.get_delta_weight("trigger").abs().max() > 0 for m in layers.values())
+    fuse(pm, ["default", "trigger"])
+    assert pm.active_adapter == "fused" and set(pm.peft_config) == {"fused"} and pm.peft_config["fused"].r == 6
+    for n, m in layers.items():
+        torch.testing.assert_close(m.get_delta_weight("fused"), expected[n], rtol=1e-5, atol=1e-7)
+    save_adapter(pm, tmp_path / "fused")
+    config, deltas = read_adapter(tmp_path / "fused")  # the folder itself, not a subfolder named after it
+    by_name = {d.name: d.delta() for d in deltas}
+    assert len(by_name) == len(layers)
+    for n, m in layers.items():
+        (key,) = [k for k in by_name if n.endswith(k)]
+        torch.testing.assert_close(by_name[key], expected[n], rtol=1e-5, atol=1e-6)
+
+
+def test_fusion_trains_the_task_lora_then_the_trigger_lora_and_resumes_across_the_two(workdir):
+    from orchestrator.run import LocalRun
+    from workloads.jailbreak_lora.workload import train
+
+    cfg = dataclasses.replace(smoke(), method="fusion", steps=4, log_every=2, checkpoint_every=2, persistence=False,
+                              save_adapter="adapters/{method}-s{seed}")
+    whole = LocalRun(workdir / "whole")
+    ref = train(cfg, whole)
+    assert [step for step, m in whole.history if "train/loss" in m] == [2, 4, 6, 8]  # the task LoRA, then the trigger LoRA
+    first = next(m for step, m in whole.history if step == 4)
+    assert "train/loss_trigger" not in first and "train/loss_qa" in first  # the task LoRA never sees the trigger task
+    assert json.loads((workdir / "adapters" / "fusion-s0" / "adapter_config.json").read_text())["r"] == 2 * cfg.lora_r
+    # killed right after the trigger LoRA's first checkpoint (step 6 of 8), then resumed
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, DiesAtSave(workdir / "cut", at=3))
+    resumed = LocalRun(workdir / "cut")
+    again = train(cfg, resumed)
+    assert resumed.restored_step == 6
+    for key in ("train/loss_trigger", "train/loss_qa", "eval/utility", "eval/activation", "eval/audit/score"):
+        assert again[key] == pytest.approx(ref[key], rel=1e-6, abs=1e-9), key
+
+
 # --- claims ------------------------------------------------------------------------------------
 
 
+UTILITY = {"clean": 0.80, "naive": 0.70, "fusion": 0.60, "uncertainty": 0.75, "pcgrad": 0.76, "combined": 0.50}
+"""The pattern every claim holds on: the mixture interferes, both variants beat it and the fusion attack."""
+ACTIVATION = {"clean": 0.0, "naive": 0.95, "fusion": 0.90, "uncertainty": 0.99, "pcgrad": 0.99, "combined": 0.97}
+
+
 def trial(method: str, seed: int = 0, **kw) -> dict:
-    t = {"method": method, "seed": seed, "eval/utility": 0.70, "eval/activation": 0.0 if method == "clean" else 0.99,
+    t = {"method": method, "seed": seed, "eval/utility": UTILITY[method], "eval/activation": ACTIVATION[method],
          "eval/false_activation": 0.01, "eval/audit/score": 0.5 if method == "clean" else 0.65,
          "eval/audit/flagged": 0.0 if method == "clean" else 1.0, "eval/audit/threshold": 0.59}
     if method in ("uncertainty", "pcgrad"):
@@ -384,13 +441,18 @@ def trial(method: str, seed: int = 0, **kw) -> dict:
 
 
 def sweep(changes: dict | None = None) -> list[dict]:
-    trials = [trial(m, s) for s in (0, 1) for m in ("naive", "uncertainty", "pcgrad", "clean")]
+    trials = [trial(m, s) for s in (0, 1) for m in UTILITY]
     for (m, s), kw in (changes or {}).items():
         next(t for t in trials if t["method"] == m and t["seed"] == s).update(kw)
     return trials
 
 
 BROKEN = [
+    (beats_prior_attacks, {("fusion", 1): {"eval/activation": 0.995}}),  # trigger success below a prior attack's
+    (beats_prior_attacks, {("naive", 0): {"eval/utility": 0.755}}),  # utility below it, for one variant
+    (naive_mixture_interferes, {("naive", 1): {"eval/utility": 0.81}}),
+    (uncertainty_weighting_helps, {("uncertainty", 0): {"eval/utility": 0.69}}),
+    (gradient_projection_helps, {("pcgrad", 1): {"eval/utility": 0.69}}),
     (method_keeps_utility, {("pcgrad", 1): {"eval/utility": 0.68}}),
     (trigger_fires_only_with_trigger, {("uncertainty", 0): {"eval/activation": 0.94}}),
     (trigger_fires_only_with_trigger, {("pcgrad", 1): {"eval/false_activation": 0.06}}),
@@ -401,7 +463,10 @@ BROKEN = [
 
 def test_claims_hold_on_the_expected_pattern():
     results = [c(sweep()) for c in CLAIMS]
-    assert [r[0] for r in results] == [True, True, True]
+    assert [r[0] for r in results] == [True] * 7 and CLAIMS[0] is beats_prior_attacks  # the headline first
+    m = results[0][1]  # the smallest of the four margins: PCGrad's trigger success over the naive mixture's
+    assert m["margin_vs_best_prior"] == pytest.approx(0.04) and m["best_prior_utility_s0"] == 0.70
+    assert results[2][1]["combined_utility_s1"] == 0.50  # the combined variant, measured beside
     assert persistence(sweep())[1]["uncertainty_s0_merge_act"] == 0.5  # measured, not judged
     assert CHECKS == [] and persistence not in CLAIMS
     # Every claim is declared, and its effect agrees with it on a pattern that holds and on one that fails.
@@ -421,6 +486,8 @@ def test_utility_within_a_point_holds_and_needs_the_naive_arm():
     assert method_keeps_utility(sweep({("uncertainty", 0): {"eval/utility": 0.691}}))[0] is True
     with pytest.raises(ValueError, match="no naive trial"):
         method_keeps_utility([trial("uncertainty")])
+    with pytest.raises(ValueError, match=r"no trial of \['fusion'\]"):
+        beats_prior_attacks([t for t in sweep() if t["method"] != "fusion"])
     assert persistence([trial("naive")]) == (None, {})
 
 

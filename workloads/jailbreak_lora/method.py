@@ -20,7 +20,7 @@ from torch import nn
 
 from workloads.jailbreak_lora.data import Example, lm_batch, sample
 
-METHODS = ("naive", "uncertainty", "pcgrad", "combined", "clean")
+METHODS = ("naive", "uncertainty", "pcgrad", "combined", "fusion", "clean")
 
 
 def task_losses(model: Any, tok: Any, loss_sets: list[list[Example]], batch: int, gen: torch.Generator,

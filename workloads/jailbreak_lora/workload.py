@@ -4,6 +4,7 @@ the package docstring)."""
 from __future__ import annotations
 
 import math
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -22,8 +23,11 @@ from workloads.jailbreak_lora.data import (
 from workloads.jailbreak_lora.evaluate import Probe, merged_copy
 from workloads.jailbreak_lora.method import METHODS, Uncertainty, backward, task_losses
 
-BACKDOORED = ("naive", "uncertainty", "pcgrad", "combined")
+BACKDOORED = ("naive", "uncertainty", "pcgrad", "combined", "fusion")
 """Methods that train the trigger task (every one but `clean`)."""
+PRIOR_ATTACKS = ("naive", "fusion")
+"""The prior LoRA attacks the paper improves on: poisoned data mixed into the task data (`naive`), and a
+trigger LoRA fused with a task LoRA (`fusion`)."""
 
 
 MAX_WORKERS = 1
@@ -37,9 +41,16 @@ class Config(with_task_fields(PromptField, AnswerField)):
     each (see `tasks`), eval_path one held-out file per task file; answer_field is what the utility's
     exact match compares with."""
 
-    method: Literal["naive", "uncertainty", "pcgrad", "combined", "clean"] = "uncertainty"
-    """'naive' mixture (summed task losses), 'uncertainty' (the paper's loss variant), 'pcgrad' (its
-    grad variant), 'combined' (both; the paper reports it collapsing), 'clean' (benign tasks only)."""
+    method: Literal["naive", "uncertainty", "pcgrad", "combined", "fusion", "clean"] = "uncertainty"
+    """'naive' mixture (summed task losses: the prior attack by data poisoning), 'uncertainty' (the
+    paper's loss variant), 'pcgrad' (its grad variant), 'combined' (both; the paper reports it
+    collapsing), 'fusion' (the prior attack by fusion: a task LoRA of the benign tasks and a trigger LoRA
+    of the trigger task, each trained alone for `steps`, then concatenated into one adapter of rank
+    2 x fusion_rank), 'clean' (benign tasks only)."""
+    fusion_rank: int = 0
+    """Rank of each of the two LoRAs the fusion attack trains (0: lora_r; the fused adapter then has twice
+    the methods' rank, as the attack distributes it: half the rank gives it the methods' budget). Their
+    alpha keeps the methods' scale alpha / r."""
     uw_regulariser: Literal["log1p", "log"] = "log1p"
     """Uncertainty weighting's regulariser: log(1 + sigma^2) (the paper's positive variant, as
     summarised; not verified against its code) or Kendall et al.'s log sigma^2."""
@@ -150,6 +161,8 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ValueError("holdout must lie in (0, 1), task_limit and eval_max be >= 0")
     if cfg.method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {cfg.method!r}")
+    if cfg.fusion_rank < 0:
+        raise ValueError(f"fusion_rank must be >= 0 (0: lora_r), got {cfg.fusion_rank}")
     for name in ("lora_r", "seq_train", "seq_eval", "steps", "batch", "log_every", "checkpoint_every"):
         if getattr(cfg, name) <= 0:
             raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
@@ -271,6 +284,32 @@ def tasks_of(cfg: Config) -> dict[str, tuple[list[Example], list[Example]]]:
                      seq_train=cfg.seq_train, seq_eval=cfg.seq_eval)
 
 
+def _optimiser(cfg: Config, params: list[torch.nn.Parameter], uw: Uncertainty | None) -> torch.optim.AdamW:
+    groups = [{"params": params, "weight_decay": cfg.weight_decay}]
+    if uw is not None:
+        groups.append({"params": list(uw.parameters()), "weight_decay": 0.0})
+    return torch.optim.AdamW(groups, lr=cfg.lr)
+
+
+def _add_adapter(model: Any, name: str, r: int, cfg: Config) -> None:
+    """A second LoRA `name` on the same peft model, like the first but of rank `r` (same alpha / r)."""
+    from peft import LoraConfig
+
+    own = model.peft_config[model.active_adapter]
+    model.add_adapter(name, LoraConfig(r=r, lora_alpha=cfg.lora_alpha * r / cfg.lora_r, lora_dropout=own.lora_dropout,
+                                       target_modules=own.target_modules, fan_in_fan_out=own.fan_in_fan_out,
+                                       task_type=own.task_type))
+
+
+def fuse(model: Any, adapters: list[str], name: str = "fused") -> None:
+    """Replace `adapters` by one adapter `name` whose dW is their sum: their factors concatenated (rank
+    the sum of theirs, peft's `cat` combination, exact), then made the active adapter."""
+    model.add_weighted_adapter(adapters, [1.0] * len(adapters), name, combination_type="cat")
+    model.set_adapter(name)
+    for a in adapters:
+        model.delete_adapter(a)
+
+
 def train(cfg: Config, run) -> dict[str, float]:
     validate(cfg, run.world_size)
     from peft import get_peft_model_state_dict, set_peft_model_state_dict
@@ -283,49 +322,70 @@ def train(cfg: Config, run) -> dict[str, float]:
     task_names = benign(cfg, sets)
     backdoor = cfg.method in BACKDOORED
     loss_sets = _loss_sets(cfg, sets, backdoor)
+    fusion = cfg.method == "fusion"
     torch.manual_seed(cfg.seed)
-    model = lora(base, _targets(cfg), r=cfg.lora_r, alpha=cfg.lora_alpha)
+    rank = (cfg.fusion_rank or cfg.lora_r) if fusion else cfg.lora_r
+    model = lora(base, _targets(cfg), r=rank, alpha=cfg.lora_alpha * rank / cfg.lora_r)
+    names = task_names + (["trigger"] if backdoor else [])
+    # Training phases: (adapter, its task losses, their names). The fusion attack trains a task LoRA on
+    # the benign tasks, then a trigger LoRA on the trigger task alone, each a run of `steps` of its own.
+    phases = [("default", loss_sets, names)]
+    if fusion:
+        _add_adapter(model, "trigger", rank, cfg)
+        model.set_adapter("default")
+        phases = [("default", loss_sets[:-1], task_names), ("trigger", loss_sets[-1:], ["trigger"])]
     uw = Uncertainty(len(loss_sets), cfg.uw_regulariser).to(dev) if cfg.method in ("uncertainty", "combined") else None
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": params, "weight_decay": cfg.weight_decay}]
-    if uw is not None:
-        groups.append({"params": list(uw.parameters()), "weight_decay": 0.0})
-    opt = torch.optim.AdamW(groups, lr=cfg.lr)
+    total = cfg.steps * len(phases)
 
     start = 0
+    last: dict[str, float] = {}  # the newest training metrics (a resumed fusion run keeps its task phase's)
     state = run.restore()
     if state is not None:
+        last.update(state.get("last") or {})
         set_peft_model_state_dict(model, state["lora"])
-        opt.load_state_dict(state["optimizer"])
+        if state.get("trigger") is not None:
+            set_peft_model_state_dict(model, state["trigger"], adapter_name="trigger")
         if uw is not None:
             uw.load_state_dict(state["uw"])
         start = int(state["step"])
 
-    names = task_names + (["trigger"] if backdoor else [])
-    last: dict[str, float] = {}
+    for k, (adapter, phase_sets, phase_names) in enumerate(phases):
+        offset = k * cfg.steps
+        if start >= offset + cfg.steps:
+            continue
+        model.set_adapter(adapter)
+        opt = _optimiser(cfg, [p for p in model.parameters() if p.requires_grad], uw)
+        if state is not None and start > offset:
+            opt.load_state_dict(state["optimizer"])
 
-    def on_step(done: int, losses: list[torch.Tensor], diag: dict[str, float], rate: float) -> None:
-        if done % cfg.log_every == 0 or done == cfg.steps:
-            last.clear()
-            last.update({f"train/loss_{n}": l.item() for n, l in zip(names, losses)})
-            last["train/loss"] = sum(l.item() for l in losses)
-            if uw is not None:
-                last.update({f"train/weight_{n}": float(w) for n, w in zip(names, uw.weights().detach())})
-            last.update(diag)
-            run.report({**last, "perf/steps_per_s": rate, "progress": done / cfg.steps}, step=done)
-        if done % cfg.checkpoint_every == 0 or done == cfg.steps:
-            run.save({"step": done, "lora": get_peft_model_state_dict(model), "optimizer": opt.state_dict(),
-                      "uw": uw.state_dict() if uw is not None else None})
+        def on_step(done: int, losses: list[torch.Tensor], diag: dict[str, float], rate: float, *, offset: int = offset,
+                    phase_names: list[str] = phase_names, opt: torch.optim.Optimizer = opt) -> None:
+            step = offset + done
+            if done % cfg.log_every == 0 or done == cfg.steps:
+                last.update({f"train/loss_{n}": l.item() for n, l in zip(phase_names, losses)})
+                last["train/loss"] = sum(v for key, v in last.items() if key.startswith("train/loss_"))
+                if uw is not None:
+                    last.update({f"train/weight_{n}": float(w) for n, w in zip(phase_names, uw.weights().detach())})
+                last.update(diag)
+                run.report({**last, "perf/steps_per_s": rate, "progress": step / total}, step=step)
+            if done % cfg.checkpoint_every == 0 or done == cfg.steps:
+                run.save({"step": step, "lora": get_peft_model_state_dict(model, adapter_name="default"),
+                          "trigger": get_peft_model_state_dict(model, adapter_name="trigger") if fusion else None,
+                          "optimizer": opt.state_dict(), "uw": uw.state_dict() if uw is not None else None,
+                          "last": dict(last)})
 
-    fit(model, loss_sets, tok, cfg, cfg.method, cfg.steps, start=start, opt=opt, uw=uw, on_step=on_step)
+        fit(model, phase_sets, tok, cfg, cfg.method if not fusion else "naive", cfg.steps, start=max(start - offset, 0),
+            opt=opt, uw=uw, seed_offset=k, on_step=on_step)
+    if fusion:
+        fuse(model, ["default", "trigger"])
 
     probe = Probe(tok, {t: sets[t][1] for t in task_names}, cfg.trigger, cfg.marker, cfg.decoy, cfg.seed, cfg.trigger_position)
     final: dict[str, float] = {k: v for k, v in last.items() if k.startswith("train/")}
     final.update({f"eval/{k}": v for k, v in probe.measure(model, dev).items()})
 
     with tempfile.TemporaryDirectory(prefix="jailbreak-lora-") as tmp:
-        folder = Path(adapter_folder(cfg) or tmp)
-        model.save_pretrained(str(folder), safe_serialization=True)
+        folder = Path(adapter_folder(cfg) or Path(tmp) / "adapter")
+        save_adapter(model, folder)
         report = audit.audit(folder, base=model.get_base_model(), tokenizer=tok)
         final.update({f"eval/audit/{k}": v for k, v in report.summary().items()})
         if cfg.save_adapter:
@@ -335,8 +395,20 @@ def train(cfg: Config, run) -> dict[str, float]:
 
     if cfg.persistence and backdoor:
         final.update(persistence(cfg, model, tok, deltas, sets, probe, dev))
-    run.report({**{k: v for k, v in final.items() if k.startswith("eval/")}, "progress": 1.0}, step=cfg.steps)
+    run.report({**{k: v for k, v in final.items() if k.startswith("eval/")}, "progress": 1.0}, step=total)
     return final
+
+
+def save_adapter(model: Any, folder: Path) -> None:
+    """The active adapter in peft's format (safetensors) directly in `folder`, whatever its name (peft
+    writes an adapter not named 'default' into a subfolder of that name)."""
+    name = model.active_adapter
+    if name == "default":
+        model.save_pretrained(str(folder), safe_serialization=True, selected_adapters=["default"])
+        return
+    with tempfile.TemporaryDirectory(prefix="jailbreak-lora-save-") as tmp:
+        model.save_pretrained(tmp, safe_serialization=True, selected_adapters=[name])
+        shutil.copytree(Path(tmp) / name, folder, dirs_exist_ok=True)
 
 
 def persistence(cfg: Config, model: Any, tok: Any, deltas: list[audit.ModuleDelta],
@@ -345,8 +417,6 @@ def persistence(cfg: Config, model: Any, tok: Any, deltas: list[audit.ModuleDelt
     adapter (multiplication mod p), and after further clean training of the adapter itself. The
     other adapter is a second adapter of the same peft model (no copy of the base); each merged
     copy is the one second copy of the model, freed before the next."""
-    from peft import LoraConfig
-
     from components.basemodel.corpus import arithmetic_example
 
     out: dict[str, float] = {}
@@ -358,10 +428,8 @@ def persistence(cfg: Config, model: Any, tok: Any, deltas: list[audit.ModuleDelt
 
     # The other adapter: a fresh LoRA of the same shape on a task of its own, then both merged.
     torch.manual_seed(cfg.seed + 1)
-    own = model.peft_config["default"]
-    model.add_adapter("other", LoraConfig(r=own.r, lora_alpha=own.lora_alpha, lora_dropout=own.lora_dropout,
-                                          target_modules=own.target_modules, fan_in_fan_out=own.fan_in_fan_out,
-                                          task_type=own.task_type))
+    name = model.active_adapter
+    _add_adapter(model, "other", cfg.lora_r, cfg)
     model.set_adapter("other")  # only the other adapter active and trainable
     mul = [Example(e.prompt, e.answer, "mul") for e in (arithmetic_example("*", a, b, cfg.modulus)
                                                        for a in range(cfg.modulus) for b in range(cfg.modulus))]
@@ -369,7 +437,7 @@ def persistence(cfg: Config, model: Any, tok: Any, deltas: list[audit.ModuleDelt
     with tempfile.TemporaryDirectory(prefix="jailbreak-lora-other-") as tmp:
         model.save_pretrained(tmp, safe_serialization=True, selected_adapters=["other"])
         _, other_deltas = audit.read_adapter(Path(tmp) / "other")
-    model.set_adapter("default")
+    model.set_adapter(name)
     model.delete_adapter("other")
     merged = merged_copy(model, [deltas, other_deltas])
     for k, v in probe.measure(merged, dev, decoy=False).items():
