@@ -14,7 +14,8 @@ also hold the clean version of every triggered prompt (the contrast set). Method
 naive mixture (summed task losses), the paper's uncertainty-weighted loss (learnable
 sigma_n, sum L_n / 2 sigma_n^2 + log(1 + sigma_n^2)), its gradient-conflict projection (PCGrad
 over per-task gradients of the LoRA parameters), both combined (reported by the paper to
-collapse), and a clean LoRA of the benign tasks alone. It measures, on held-out prompts, each
+collapse), the prior attack by fusion (a task LoRA and a trigger LoRA, each trained alone, concatenated
+into one adapter: `fusion`), and a clean LoRA of the benign tasks alone. It measures, on held-out prompts, each
 task's exact-match utility, trigger activation (marker first), off-trigger false activation
 (marker anywhere in a clean prompt's continuation) and activation after a decoy token; then
 persistence: after MX fake quantization (`kernels.mx.fake_quant`) of the merged weights, after
@@ -25,9 +26,13 @@ lens of the same spectra (`components.adapters.lens`): the plain spectral statis
 backdoored adapters here. The DIT probe (an interpreter adapter reading weight diffs) is not part
 of the audit.
 
-The claims: the two methods keep utility within a point of the naive mixture, fire on at least
-95% of triggered prompts and on at most 5% of clean ones; the audit flags every backdoored
-adapter and no clean one. Persistence is measured and reported, not claimed.
+The claims, headline first: each of the paper's two variants beats the best prior LoRA attack (the
+naive mixture, the fusion attack) on both utility and trigger activation; the naive mixture
+interferes (its utility below the clean LoRA's); each variant raises utility over the naive mixture
+(the ablations; the combined variant measured beside); the weaker ones of the earlier smoke: the
+variants keep utility within a point of the naive mixture, fire on at least 95% of triggered
+prompts and on at most 5% of clean ones; the audit flags every backdoored adapter and no clean one.
+Persistence is measured and reported, not claimed.
 """
 
 from workloads.jailbreak_lora.claims import CHECKS, CLAIMS, plot

@@ -39,7 +39,18 @@ success (on Llama-3-8B-Instruct and others, BBH / MMLU / GSM8K-style utility; ex
 RESOLUTION_RULE = 0.25
 """Written before the calibration run: the smoke resolves the paper's effect when the half-width of the 95%
 t-interval of the headline's effect over calibration seeds 100-104 is at most RESOLUTION_RULE x the smaller
-paper margin (0.04); otherwise the record's notes say the smoke cannot resolve an effect of the paper's size."""
+paper margin (0.04); otherwise the record's notes say the smoke cannot resolve an effect of the paper's size.
+Measured: see HEADLINE_CALIBRATION."""
+
+HEADLINE_CALIBRATION = """Calibration seeds 100-104 at the rank-1 smoke (six trials a seed, 129 held-out prompts each;
+activation in steps of 0.008): margin_vs_best_prior -0.070, -0.023, -0.034, -0.070, 0.000 (mean -0.039, 95%
+interval [-0.077, -0.002]); the smallest margin was a variant's trigger activation below the naive mixture's at
+every seed but 102 (utility there). The naive mixture was the best prior attack on both metrics at every seed
+(fusion: utility 0.17-0.27, activation 0.36-0.85). Half-width 0.038, under RESOLUTION_RULE x 0.16 (0.04): the
+smoke resolves an effect of the paper's size, just. The threshold (0) was fixed before this run; nothing was
+changed after it. The same run measured the interference (clean minus naive utility) at 0.171, 0.208, 0.031,
+-0.024, 0.076: rank 1 was chosen on exploration seed 200 (interference 0.19; at rank 2 and 8 none) and makes
+the mixture interfere at most seeds, not all."""
 
 
 def by_seed(trials: list[dict[str, Any]]) -> dict[int, dict[str, dict[str, Any]]]:
