@@ -107,30 +107,31 @@ def beats_prior_attacks(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, f
        threshold_from="ours: 0, the paper's direction, set before any run")
 def naive_mixture_interferes(trials: list[dict[str, Any]]) -> tuple[bool, dict[str, float]]:
     """The naive mixture's mean task utility is below that of a clean LoRA trained on the same benign tasks alone (the interference the paper's method addresses)."""
-    measured: dict[str, float] = {}
-    gaps = []
+    measured = _utility_gap(trials, "clean", "naive", "interference")
     for seed, runs in sorted(by_seed(trials).items()):
-        _pick(runs, seed, ("naive", "clean"))
-        clean, naive = float(runs["clean"]["eval/utility"]), float(runs["naive"]["eval/utility"])
-        measured[f"clean_s{seed}"], measured[f"naive_s{seed}"] = clean, naive
         measured[f"naive_false_s{seed}"] = float(runs["naive"]["eval/false_activation"])
-        gaps.append(clean - naive)
-    measured["interference"] = min(gaps)
     return measured["interference"] >= 0, measured
 
 
-def _ablation(trials: list[dict[str, Any]], variant: str) -> tuple[bool, dict[str, float]]:
+def _utility_gap(trials: list[dict[str, Any]], high: str, low: str, effect: str) -> dict[str, float]:
+    """Each seed's utility of `high` and `low`, and as `effect` the (smallest) difference high - low."""
     measured: dict[str, float] = {}
     gaps = []
     for seed, runs in sorted(by_seed(trials).items()):
-        _pick(runs, seed, (variant, "naive"))
-        gap = float(runs[variant]["eval/utility"]) - float(runs["naive"]["eval/utility"])
-        measured[f"gain_s{seed}"] = gap
-        gaps.append(gap)
+        _pick(runs, seed, (high, low))
+        measured[f"{high}_s{seed}"] = float(runs[high]["eval/utility"])
+        measured[f"{low}_s{seed}"] = float(runs[low]["eval/utility"])
+        gaps.append(measured[f"{high}_s{seed}"] - measured[f"{low}_s{seed}"])
+    measured[effect] = min(gaps)
+    return measured
+
+
+def _ablation(trials: list[dict[str, Any]], variant: str) -> tuple[bool, dict[str, float]]:
+    measured = _utility_gap(trials, variant, "naive", "gain")
+    for seed, runs in sorted(by_seed(trials).items()):
         if "combined" in runs:  # both components at once: measured beside, the paper reports a collapse
             measured[f"combined_utility_s{seed}"] = float(runs["combined"]["eval/utility"])
             measured[f"combined_activation_s{seed}"] = float(runs["combined"]["eval/activation"])
-    measured["gain"] = min(gaps)
     return measured["gain"] >= 0, measured
 
 
