@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -110,11 +111,29 @@ def _child_run(spec: SweepSpec, trial_id: str, cfg: Any, params: Mapping[str, An
     return run_id, None
 
 
+def quiet_exit(hook: Any) -> Any:
+    """`sys.unraisablehook` that drops a SystemExit and passes anything else to `hook`. Ray's SIGTERM
+    handler raises SystemExit in a trial being stopped (Ctrl-C on the sweep); when the signal lands in a
+    finalizer (a weakref callback), Python cannot raise it and prints it as "Exception ignored in ...",
+    with a traceback, into the sweep's console: the process is ending, which is no error."""
+
+    def unraisable(args: Any) -> None:
+        if isinstance(args.exc_value, SystemExit):
+            return
+        hook(args)
+
+    return unraisable
+
+
 def trial_main(config: dict[str, Any], sweep: SweepSpec) -> None:
     """The Tune function trainable."""
     import logging
 
     import ray.tune
+
+    if not getattr(sys.unraisablehook, "_ladder_quiet_exit", False):
+        sys.unraisablehook = quiet_exit(sys.unraisablehook)
+        sys.unraisablehook._ladder_quiet_exit = True  # type: ignore[attr-defined]
 
     # One line per checkpoint per trial drowns the sweep's own console in a large sweep.
     logging.getLogger("ray.train._internal.storage").setLevel(logging.WARNING)

@@ -103,3 +103,33 @@ def test_sigterm_on_a_sweep_driver_ends_it_killed_with_143(workdir):
     assert parent.info.status == "KILLED"
     assert any(r.info.status == "KILLED" and r.data.tags.get("ladder.interrupted") == "true" for r in trials)
     assert not any(r.info.status == "RUNNING" for r in trials)
+
+
+def test_a_stopped_trials_exit_in_a_finalizer_prints_no_traceback():
+    """Ray's SIGTERM handler raises SystemExit; landing in a weakref callback, Python reports it through
+    sys.unraisablehook. The trial's hook drops that one and passes every other exception on."""
+    import sys
+    import weakref
+
+    from orchestrator.sweeps.tune_run import quiet_exit
+
+    seen = []
+    hook = quiet_exit(seen.append)
+
+    class Thing:
+        pass
+
+    for exc in (SystemExit(1), ValueError("a real error")):
+        previous = sys.unraisablehook
+        sys.unraisablehook = hook
+        try:
+            def boom(_ref, exc=exc):
+                raise exc
+
+            obj = Thing()
+            ref = weakref.ref(obj, boom)
+            del obj  # the callback runs here and raises: Python hands it to the hook
+        finally:
+            sys.unraisablehook = previous
+        assert ref() is None
+    assert [type(a.exc_value) for a in seen] == [ValueError]
