@@ -247,10 +247,7 @@ def fit(model: Any, loss_sets: list[list[Example]], tok: Any, cfg: Config, metho
     dev = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
     if opt is None:
-        groups = [{"params": params, "weight_decay": cfg.weight_decay}]
-        if uw is not None:
-            groups.append({"params": list(uw.parameters()), "weight_decay": 0.0})
-        opt = torch.optim.AdamW(groups, lr=cfg.lr)
+        opt = _optimiser(cfg, params, uw)
     model.train()
     window_t, window_n = time.perf_counter(), 0
     ul = tok(" " + cfg.marker, add_special_tokens=False).input_ids[0] if cfg.contrast == "unlikelihood" else None
