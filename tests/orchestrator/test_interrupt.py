@@ -74,7 +74,9 @@ def test_ctrl_c_on_a_sweep_is_recorded_as_an_interruption_and_resume_finishes_it
     assert killed and finished, statuses
     for r in killed:
         assert r.data.tags.get("ladder.interrupted") == "true" and r.data.tags.get("ladder.stopped_early") != "true"
-        assert 0 <= float(r.data.tags["ladder.interrupted_at"]) < 1
+        # 1.0 is a trial whose last step was reported but whose run had not ended when Ctrl-C came:
+        # it is still an interruption (its final metrics were never written), and --resume ends it.
+        assert 0 <= float(r.data.tags["ladder.interrupted_at"]) <= 1
     best = parent.data.tags.get("ladder.best_trial")
     assert best is None or best in finished, (best, statuses)  # an unfinished trial is never the best
     table = {line.split()[0]: line for line in done.stdout.splitlines() if line.split() and line.split()[0] in statuses}
