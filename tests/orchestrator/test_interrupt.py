@@ -14,13 +14,13 @@ import pytest
 from conftest import LADDER, run_cli, wait_for
 from orchestrator.tracking import sink as tracking
 
-# Six synthetic `curves` trials, two at a time; each sleeps a little per step so that a signal
-# lands while some have finished and others still run (the kill point is read from MLflow, not
-# timed). Nothing here trains: the statuses and the exit are what is tested.
+# Six synthetic `curves` trials, two at a time; each sleeps a little per step (6 s a trial) so that
+# a signal lands while some have finished and others still run (the kill point is read from MLflow,
+# not timed). Nothing here trains: the statuses and the exit are what is tested.
 SWEEP = """
 from orchestrator.sweep import Sweep, grid
 sweep = Sweep(name="{name}", workload="curves", base="smoke",
-              overrides={{"steps": 200, "report_every": 10, "checkpoint_every": 50, "step_time_s": 0.01}},
+              overrides={{"steps": 200, "report_every": 10, "checkpoint_every": 50, "step_time_s": 0.03}},
               space={{"lr": grid(0.01, 0.02, 0.004, 0.08, 0.001, 0.1)}}, scheduler="fifo",
               objective=("eval/loss", "min"))
 """
@@ -45,12 +45,16 @@ def _interrupt_mid_sweep(workdir: Path, name: str, sig: int, *, group: bool) -> 
     proc = _start(["sweep", f"{name}.py"], workdir)
 
     def mid_way() -> bool:
+        """A trial has finished and one that started after it is running: that one has a whole trial's
+        steps ahead of it when the signal comes. (The first two trials start together, so the second
+        of them may be a step from its end when the first finishes: a signal then can find nothing
+        left to interrupt.)"""
         try:
             _, trials = _runs(c, name)
         except Exception:  # the store is being created
             return False
-        done = sum(r.info.status == "FINISHED" for r in trials)
-        return done >= 1 and any(r.info.status == "RUNNING" for r in trials)
+        ends = [r.info.end_time for r in trials if r.info.status == "FINISHED" and r.info.end_time]
+        return bool(ends) and any(r.info.status == "RUNNING" and r.info.start_time >= min(ends) for r in trials)
 
     wait_for(mid_way, proc, poll=0.05)
     (os.killpg if group else os.kill)(proc.pid, sig)  # a terminal's Ctrl-C signals the whole group
