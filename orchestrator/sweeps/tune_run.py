@@ -122,6 +122,7 @@ def quiet_exit(hook: Any) -> Any:
             return
         hook(args)
 
+    unraisable.ladder_quiet_exit = True  # type: ignore[attr-defined]
     return unraisable
 
 
@@ -131,9 +132,8 @@ def trial_main(config: dict[str, Any], sweep: SweepSpec) -> None:
 
     import ray.tune
 
-    if not getattr(sys.unraisablehook, "_ladder_quiet_exit", False):
+    if not getattr(sys.unraisablehook, "ladder_quiet_exit", False):  # a reused trial actor has it already
         sys.unraisablehook = quiet_exit(sys.unraisablehook)
-        sys.unraisablehook._ladder_quiet_exit = True  # type: ignore[attr-defined]
 
     # One line per checkpoint per trial drowns the sweep's own console in a large sweep.
     logging.getLogger("ray.train._internal.storage").setLevel(logging.WARNING)

@@ -139,3 +139,5 @@ def test_a_stopped_trials_exit_in_a_finalizer_prints_no_traceback():
             sys.unraisablehook = previous
         assert ref() is None
     assert [type(a.exc_value) for a in seen] == [ValueError]
+    # trial_main wraps the hook once per process: a reused trial actor finds it marked and leaves it be
+    assert hook.ladder_quiet_exit is True and not hasattr(seen.append, "ladder_quiet_exit")
