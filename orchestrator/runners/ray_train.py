@@ -18,14 +18,15 @@ import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Mapping
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from orchestrator.run import checkpoints
 from orchestrator.runners import zero as zero_engine
 from orchestrator.run import check_metrics
 from orchestrator.runners.zero import ZeroSpec
+
+if TYPE_CHECKING:  # torch is imported where a worker uses it: a sweep's driver never trains
+    import torch
 
 
 def forward_to_ray(metrics: Mapping[str, float]) -> bool:
@@ -155,6 +156,8 @@ class RayTrainRun:
         if cpus_per_worker:  # a caller without a TrialSpec (whose `threads` otherwise sets this)
             # Ray caps OMP threads of an actor at its CPU reservation; torch must agree or a
             # 2-CPU worker trains on one thread.
+            import torch
+
             torch.set_num_threads(max(1, int(cpus_per_worker)))
 
     def save(self, state: dict[str, Any]) -> None:

@@ -374,6 +374,12 @@ def local_gpus() -> float:
         return 0.0
 
 
+def gpus_for(sweep: Sweep) -> float:
+    """This machine's GPUs as far as `sweep` needs them: counting them imports torch (seconds of a
+    driver's start-up), which a sweep that asks for none never pays."""
+    return local_gpus() if sweep.gpus_per_worker else 0.0
+
+
 def cluster_capacity() -> tuple[dict[str, float], str]:
     """The most the connected Ray cluster can offer, and where that number comes from: the
     autoscaler's maximum (every node group at its max count) when Ray publishes one, else what
@@ -425,7 +431,7 @@ def concurrency_here(sweep: Sweep) -> tuple[int | None, str]:
     if os.environ.get("RAY_ADDRESS"):
         cap = sweep.max_concurrent or (MODEL_BASED_CONCURRENCY if sweep.model_based else None)
         return cap, "on the cluster at RAY_ADDRESS, if it holds as many"
-    cpus, gpus = local_cpus(), local_gpus()
+    cpus, gpus = local_cpus(), gpus_for(sweep)
     try:
         n = resolve_concurrency(sweep, cpus, gpus, where="this machine (local Ray)")
     except SweepError:
@@ -446,7 +452,7 @@ def launch_problems(sweep: Sweep) -> list[str]:
         problems.append(str(exc))
     if not os.environ.get("RAY_ADDRESS"):
         try:
-            resolve_concurrency(sweep, local_cpus(), local_gpus(), where="this machine (local Ray)")
+            resolve_concurrency(sweep, local_cpus(), gpus_for(sweep), where="this machine (local Ray)")
         except SweepError as exc:
             problems.append(str(exc))
     else:
@@ -494,7 +500,7 @@ def run_sweep(sweep: Sweep, *, resume: bool = False, progress: bool = True, wand
         folder = state_file.parent
         folder.rename(folder.with_name(f"{folder.name}.{previous['sweep_id'][len(sweep.name) + 1:]}"))
     if not os.environ.get("RAY_ADDRESS"):
-        concurrency = resolve_concurrency(sweep, local_cpus(), local_gpus(), where="this machine (local Ray)")
+        concurrency = resolve_concurrency(sweep, local_cpus(), gpus_for(sweep), where="this machine (local Ray)")
     else:
         # The cluster answers and holds a trial before anything is recorded.
         from orchestrator.runners.launch import init_ray
@@ -677,6 +683,44 @@ def _endings_callback() -> Any:
     return Endings()
 
 
+_INTEGRATION_CALLBACKS = ("WandbLoggerCallback", "MLflowLoggerCallback", "CometLoggerCallback", "AimLoggerCallback")
+
+
+def _light_callback_usage_tag() -> None:
+    """Ray Tune records which callback classes a run uses (its usage telemetry) by importing its
+    W&B, MLflow, Comet and Aim integrations to compare classes, and W&B's import alone is over a
+    second of a sweep's start-up, in a sweep that logs nothing to W&B. Record the same tag by the
+    classes' names; once W&B is imported (a sweep with --wandb), Ray's own function runs."""
+    from ray.air._internal import usage
+
+    original = usage.tag_callbacks
+    if getattr(original, "ladder_light", False):
+        return
+
+    def tag_callbacks(callbacks: Any) -> bool:
+        if "wandb" in sys.modules or not callbacks:
+            return original(callbacks)
+        from ray.tune import Callback
+        from ray.tune.logger import LoggerCallback
+        from ray.tune.utils.callback import DEFAULT_CALLBACK_CLASSES
+
+        built_in = set(_INTEGRATION_CALLBACKS) | {cls.__name__ for cls in DEFAULT_CALLBACK_CLASSES}
+        counts: dict[str, int] = {}
+        for callback in callbacks:
+            if not isinstance(callback, Callback):
+                continue
+            name = type(callback).__name__
+            key = name if name in built_in else (
+                "CustomLoggerCallback" if isinstance(callback, LoggerCallback) else "CustomCallback")
+            counts[key] = counts.get(key, 0) + 1
+        if counts:
+            usage.record_extra_usage_tag(usage.TagKey.AIR_CALLBACKS, json.dumps(counts))
+        return True
+
+    tag_callbacks.ladder_light = True  # type: ignore[attr-defined]
+    usage.tag_callbacks = tag_callbacks
+
+
 def _fit(sweep: Sweep, spec: SweepSpec, base: Any, record: dict[str, Any], reference: Any, concurrency: int | None,
          resume: bool, progress: bool, received: list[int]) -> SweepResult:
     from ray import tune
@@ -685,6 +729,7 @@ def _fit(sweep: Sweep, spec: SweepSpec, base: Any, record: dict[str, Any], refer
     from orchestrator.runners.launch import init_ray
 
     metric, mode = sweep.objective
+    _light_callback_usage_tag()
     # Single-worker trials train in the trial: no Ray Train, so no dashboard (its State API).
     init_ray(dashboard=not spec.in_trial)
     scheduler_state = sweep_storage(sweep) / sweep.name / "scheduler.json"
