@@ -402,7 +402,7 @@ def quiet_tune(quiet: bool = True) -> Iterator[None]:
     """Within it, Ray Tune prints nothing of its own (`RunConfig(verbose=0)` alone still prints its
     configuration box, the results folder and a TensorBoard hint): its legacy reporter, which
     `RAY_AIR_NEW_OUTPUT=0` selects, prints nothing at verbosity 0. Tune's result files
-    (result.json, progress.csv, TensorBoard events) are still written."""
+    (result.json, progress.csv) are still written; TensorBoard events are not (MLflow holds the curves)."""
     if not quiet:
         yield
         return

@@ -298,6 +298,9 @@ def init_ray(num_cpus: float | None = None, *, dashboard: bool = True) -> None:
         # address="local": a new Ray of our own, never one that `ray start` left running on this machine.
         # Ray warns at every start of a local Ray that it enabled token authentication by default:
         # here that Ray is ladder's own, bound to 127.0.0.1 and gone with the command.
+        # Ray Train's preemption watcher (an actor per run, a second or two of CPU to start) polls for
+        # nodes being drained; this Ray's one node never is.
+        env.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", os.environ.get("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0"))
         auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
         level = auth_log.level
         auth_log.setLevel(logging.ERROR)

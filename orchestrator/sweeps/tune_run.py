@@ -683,6 +683,31 @@ def _endings_callback() -> Any:
     return Endings()
 
 
+def _result_files() -> list:
+    """Tune's own per-trial result files, result.json and progress.csv (what `ray.tune` users and
+    `ResultGrid` read), without its third default logger, TensorBoard's: its events repeat what
+    MLflow records, and tensorboardX imports torch into the driver (seconds of every sweep's
+    start-up). `_no_tensorboard_logger` keeps Tune from adding it back."""
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
+
+    return [CSVLoggerCallback(), JsonLoggerCallback()]
+
+
+@contextlib.contextmanager
+def _no_tensorboard_logger() -> Iterator[None]:
+    """Tune adds its CSV, JSON and TensorBoard loggers unless told not to: the first two are in the
+    sweep's callbacks (`_result_files`)."""
+    before = os.environ.get("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS")
+    os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", None)
+        else:
+            os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = before
+
+
 _INTEGRATION_CALLBACKS = ("WandbLoggerCallback", "MLflowLoggerCallback", "CometLoggerCallback", "AimLoggerCallback")
 
 
@@ -756,7 +781,7 @@ def _fit(sweep: Sweep, spec: SweepSpec, base: Any, record: dict[str, Any], refer
     tune_path = os.path.join(storage, "tune")
     verbose = spec.verbose
     endings = _endings_callback()
-    callbacks = [endings] + ([_console_callback(sweep, scheduler)] if progress else [])
+    callbacks = [endings] + ([_console_callback(sweep, scheduler)] if progress else []) + _result_files()
     if progress and hasattr(scheduler, "announce"):
         scheduler.announce = False  # the view says why each trial stopped
     journal = Path(storage) / "proposals.jsonl"
@@ -792,7 +817,7 @@ def _fit(sweep: Sweep, spec: SweepSpec, base: Any, record: dict[str, Any], refer
     tune_log.addFilter(hints)
     try:
         # After Ray's start-up, which sets a SIGTERM handler of its own that aborts the driver.
-        with quiet_tune(not verbose), _sigterm_as_sigint(received):
+        with quiet_tune(not verbose), _sigterm_as_sigint(received), _no_tensorboard_logger():
             results = tuner.fit()
     finally:
         tune_log.removeFilter(hints)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -198,3 +199,34 @@ def test_the_options_page_lists_every_option_of_the_code_and_no_other():
     assert listed <= set(expected), f"sections of options the code does not have: {sorted(listed - set(expected))}"
     assert page == markdown(), \
         "docs/sweep-options.md is out of date: python -m orchestrator.sweeps.options_page > docs/sweep-options.md"
+
+
+def test_the_callback_usage_tag_is_rays_own_without_importing_wandb(monkeypatch):
+    """The driver records Ray Tune's callback telemetry by class name (tune_run._light_callback_usage_tag):
+    the tag it records is the one Ray's own function records for the same callbacks."""
+    from ray.air._internal import usage
+    from ray.tune import Callback
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback, LoggerCallback
+
+    from orchestrator.sweeps import tune_run
+
+    class Mine(Callback):
+        pass
+
+    class MyLogger(LoggerCallback):
+        pass
+
+    callbacks = [CSVLoggerCallback(), JsonLoggerCallback(), Mine(), Mine(), MyLogger(), object()]
+    recorded = []
+    monkeypatch.setattr(usage, "record_extra_usage_tag", lambda key, value: recorded.append((key, json.loads(value))))
+    monkeypatch.setattr(usage, "tag_callbacks", usage.tag_callbacks)  # restored after the test
+    rays_own = dict(usage._count_callbacks(callbacks))
+    monkeypatch.delitem(sys.modules, "wandb", raising=False)  # as in a driver that never imported it
+    tune_run._light_callback_usage_tag()
+    assert usage.tag_callbacks.ladder_light
+    assert usage.tag_callbacks(callbacks) is True
+    assert recorded == [(usage.TagKey.AIR_CALLBACKS, rays_own)]
+    assert rays_own == {"CSVLoggerCallback": 1, "JsonLoggerCallback": 1, "CustomCallback": 2, "CustomLoggerCallback": 1}
+    assert "wandb" not in sys.modules
+    assert usage.tag_callbacks([]) is False  # no callbacks: Ray's own answer, nothing recorded
+    assert len(recorded) == 1

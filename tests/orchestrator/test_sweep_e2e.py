@@ -11,6 +11,11 @@ machine, the worse one reached both rungs first once and ran out)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
 from conftest import REPO, run_cli
@@ -98,8 +103,28 @@ def test_a_sweep_with_a_failed_trial_exits_1_naming_it(workdir):
         "sweep = Sweep(name='two', workload='flaky', base='smoke', search='grid',\n"
         "              points=({'broken': False}, {'broken': True}), max_failures=0)\n"
     )
-    out = run_cli(["sweep", "two.py"], workdir, timeout=300)
+    # The command's own process, asked at its exit which heavy packages it imported (DRIVER_MODULES).
+    out = subprocess.run([sys.executable, "-c", DRIVER_MODULES, "sweep", "two.py"], cwd=workdir, capture_output=True,
+                         text=True, timeout=300, env={**os.environ})
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-3000:]
     assert "1 of 2 trials failed after their retries" in out.stderr and "this trial is broken on purpose" in out.stderr, out.stderr[-3000:]
     assert "`ladder sweep two.py --resume` runs them again" in out.stderr
     assert "finished" in out.stdout and "error" in out.stdout  # the table still shows both
+    # A sweep's driver trains nothing and logs nothing to W&B: it imports neither torch nor wandb (Ray
+    # Tune's callback telemetry and its TensorBoard logger would import both), and Tune still writes
+    # its own result files for each trial, TensorBoard's aside.
+    imported = json.loads((workdir / "driver-modules.json").read_text())
+    assert imported == [], f"the sweep's driver imported {imported}"
+    trial_dirs = [p.parent for p in (workdir / "ladder-runs" / "sweeps" / "two" / "tune").glob("*/result.json")]
+    (ran,) = [d for d in trial_dirs if "broken_False" in d.name]
+    assert len(trial_dirs) == 2 and (ran / "progress.csv").is_file(), trial_dirs  # the broken one never reported
+    assert not list((workdir / "ladder-runs" / "sweeps" / "two" / "tune").glob("*/events.out.tfevents*"))
+
+
+DRIVER_MODULES = """
+import atexit, json, sys
+HEAVY = ("torch", "wandb", "tensorboardX")
+atexit.register(lambda: open("driver-modules.json", "w").write(json.dumps([m for m in HEAVY if m in sys.modules])))
+from orchestrator.commands.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
