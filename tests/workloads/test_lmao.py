@@ -1,6 +1,6 @@
 """lmao: the MeZO step (seed replay, the update it makes, its estimate of the gradient), the pass
 counter, the three methods' loops on tiny-local, resumption, bad configs, the claims on synthetic
-trials, and the smoke reproduction."""
+trials, and the smoke reproduction (its arms shortened)."""
 
 from __future__ import annotations
 
@@ -354,12 +354,28 @@ def test_plot_writes_a_png(tmp_path):
 # --- the reproduction ---------------------------------------------------------------------------
 
 
-@pytest.mark.slow
-def test_smoke_reproduction_holds(workdir, tiny_base):
-    from orchestrator.reproduction.reproduce import reproduce
+SHORT_STEPS = 150
+"""The test's reproduction runs the smoke's four arms for this many steps, not its 600: the checks it asserts hold
+by construction at any length (pass counts, base gradients, counted memory), and the one bound on training, LMAO's
+loss below MeZO's, still has a margin at 150 (below); the full smoke is what `ladder reproduce lmao --smoke` runs
+and judges for the report."""
 
-    rep = reproduce("lmao", smoke=True, local=True)
-    assert not rep.failed_trials and len(rep.trials) == 4
+
+@pytest.mark.slow
+def test_smoke_reproduction_holds(workdir, tiny_base, monkeypatch):
+    from orchestrator.reproduction import reproduce as reproduction
+
+    built = reproduction.load_repro
+    full = built("lmao", smoke=True)
+    assert full.overrides["steps"] == 600 and len(full.points) == 4  # what this test shortens
+
+    def shortened(*args, **kwargs):
+        sweep = built(*args, **kwargs)
+        return dataclasses.replace(sweep, overrides={**sweep.overrides, "steps": SHORT_STEPS})
+
+    monkeypatch.setattr(reproduction, "load_repro", shortened)
+    rep = reproduction.reproduce("lmao", smoke=True, local=True)
+    assert not rep.failed_trials and len(rep.trials) == 4 and all(t["steps"] == SHORT_STEPS for t in rep.trials)
     results = {c.name: c for c in rep.outcomes}
     assert {c.name for c in rep.checks} == {"three_forwards_one_backward", "no_base_grad_after_zo", "lmao_memory_below_full_ft"}
     assert rep.outcomes[0].name == "lmao_comparable_to_full_ft"
@@ -369,13 +385,14 @@ def test_smoke_reproduction_holds(workdir, tiny_base):
     assert results["three_forwards_one_backward"].holds, results["three_forwards_one_backward"].measured
     assert results["no_base_grad_after_zo"].holds, results["no_base_grad_after_zo"].measured
     loss = results["lmao_beats_lora_and_mezo"].measured
-    # The first-order half carries most of the progress. margin: mezo_loss - lmao_loss worst 1.69 over
-    # seeds 1-5 (1.69, 2.21, 1.76, 1.88, 2.16) (threshold 1.0)
-    assert loss["lmao_loss"] < loss["mezo_loss"] - 1.0, loss
+    # The first-order half carries most of the progress. margin at 150 steps: mezo_loss - lmao_loss 1.56, 0.89, 0.80,
+    # 1.54 at LADDER_TEST_SEED_SHIFT 0, 7, 10, 20 (threshold 0.4: half the worst measured gap; at the smoke's 600
+    # steps it was worst 1.69 over seeds 1-5, threshold 1.0)
+    assert loss["lmao_loss"] < loss["mezo_loss"] - 0.4, loss
     # lmao_beats_lora_and_mezo itself is judged and reported by `ladder reproduce`, not asserted: at
-    # tiny-local's size the zeroth-order half's gain over LoRA r = 1 is below the run-to-run spread
-    # of the LoRA trajectory (over seeds 0-5 LMAO ended below LoRA in 4 of 6, mean 2.830 vs 2.877,
-    # per-seed differences from -0.36 to +0.21).
+    # tiny-local's size (the smoke's 600 steps) the zeroth-order half's gain over LoRA r = 1 is below the
+    # run-to-run spread of the LoRA trajectory (over seeds 0-5 LMAO ended below LoRA in 4 of 6, mean 2.830 vs
+    # 2.877, per-seed differences from -0.36 to +0.21).
 
 
 # --- task files and a second architecture -------------------------------------------------------

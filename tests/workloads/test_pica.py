@@ -1,5 +1,5 @@
 """pica: the adapter's algebra on tiny-local (projector, merge, span, shared gradient, counts), the
-loop's resumption, bad configs, the claims on synthetic trials, and the smoke reproduction."""
+loop's resumption, bad configs, the claims on synthetic trials, and the smoke reproduction (its arms shortened)."""
 
 from __future__ import annotations
 
@@ -304,13 +304,29 @@ def test_plot_writes_a_png(tmp_path):
 # --- the reproduction ---------------------------------------------------------------------------
 
 
-@pytest.mark.slow
-def test_smoke_reproduction_holds(workdir, tiny_base):
-    from orchestrator.reproduction.reproduce import reproduce
+SHORT_STEPS = 10
+"""The test's reproduction runs the smoke's six arms for this many steps, not its 200: nothing it asserts depends on
+how far the arms train (the exact properties hold for any trained M, the gradient energies are measured on W0
+before the first step, the counts are fixed by the shapes), and the full smoke, whose claims need the 200 steps,
+is what `ladder reproduce pica --smoke` runs and judges for the report."""
 
-    rep = reproduce("pica", smoke=True, local=True)
-    assert not rep.failed_trials
-    # PiCa column, PiCa random, LoRA, DoRA, PiSSA, SVFT at one trial seed (the smoke's replicate)
+
+@pytest.mark.slow
+def test_smoke_reproduction_holds(workdir, tiny_base, monkeypatch):
+    from orchestrator.reproduction import reproduce as reproduction
+
+    built = reproduction.load_repro
+    full = built("pica", smoke=True)
+    assert full.overrides["steps"] == 200 and len(full.points) == 6  # what this test shortens
+
+    def shortened(*args, **kwargs):
+        sweep = built(*args, **kwargs)
+        return dataclasses.replace(sweep, overrides={**sweep.overrides, "steps": SHORT_STEPS})
+
+    monkeypatch.setattr(reproduction, "load_repro", shortened)
+    rep = reproduction.reproduce("pica", smoke=True, local=True)
+    assert not rep.failed_trials and all(t["steps"] == SHORT_STEPS for t in rep.trials)
+    # PiCa column, PiCa random, LoRA, DoRA, PiSSA, SVFT at one trial seed (the smoke's replicate), shortened
     assert sorted(t["method"] for t in rep.trials) == ["dora", "lora", "pica", "pica", "pissa", "svft"]
     results = {c.name: c for c in rep.outcomes}
     assert {c.name for c in rep.checks} >= {"merged_equals_w0_plus_mp", "trainable_count_independent_of_depth"}
@@ -323,9 +339,11 @@ def test_smoke_reproduction_holds(workdir, tiny_base):
     # decides none of them (docs/reproductions.md). Asserted: what the ablation rests on, and the budgets.
     ablation = results["column_beats_random"].measured
     # The column space holds more of dL/dW0 than a random subspace of the same rank (the column's share is fixed by
-    # the base; the random one's varies with the seed). margin: column / random worst 2.56 over single
-    # seeds 100-104 (seed 101) (threshold 2).
-    assert ablation["column_grad_energy"] > 2.0 * ablation["random_grad_energy"], ablation
+    # the base; the random one's varies with the seed; both are measured on W0 before the first step, so the
+    # shortened run measures what the full smoke does). margin: column / random 2.01, 3.02, 2.22, 2.33 at
+    # LADDER_TEST_SEED_SHIFT 0, 7, 10, 20 (worst 2.56 over single seeds 100-104); threshold 1.5: halfway between
+    # chance (1x, a random subspace's own share) and the worst measured (2.01), rounded down to a half.
+    assert ablation["column_grad_energy"] > 1.5 * ablation["random_grad_energy"], ablation
     head = results["pica_beats_best_baseline"].measured
     assert head["pica_trainable"] == 2944 and head["held_out_items"] == 50
     assert {m: head[f"{m}_trainable"] for m in ("lora", "dora", "pissa", "svft")} == {
