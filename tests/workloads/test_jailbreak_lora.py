@@ -1,6 +1,7 @@
 """jailbreak_lora: the tasks and the trigger data, the two optimisation variants against hand
 computations, the adapter audit on real peft folders (safetensors only, pickles refused), merging
-and MX quantization against peft's own merge, bad configs, the claims, and the smoke reproduction."""
+and MX quantization against peft's own merge, bad configs, the claims, and the smoke reproduction (the
+arms no bound reads at full length shortened)."""
 
 from __future__ import annotations
 
@@ -503,12 +504,34 @@ def test_plot_writes_a_png(tmp_path):
 METHODS = ["clean", "combined", "fusion", "naive", "pcgrad", "uncertainty"]
 
 
-@pytest.mark.slow
-def test_smoke_reproduction_holds(workdir):
-    from orchestrator.reproduction.reproduce import reproduce
+NARROW = {"combined": 25, "clean": 125}
+"""Steps of the arms no bound below reads at full length (the smoke trains every arm 250): the combined
+variant (only that it runs, saves and is audited) and the clean LoRA (its activation, 0 at 125 steps at seed
+shifts 0, 7, 10 and 20: it never sees the marker). The persistence phases run 10 steps each instead of 60
+(only their metrics' presence and range are asserted). The four arms the bounds compare (naive, fusion and
+the two variants) keep the smoke's 250 steps: at 125 the variants' activation fell to 0.147 (shift 20) and
+their false activation rose to 0.093 (shift 7), against the bounds 0.5 and 0.1. `ladder reproduce
+jailbreak_lora --smoke` runs the whole smoke and judges the claims for the report."""
 
-    rep = reproduce("jailbreak_lora", smoke=True, local=True)
+
+@pytest.mark.slow
+def test_smoke_reproduction_holds(workdir, monkeypatch):
+    from orchestrator.reproduction import reproduce as reproduction
+
+    built = reproduction.load_repro
+    full = built("jailbreak_lora", smoke=True)
+    assert sorted(p["method"] for p in full.points) == METHODS and full.overrides["steps"] == 250
+
+    def narrowed(*args, **kwargs):
+        sweep = built(*args, **kwargs)
+        points = tuple({**p, "steps": NARROW[p["method"]]} if p["method"] in NARROW else p for p in sweep.points)
+        return dataclasses.replace(sweep, overrides={**sweep.overrides, "clean_steps": 10, "merge_steps": 10},
+                                   points=points)
+
+    monkeypatch.setattr(reproduction, "load_repro", narrowed)
+    rep = reproduction.reproduce("jailbreak_lora", smoke=True, local=True)
     assert not rep.failed_trials and sorted(t["method"] for t in rep.trials) == METHODS
+    assert {t["method"]: int(t["steps"]) for t in rep.trials} == {**{m: 250 for m in METHODS}, **NARROW}
     # the command line, on the trained adapters that save_pretrained wrote, judges each one as the
     # workload's own audit did (exit 1: flagged)
     folders = workdir / "ladder-runs" / "jailbreak_lora-adapters"
