@@ -47,6 +47,8 @@ sweep = Sweep(name="startup", workload="sweep_startup", base="smoke", scheduler=
 # The workload contract, for ladder's arm (`workload="sweep_startup"`, a module path).
 from workloads.curves import Config  # noqa: E402
 
+from sweep_overhead import _TuneRun  # noqa: E402  (benchmarks/ is on the path: this file's folder)
+
 
 def smoke() -> Config:
     from workloads import curves
@@ -72,29 +74,6 @@ def train(cfg: Config, run) -> dict:
             return self.inner.report(metrics, step=step)
 
     return curves.train(cfg, Stamped(run))
-
-
-class _TuneRun:
-    """The least of a `Run` that `curves.train` uses, reporting to Tune."""
-
-    device, rank, world_size = "cpu", 0, 1
-
-    def report(self, metrics: dict, *, step: int) -> None:
-        from ray import tune
-
-        tune.report(dict(metrics))
-
-    def save(self, state: dict) -> None:
-        pass
-
-    def restore(self) -> None:
-        return None
-
-    def prepare(self, model, optimizer):
-        return model, optimizer
-
-    def log_artifact(self, path: str) -> None:
-        pass
 
 
 def _trainable(config: dict) -> None:
