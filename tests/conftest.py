@@ -168,6 +168,22 @@ def judged_claim(fn, trials):
     return holds
 
 
+def narrowed_reproduction(monkeypatch, name: str, narrow):
+    """The smoke reproduction sweep of `name` as it stands, after making every later `load_repro`
+    (the one `reproduce` calls) return `narrow(sweep)`: a dict of Config overrides, or a function of
+    the sweep. A workload test runs the real smoke at a size its mechanisms need, and asserts on the
+    returned sweep what it shortened; `ladder reproduce NAME --smoke` still runs the whole smoke."""
+    import dataclasses
+
+    from orchestrator.reproduction import reproduce as reproduction
+
+    built = reproduction.load_repro
+    change = narrow if callable(narrow) else (
+        lambda sweep: dataclasses.replace(sweep, overrides={**sweep.overrides, **narrow}))
+    monkeypatch.setattr(reproduction, "load_repro", lambda *args, **kwargs: change(built(*args, **kwargs)))
+    return built(name, smoke=True)
+
+
 def run_cli(args: list[str], cwd: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run `ladder ARGS` as a real process in `cwd`."""
     full_env = {**os.environ, **(env or {})}

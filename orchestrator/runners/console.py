@@ -406,12 +406,20 @@ def quiet_tune(quiet: bool = True) -> Iterator[None]:
     if not quiet:
         yield
         return
-    before = os.environ.get("RAY_AIR_NEW_OUTPUT")
-    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    with environ("RAY_AIR_NEW_OUTPUT", "0"):
+        yield
+
+
+@contextlib.contextmanager
+def environ(name: str, value: str) -> Iterator[None]:
+    """The environment variable `name` set to `value` for the block (Ray Tune reads some of its
+    settings from the environment as it runs), and as it was afterwards."""
+    before = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
         if before is None:
-            os.environ.pop("RAY_AIR_NEW_OUTPUT", None)
+            os.environ.pop(name, None)
         else:
-            os.environ["RAY_AIR_NEW_OUTPUT"] = before
+            os.environ[name] = before

@@ -24,7 +24,7 @@ from typing import Any, Iterator, Mapping
 from orchestrator.tracking import outbox, sink as tracking
 from orchestrator.runners import zero
 from orchestrator.runners.config import apply_overrides, to_dict
-from orchestrator.runners.console import quiet_tune, stop_reason
+from orchestrator.runners.console import environ, quiet_tune, stop_reason
 from orchestrator.runners.ray_train import RayReports
 from orchestrator.sweep import MODEL_BASED_CONCURRENCY, Sweep, SweepError
 from orchestrator.sweeps.summary import log_sweep_summary
@@ -687,25 +687,11 @@ def _result_files() -> list:
     """Tune's own per-trial result files, result.json and progress.csv (what `ray.tune` users and
     `ResultGrid` read), without its third default logger, TensorBoard's: its events repeat what
     MLflow records, and tensorboardX imports torch into the driver (seconds of every sweep's
-    start-up). `_no_tensorboard_logger` keeps Tune from adding it back."""
+    start-up). Tune adds all three unless TUNE_DISABLE_AUTO_CALLBACK_LOGGERS is set while it runs
+    (`_fit` sets it)."""
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
     return [CSVLoggerCallback(), JsonLoggerCallback()]
-
-
-@contextlib.contextmanager
-def _no_tensorboard_logger() -> Iterator[None]:
-    """Tune adds its CSV, JSON and TensorBoard loggers unless told not to: the first two are in the
-    sweep's callbacks (`_result_files`)."""
-    before = os.environ.get("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS")
-    os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", None)
-        else:
-            os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = before
 
 
 _INTEGRATION_CALLBACKS = ("WandbLoggerCallback", "MLflowLoggerCallback", "CometLoggerCallback", "AimLoggerCallback")
@@ -817,7 +803,7 @@ def _fit(sweep: Sweep, spec: SweepSpec, base: Any, record: dict[str, Any], refer
     tune_log.addFilter(hints)
     try:
         # After Ray's start-up, which sets a SIGTERM handler of its own that aborts the driver.
-        with quiet_tune(not verbose), _sigterm_as_sigint(received), _no_tensorboard_logger():
+        with quiet_tune(not verbose), _sigterm_as_sigint(received), environ("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1"):
             results = tuner.fit()
     finally:
         tune_log.removeFilter(hints)

@@ -20,7 +20,7 @@ from workloads.frl.losses import cross_scale_loss, rel_mse, spectral_loss
 from workloads.frl.model import CNN, FNO, AlignedConv, FRLSpectralConv, SpectralConv, frequency_channels
 from workloads.frl.transformer import GalerkinAttention, GalerkinTransformer, physical_coordinates
 from workloads.frl.solver import Burgers, NavierStokes2d, burgers_initial, truncate, upsample
-from conftest import assert_claims_hold, judged_claim, shifted
+from conftest import assert_claims_hold, judged_claim, shifted, narrowed_reproduction
 
 TWO_PI = 2 * math.pi
 
@@ -427,15 +427,9 @@ CI_PDES = ("burgers",)
 def test_smoke_reproduction(workdir, monkeypatch):
     from orchestrator.reproduction import reproduce as reproduction
 
-    built = reproduction.load_repro
-    full = built("frl", smoke=True)
+    full = narrowed_reproduction(monkeypatch, "frl", lambda sweep: dataclasses.replace(
+        sweep, points=tuple(p for p in sweep.points if p["pde"] in CI_PDES)))
     assert {p["pde"] for p in full.points} == {"burgers", "navier_stokes"} and full.trial_count() == 8
-
-    def burgers_only(*args, **kwargs):
-        sweep = built(*args, **kwargs)
-        return dataclasses.replace(sweep, points=tuple(p for p in sweep.points if p["pde"] in CI_PDES))
-
-    monkeypatch.setattr(reproduction, "load_repro", burgers_only)
     rep = reproduction.reproduce("frl", smoke=True, local=True)
     assert not rep.failed_trials and len(rep.trials) == 6
     assert {c.name for c in rep.checks} == {c.__name__ for c in C.CHECKS}

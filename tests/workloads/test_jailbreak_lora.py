@@ -14,7 +14,7 @@ import pickle
 import pytest
 import torch
 
-from conftest import REPO, DiesAtSave, shifted
+from conftest import REPO, DiesAtSave, shifted, narrowed_reproduction
 from components.basemodel import base_world, load_base, lora
 from orchestrator.commands.cli import main
 from orchestrator.claims import spec_of
@@ -518,17 +518,13 @@ jailbreak_lora --smoke` runs the whole smoke and judges the claims for the repor
 def test_smoke_reproduction_holds(workdir, monkeypatch):
     from orchestrator.reproduction import reproduce as reproduction
 
-    built = reproduction.load_repro
-    full = built("jailbreak_lora", smoke=True)
-    assert sorted(p["method"] for p in full.points) == METHODS and full.overrides["steps"] == 250
-
-    def narrowed(*args, **kwargs):
-        sweep = built(*args, **kwargs)
+    def narrowed(sweep):
         points = tuple({**p, "steps": NARROW[p["method"]]} if p["method"] in NARROW else p for p in sweep.points)
         return dataclasses.replace(sweep, overrides={**sweep.overrides, "clean_steps": 10, "merge_steps": 10},
                                    points=points)
 
-    monkeypatch.setattr(reproduction, "load_repro", narrowed)
+    full = narrowed_reproduction(monkeypatch, "jailbreak_lora", narrowed)
+    assert sorted(p["method"] for p in full.points) == METHODS and full.overrides["steps"] == 250
     rep = reproduction.reproduce("jailbreak_lora", smoke=True, local=True)
     assert not rep.failed_trials and sorted(t["method"] for t in rep.trials) == METHODS
     assert {t["method"]: int(t["steps"]) for t in rep.trials} == {**{m: 250 for m in METHODS}, **NARROW}

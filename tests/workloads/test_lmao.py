@@ -18,7 +18,7 @@ from workloads.lmao import CHECKS, CLAIMS, Config, plot, smoke, train, validate
 from workloads.lmao import data, memory, zo
 from workloads.lmao.claims import (ACC_TOLERANCE, lmao_beats_lora_and_mezo, lmao_comparable_to_full_ft,
                                    lmao_memory_below_full_ft, no_base_grad_after_zo, three_forwards_one_backward)
-from conftest import DiesAtSave
+from conftest import DiesAtSave, narrowed_reproduction
 
 
 def params(seed: int = 0) -> list[torch.Tensor]:
@@ -365,15 +365,8 @@ and judges for the report."""
 def test_smoke_reproduction_holds(workdir, tiny_base, monkeypatch):
     from orchestrator.reproduction import reproduce as reproduction
 
-    built = reproduction.load_repro
-    full = built("lmao", smoke=True)
+    full = narrowed_reproduction(monkeypatch, "lmao", {"steps": SHORT_STEPS})
     assert full.overrides["steps"] == 600 and len(full.points) == 4  # what this test shortens
-
-    def shortened(*args, **kwargs):
-        sweep = built(*args, **kwargs)
-        return dataclasses.replace(sweep, overrides={**sweep.overrides, "steps": SHORT_STEPS})
-
-    monkeypatch.setattr(reproduction, "load_repro", shortened)
     rep = reproduction.reproduce("lmao", smoke=True, local=True)
     assert not rep.failed_trials and len(rep.trials) == 4 and all(t["steps"] == SHORT_STEPS for t in rep.trials)
     results = {c.name: c for c in rep.outcomes}

@@ -32,7 +32,7 @@ from workloads.mom.claims import (
 from workloads.mom.memory import chunked, load_balancing_loss, recurrent_reference, route
 from workloads.mom.model import LM, MemoryMixer, param_count, state_bytes
 from workloads.mom.workload import build_model, count_params, matched_mlp_hidden, measure_state, memory_numbers
-from conftest import judged_claim, DiesAtSave, assert_claims_hold, shifted
+from conftest import judged_claim, DiesAtSave, assert_claims_hold, shifted, narrowed_reproduction
 from orchestrator.runners.config import ConfigError
 
 f64 = torch.float64
@@ -547,15 +547,8 @@ numbers) and no claim's effect is asserted (see below), only that each is measur
 def test_smoke_reproduction_holds(workdir, monkeypatch):
     from orchestrator.reproduction import reproduce as reproduction
 
-    built = reproduction.load_repro
-    full = built("mom", smoke=True)
+    full = narrowed_reproduction(monkeypatch, "mom", CI_TRAINING)
     assert full.overrides["steps"] > CI_TRAINING["steps"] and full.trial_count() == 6
-
-    def shorter(*args, **kwargs):
-        sweep = built(*args, **kwargs)
-        return dataclasses.replace(sweep, overrides={**sweep.overrides, **CI_TRAINING})
-
-    monkeypatch.setattr(reproduction, "load_repro", shorter)
     rep = reproduction.reproduce("mom", smoke=True, local=True)
     assert not rep.failed_trials
     assert {t["steps"] for t in rep.trials} == {CI_TRAINING["steps"]}  # the narrowed sweep is the one that ran

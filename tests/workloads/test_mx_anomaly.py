@@ -21,7 +21,7 @@ from workloads.mx_anomaly.workload import (
     heldout_loss, lm_recipe, measure_block, narrowed, rel_mse, subnormal_share, synthetic, validate,
 )
 
-from conftest import DiesAtSave, judged_claim, shifted
+from conftest import DiesAtSave, judged_claim, shifted, narrowed_reproduction
 
 
 def test_bad_configs_name_the_fix(tmp_path):
@@ -379,15 +379,8 @@ def test_smoke_reproduction(workdir, tiny_base, monkeypatch):
     from orchestrator.reproduction import reproduce as reproduction
     from orchestrator.reproduction.reproduce import format_claims
 
-    built = reproduction.load_repro
-    full = built("mx_anomaly", smoke=True)
+    full = narrowed_reproduction(monkeypatch, "mx_anomaly", CI_SIZE)
     assert full.overrides["lm_tpp"] > CI_SIZE["lm_tpp"] and full.overrides["eval_tokens"] > CI_SIZE["eval_tokens"]
-
-    def smaller(*args, **kwargs):
-        sweep = built(*args, **kwargs)
-        return dataclasses.replace(sweep, overrides={**sweep.overrides, **CI_SIZE})
-
-    monkeypatch.setattr(reproduction, "load_repro", smaller)
     names = ("unscaled_anomaly", "ue4m3_anomaly", "ue5m3_no_rise", "global_scale_also_removes_it", "ue5m3_matches_global_scale",
              "lm_weight_anomaly", "lm_loss_anomaly")
     # Its own model cache: the trials' curves below (one trains the LM, three read it) need one that

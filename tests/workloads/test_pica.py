@@ -25,7 +25,7 @@ from workloads.pica.claims import (
     shared_gradient_aggregates_layers, trainable_count_independent_of_depth, update_in_span_of_p,
 )
 from workloads.pica.workload import DEPTH_PREFIX, UNSHARED_PREFIX, check_model
-from conftest import DiesAtSave
+from conftest import DiesAtSave, narrowed_reproduction
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "up_proj", "down_proj")
 D_OUT = {"q_proj": 64, "k_proj": 32, "v_proj": 32, "up_proj": 176, "down_proj": 64}  # tiny-local's shapes
@@ -315,15 +315,8 @@ is what `ladder reproduce pica --smoke` runs and judges for the report."""
 def test_smoke_reproduction_holds(workdir, tiny_base, monkeypatch):
     from orchestrator.reproduction import reproduce as reproduction
 
-    built = reproduction.load_repro
-    full = built("pica", smoke=True)
+    full = narrowed_reproduction(monkeypatch, "pica", {"steps": SHORT_STEPS})
     assert full.overrides["steps"] == 200 and len(full.points) == 6  # what this test shortens
-
-    def shortened(*args, **kwargs):
-        sweep = built(*args, **kwargs)
-        return dataclasses.replace(sweep, overrides={**sweep.overrides, "steps": SHORT_STEPS})
-
-    monkeypatch.setattr(reproduction, "load_repro", shortened)
     rep = reproduction.reproduce("pica", smoke=True, local=True)
     assert not rep.failed_trials and all(t["steps"] == SHORT_STEPS for t in rep.trials)
     # PiCa column, PiCa random, LoRA, DoRA, PiSSA, SVFT at one trial seed (the smoke's replicate), shortened
