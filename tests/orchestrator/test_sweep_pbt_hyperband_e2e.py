@@ -199,3 +199,76 @@ def test_pbt_moves_the_worse_trial_onto_the_better_ones_checkpoint_with_mutated_
         else:
             assert b[step] / final_loss(cfg_bad_after) == pytest.approx(g[step] / final_loss(cfg_good), rel=1e-9), step
     assert math.isclose(bad["objective"], b[STEPS]) and tracking.FINAL_TAG in bad_run.data.tags
+
+
+# Ray's `pbt_function.py` shape, ported: a toy score grows by a rate set by the trial's learning rate
+# (plus a `momentum` knob that PBT mutates), and a trial ends as soon as its score passes a bar, as
+# Ray's example ends a trial whose accuracy passed its `done` bar.
+BAR_WORKLOAD = '''
+"""A score that grows each step; the trial ends once it passes `bar` (its own stopping rule)."""
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Config:
+    lr: float = 0.01
+    """The score gains 10 * lr per step."""
+    momentum: float = 0.0
+    """Adds momentum * lr per step (the knob PBT mutates)."""
+    steps: int = 20
+    """Budget in steps."""
+    bar: float = 10.0
+    """The trial ends once its score passes this."""
+
+
+def smoke() -> Config:
+    return Config()
+
+
+def train(cfg: Config, run) -> dict:
+    state = run.restore()
+    step, score = (int(state["step"]), float(state["score"])) if state else (0, 0.0)
+    while step < cfg.steps and score <= cfg.bar:
+        step += 1
+        score += (10.0 + cfg.momentum) * cfg.lr
+        run.report({"train/loss": -score, "eval/score": score, "progress": step / cfg.steps}, step=step)
+        run.save({"step": step, "score": score})
+    return {"eval/score": score}
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_synchronous_pbt_goes_on_when_a_trial_ends_before_the_sync_point(shared):
+    """Ray's default PBT is synchronous: trials wait at each perturbation point for every live
+    trial behind it, and Ray perturbs when the last of them reports there. Here the last trial
+    passes its bar and ends before that point, while the other two wait there; without ladder's
+    release (`Pbt.choose_trial_to_run`) they would wait for ever. One trial runs at a time (2 CPUs
+    each), in the order of `points`."""
+    (shared.work / "bar.py").write_text(BAR_WORKLOAD)
+    sweep = Sweep(name="pbt_bar", workload="bar", base="smoke",
+                  points=({"lr": 0.01}, {"lr": 0.02}, {"lr": 0.2}), space={"momentum": uniform(0.0, 1.0)},
+                  num_samples=1, scheduler="pbt", cpus_per_worker=2.0,
+                  scheduler_options={"mutate": ("momentum",), "perturbation_interval": 0.5},
+                  objective=("eval/score", "max"))
+    result = run_sweep(sweep, progress=False)
+    assert not [t for t in result.trials if t["error"]], result.trials
+    runs = runs_by_trial(shared.client, "pbt_bar")
+    by_lr = {float(runs[t["trial_id"]].data.params["lr"]): t for t in result.trials}
+    slow, mid, fast = by_lr[0.01], by_lr[0.02], by_lr[0.2]
+    # Precondition: the fast trial started only once both others were paused at 50%, and ended below it.
+    c = shared.client
+    fast_run = runs[fast["trial_id"]]
+    for t in (slow, mid):
+        at_sync = [m for m in c.get_metric_history(runs[t["trial_id"]].info.run_id, "progress") if m.value == 0.5]
+        assert at_sync and at_sync[0].timestamp <= fast_run.info.start_time, "the trials did not wait at 50% in order"
+    assert fast["progress"] < 0.5 and fast["state"] == "finished", fast  # 2 or more a step: past 10 by step 6
+    # The two that waited were perturbed at 50% when it ended: the worse (lr 0.01) continued from the
+    # better one's checkpoint of step 10 with momentum mutated, and both ran to the end.
+    assert [slow["state"], mid["state"]] == ["finished", "finished"] and slow["progress"] == mid["progress"] == 1.0
+    exploits = json.loads(runs[slow["trial_id"]].data.tags["ladder.pbt.exploits"])
+    assert len(exploits) == 1 and exploits[0]["from"] == mid["trial_id"], exploits
+    assert exploits[0]["at"] == pytest.approx(0.5) and exploits[0]["from_step"] == 10, exploits
+    assert runs[slow["trial_id"]].data.tags["ladder.restored_step"] == "10"
+    assert slow["params"]["lr"] == 0.02 and 0.0 <= slow["params"]["momentum"] <= 1.0, slow["params"]
+    assert "ladder.pbt.exploits" not in runs[mid["trial_id"]].data.tags

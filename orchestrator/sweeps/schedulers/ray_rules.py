@@ -155,6 +155,38 @@ class Pbt(PopulationBasedTraining):
                 self._next_perturbation_sync = furthest + self._perturbation_interval
         return action
 
+    def choose_trial_to_run(self, tune_controller: Any) -> Any:
+        trial = super().choose_trial_to_run(tune_controller)
+        if trial is None and self._synch and self._waiting_on_nobody(tune_controller):
+            self._perturb_the_waiting(tune_controller)
+            trial = super().choose_trial_to_run(tune_controller)
+        return trial
+
+    def _waiting_on_nobody(self, tune_controller: Any) -> bool:
+        """Every live trial is paused at or past the sync point, so none will report there.
+
+        Ray perturbs the population when the last trial behind the sync point reports at it. A
+        trial that ends before (its own budget, a metric bar it passed, an error) never does: the
+        others, paused at the sync point, would wait for it for ever, and Ray's `choose_trial_to_run`
+        picks only trials behind that point."""
+        live = [t for t in tune_controller.get_live_trials() if t.status != Trial.ERROR]
+        return bool(live) and all(t.status == Trial.PAUSED and t in self._trial_state
+                                  and self._trial_state[t].last_train_time >= self._next_perturbation_sync
+                                  for t in live)
+
+    def _perturb_the_waiting(self, tune_controller: Any) -> None:
+        """What Ray does when the last trial reaches the sync point: the paused trials of the lower
+        quantile exploit those of the upper one, and the next sync point is set."""
+        lower, upper = self._quantiles()
+        waiting = list(tune_controller.get_live_trials())
+        middle = [t for t in waiting if t not in lower and t not in upper]
+        for t in upper + middle + lower:  # the strong saved before the weak copy them, as Ray orders it
+            self._trial_state[t].last_perturbation_time = self._trial_state[t].last_train_time
+            self._checkpoint_or_exploit(t, tune_controller, upper, lower)
+        furthest = max(self._trial_state[t].last_train_time for t in waiting)
+        self._next_perturbation_sync = max(self._next_perturbation_sync + self._perturbation_interval,
+                                           furthest + self._perturbation_interval)
+
     def _get_new_config(self, trial: Any, trial_to_clone: Any) -> tuple[dict, dict]:
         new_config, operations = super()._get_new_config(trial, trial_to_clone)
         source = self._trial_state[trial_to_clone].last_result or {}
