@@ -527,6 +527,8 @@ class Sweep:
                 raise SweepError(
                     "the collapse scheduler needs scheduler_options={'reference': {'experiment': NAME}} naming the "
                     f"MLflow experiment of a finished reference sweep, got {dict(spec)!r}")
+        if self.scheduler in ("asha", "median"):
+            self._check_rung_rule()
         if self.scheduler == "hyperband":
             self._check_hyperband()
         if self.scheduler == "pbt":
@@ -537,6 +539,30 @@ class Sweep:
                 f"{'brackets' if self.scheduler == 'hyperband' else 'population'}), and max_concurrent caps the "
                 "trials Tune creates, paused ones included: leave max_concurrent unset (the trials' CPUs cap how "
                 "many run at once)")
+
+    def _check_rung_rule(self) -> None:
+        """ASHA's and the median rule's options: grace_period is a training fraction (Ray's counts
+        iterations, and Ray refuses one above max_t only once the sweep is running), the counts are
+        whole numbers."""
+        table = ASHA_OPTIONS if self.scheduler == "asha" else MEDIAN_OPTIONS
+        opts = resolved_options(self.scheduler_options, table)
+        owner = f"scheduler={self.scheduler!r}"
+        grace = opts["grace_period"]
+        if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not 0.0 <= grace < 1.0:
+            hint = ""
+            if isinstance(grace, (int, float)) and not isinstance(grace, bool) and grace >= 1:
+                hint = (f": Ray counts grace_period in iterations (reports); ladder's schedulers count training "
+                        f"fractions, so {grace:g} of 100 reports is grace_period={grace / 100:g}")
+            raise SweepError(f"scheduler option grace_period of {owner} is a training fraction in [0, 1) (the default "
+                             f"{table['grace_period'].default:g}: no trial is stopped before 10% of its budget), got "
+                             f"{grace!r}{hint}")
+        for key, least in (("reduction_factor", 2), ("brackets", 1), ("min_samples_required", 1)):
+            if key not in opts:
+                continue
+            value = opts[key]
+            whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+            if isinstance(value, bool) or not whole or value < least:
+                raise SweepError(f"scheduler option {key} of {owner} must be a whole number >= {least}, got {value!r}")
 
     def _check_hyperband(self) -> None:
         opts = resolved_options(self.scheduler_options, HYPERBAND_OPTIONS)
@@ -588,7 +614,12 @@ class Sweep:
                 (low is None and 0.0 <= value <= high) or (low is not None and low < value < high))
             if not ok:
                 bounds = f"in (0, {high:g})" if low is not None else f"in [0, {high:g}]"
-                raise SweepError(f"scheduler option {key} of scheduler='pbt' is a fraction {bounds}, got {value!r}")
+                hint = ""
+                if key in ("perturbation_interval", "burn_in_period") and isinstance(value, (int, float)) \
+                        and not isinstance(value, bool) and value >= 1:
+                    hint = (f": Ray counts {key} in iterations (reports); ladder's PBT counts training fractions, "
+                            f"so {value:g} of 100 reports is {key}={value / 100:g}")
+                raise SweepError(f"scheduler option {key} of scheduler='pbt' is a fraction {bounds}, got {value!r}{hint}")
         factors = opts["perturbation_factors"]
         if (not isinstance(factors, (tuple, list)) or not factors
                 or not all(isinstance(f, (int, float)) and f > 0 for f in factors)):

@@ -31,10 +31,25 @@ def _write(tmp_path: Path, body: str) -> Path:
         ("sweep = Sweep(name='x', workload='celerty_lm')", "Closest match: 'celerity_lm'"),
         ("sweep = Sweep(name='x', workload='celerity_lm', space={'lr': loguniform(0, 1)})", "positive bounds"),
         ("sweep = Sweep(name='x', workload='celerity_lm', objective=('eval/loss', 'lowest'))", "'min' or 'max'"),
+        # Ray's habit: iteration counts where ladder's schedulers take training fractions.
+        ("sweep = Sweep(name='x', workload='celerity_lm', scheduler='asha', scheduler_options={'grace_period': 5})",
+         "grace_period of scheduler='asha' is a training fraction in [0, 1) (the default 0.1: no trial is stopped "
+         "before 10% of its budget), got 5: Ray counts grace_period in iterations (reports); ladder's schedulers "
+         "count training fractions, so 5 of 100 reports is grace_period=0.05"),
+        ("sweep = Sweep(name='x', workload='celerity_lm', scheduler='median', scheduler_options={'grace_period': -0.1})",
+         "grace_period of scheduler='median' is a training fraction in [0, 1)"),
+        ("sweep = Sweep(name='x', workload='celerity_lm', scheduler='asha', scheduler_options={'reduction_factor': 1.5})",
+         "reduction_factor of scheduler='asha' must be a whole number >= 2, got 1.5"),
+        ("sweep = Sweep(name='x', workload='celerity_lm', scheduler='median', "
+         "scheduler_options={'min_samples_required': 0})", "min_samples_required of scheduler='median' must be a whole"),
+        ("sweep = Sweep(name='x', workload='curves', space={'lr': loguniform(1e-3, 1e-1)}, scheduler='pbt', "
+         "scheduler_options={'mutate': ('lr',), 'perturbation_interval': 20})",
+         "Ray counts perturbation_interval in iterations (reports); ladder's PBT counts training fractions, so 20 of "
+         "100 reports is perturbation_interval=0.2"),
     ],
 )
 def test_bad_sweeps_are_refused_with_the_fix(tmp_path, body, expected):
-    with pytest.raises(SweepError, match=expected.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(SweepError, match=re.escape(expected)):
         load_sweep_file(_write(tmp_path, body)).check()
 
 
