@@ -477,10 +477,14 @@ def main(argv: list[str] | None = None) -> int:
     except (registry.UnknownWorkload, ConfigError, ResourceError, UsageError, CheckpointError, TrackingError) as exc:
         print(f"ladder: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         # What was recorded says so (a run ends KILLED); a traceback of where Ctrl-C landed says nothing.
         print(f"ladder: interrupted (ladder {args.command}); what it had recorded is kept, and a run it had open "
               "in MLflow is ended KILLED", file=sys.stderr)
+        resume = getattr(exc, "resume_command", None)
+        if resume:
+            print(f"ladder: the run's folder is {exc.run_dir}; `{resume}` continues it from its last checkpoint",
+                  file=sys.stderr)
         return 128 + signal.SIGINT
 
 

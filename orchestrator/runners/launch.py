@@ -41,6 +41,16 @@ class RunResult:
     history: list[tuple[int, dict[str, float]]] = field(default_factory=list)
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a run: its MLflow run ends KILLED, its folder keeps its record and
+    checkpoints, and `resume_command` continues it."""
+
+    def __init__(self, run_dir: Path, *, local: bool) -> None:
+        super().__init__(str(run_dir))
+        self.run_dir = run_dir
+        self.resume_command = f"ladder run --resume {run_dir}" + (" --local" if local else "")
+
+
 def new_run_dir(workload: str, base: str | os.PathLike | None = None) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return Path(base or os.getcwd()).resolve() / RUNS_DIR / workload / f"{stamp}-{secrets.token_hex(3)}"
@@ -158,8 +168,13 @@ def run_local(
                         wandb={"project": f"ladder-{name}", "name": run_dir.name} if wandb else None,
                         record_final=False, tags={"ladder.world_size": "1", "ladder.backend": "none"})
     started = time.monotonic()
-    metrics, run = run_trial(spec, lambda sinks, _: LocalRun(run_dir, sinks=sinks, identity=spec.identity),
-                             loaded=(workload, cfg))
+    try:
+        metrics, run = run_trial(spec, lambda sinks, _: LocalRun(run_dir, sinks=sinks, identity=spec.identity),
+                                 loaded=(workload, cfg))
+    except KeyboardInterrupt as exc:
+        if isinstance(exc, RunInterrupted):
+            raise
+        raise RunInterrupted(run_dir, local=True) from exc
     return RunResult(name, metrics, run_dir, run_id, uri, time.monotonic() - started, run.history)
 
 
@@ -348,8 +363,13 @@ def run_ray(
     cfg, run_dir, run_id, uri = _prepare(workload, cfg, resume, track, f"ray-train x{workers}", tags or {},
                                          workers=workers)
     started = time.monotonic()
-    with ending_run(run_id, uri=uri, outbox_dir=str(outbox.default_dir())):
-        result = _fit_run(name, cfg, run_dir, run_id, uri, workers, cpus_per_worker, max_failures, progress, wandb)
+    try:
+        with ending_run(run_id, uri=uri, outbox_dir=str(outbox.default_dir())):
+            result = _fit_run(name, cfg, run_dir, run_id, uri, workers, cpus_per_worker, max_failures, progress, wandb)
+    except KeyboardInterrupt as exc:
+        if isinstance(exc, RunInterrupted):
+            raise
+        raise RunInterrupted(run_dir, local=False) from exc
     metrics = dict(result.return_value or {})
     return RunResult(name, metrics, run_dir, run_id, uri, time.monotonic() - started)
 

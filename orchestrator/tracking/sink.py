@@ -8,14 +8,17 @@ points everything at a server instead. Only the driver and rank 0 write.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from orchestrator.tracking.mlflow_store import (  # the store layer, re-exported: callers need only `tracking`
     DEFAULT_ARTIFACTS,
@@ -207,12 +210,39 @@ def start_run(
     return run.info.run_id
 
 
+@contextlib.contextmanager
+def uninterrupted() -> Iterator[None]:
+    """A write to the store that Ctrl-C does not cut in half: a SIGINT that arrives during it is held,
+    and delivered (to whatever handler was installed) once the write is done.
+
+    A KeyboardInterrupt raised inside a SQLite write can leave its connection holding the
+    database's write lock; the run's own end (KILLED) then waited for that lock until SQLite gave
+    up ("database is locked", a minute later). Signals reach only the main thread: elsewhere, and
+    where SIGINT is ignored, this changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if previous in (signal.SIG_IGN, None):
+        yield
+        return
+    held: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if held:
+            signal.raise_signal(signal.SIGINT)
+
+
 def end_run(run_id: str, status: str = "FINISHED", uri: str | None = None, *, outbox_dir: str | os.PathLike | None = None) -> None:
     """Mark the run ended; with `outbox_dir`, an unreachable server gets the status later (`ladder sync`)."""
     from orchestrator.tracking.outbox import guarded
 
     uri = uri or tracking_uri()
-    guarded(outbox_dir, run_id, uri, "end", status, lambda: client(uri).set_terminated(run_id, status=status))
+    with uninterrupted():
+        guarded(outbox_dir, run_id, uri, "end", status, lambda: client(uri).set_terminated(run_id, status=status))
 
 
 def set_tags(run_id: str, tags: Mapping[str, str], uri: str | None = None) -> None:
@@ -235,7 +265,8 @@ def set_final(run_id: str, final: Mapping[str, float], uri: str | None = None, *
         uri = uri or tracking_uri()
         guarded(outbox_dir, run_id, uri, "final", dict(final), lambda: set_final(run_id, final, uri))
         return
-    write_final(client(uri), run_id, final)
+    with uninterrupted():
+        write_final(client(uri), run_id, final)
 
 
 def get_final(run: Any, uri: str | None = None, *, mlflow_client: Any = None) -> dict[str, float] | None:
@@ -391,8 +422,9 @@ class MlflowSink:
     def _send_buffer(self) -> None:
         while self._buffer:
             chunk = self._buffer[:900]
-            self._client.log_batch(self.run_id, metrics=chunk)
-            self._buffer = self._buffer[900:]
+            with uninterrupted():
+                self._client.log_batch(self.run_id, metrics=chunk)
+                self._buffer = self._buffer[900:]
 
     def _spool(self, sync: bool = True) -> None:
         from orchestrator.tracking.outbox import metric_rows
@@ -417,8 +449,9 @@ class MlflowSink:
         from orchestrator.tracking import outbox
 
         def send() -> None:
-            for k, v in tags.items():
-                self._client.set_tag(self.run_id, k, str(v))
+            with uninterrupted():
+                for k, v in tags.items():
+                    self._client.set_tag(self.run_id, k, str(v))
 
         if self._box is None:
             send()

@@ -4,6 +4,7 @@ trials tagged interrupted, a non-zero exit with the resume command), never as a 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -141,3 +142,32 @@ def test_a_stopped_trials_exit_in_a_finalizer_prints_no_traceback():
     assert [type(a.exc_value) for a in seen] == [ValueError]
     # trial_main wraps the hook once per process: a reused trial actor finds it marked and leaves it be
     assert hook.ladder_quiet_exit is True and not hasattr(seen.append, "ladder_quiet_exit")
+
+
+def test_ctrl_c_on_a_local_run_prints_its_folder_and_the_command_that_resumes_it(workdir):
+    """`ladder run` caught by Ctrl-C once it has a checkpoint: exit 130, its MLflow run KILLED, and the
+    printed command (run as printed) continues it from that checkpoint to the end."""
+    proc = _start(["run", "curves", "--smoke", "--local", "--set", "steps=400", "report_every=4",
+                   "checkpoint_every=100", "step_time_s=0.02"], workdir)
+    ckpts = lambda: list(workdir.glob("ladder-runs/curves/*/checkpoints/step-*.pt"))
+    wait_for(lambda: len(ckpts()) >= 1, proc, poll=0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out[-2000:] + err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    (run_dir,) = (workdir / "ladder-runs" / "curves").iterdir()
+    command = f"ladder run --resume {run_dir} --local"
+    assert f"the run's folder is {run_dir}; `{command}` continues it from its last checkpoint" in err, err[-2000:]
+    record = json.loads((run_dir / "run.json").read_text())
+    c = tracking.client(record["tracking_uri"])
+    assert c.get_run(record["mlflow_run_id"]).info.status == "KILLED"
+
+    saved = max(int(p.stem.split("-")[1]) for p in ckpts())
+    again = run_cli(command.split()[1:], workdir, timeout=120)
+    assert again.returncode == 0, again.stderr[-3000:]
+    first = next(line for line in again.stderr.splitlines() if line.startswith("[curves] step"))
+    assert int(first.split()[2].split("/")[0]) > saved >= 100, first  # continued from its checkpoint, not from 0
+    run = c.get_run(record["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    steps = [m.step for m in c.get_metric_history(run.info.run_id, "train/loss")]
+    assert sorted(steps) == list(range(4, 401, 4)), "a step is missing or recorded twice"

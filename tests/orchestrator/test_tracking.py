@@ -163,3 +163,20 @@ def test_experiments_are_of_mlflows_model_training_kind(workdir):
     tracking.start_run("chosen", run_name="r", tags={}, uri=uri)
     assert c.get_experiment(older).tags["mlflow.experimentKind"] == "custom_model_development"
     assert c.get_experiment(chosen).tags["mlflow.experimentKind"] == "genai_development"
+
+
+def test_ctrl_c_during_a_store_write_is_delivered_after_it():
+    """`uninterrupted`: a SIGINT that arrives during a write is held until the write is done, then
+    reaches the handler that was installed (Python's: KeyboardInterrupt), which is restored."""
+    import signal
+
+    before = signal.getsignal(signal.SIGINT)
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with tracking.uninterrupted():
+            signal.raise_signal(signal.SIGINT)
+            done.append("the write went on past the signal")
+    assert done and signal.getsignal(signal.SIGINT) is before
+    with tracking.uninterrupted():  # no signal, nothing raised
+        done.append("a plain write")
+    assert len(done) == 2
