@@ -306,8 +306,57 @@ def contract_checks(module: ModuleType) -> list[tuple[str, str | None]]:
             train_problem = f"`train` has the signature {inspect.signature(train)}; it must take (cfg, run)"
         except ValueError:  # a builtin without a signature: it will tell when called
             pass
+        calls = ray_report_calls(train) if train_problem is None else []
+        if calls:
+            call, line, path = calls[0]
+            train_problem = (f"`train` reports through Ray's `{call}(...)` ({os.path.basename(path)}, line {line}): "
+                             "report through the run instead, run.report(metrics, step=step), which ladder sends to "
+                             "MLflow, the console and Ray's schedulers alike (Ray's report reaches none of them from "
+                             "`ladder run --local`, and a sweep's MLflow run kept only its last point)")
     out.append((CONTRACT_CHECKS[3], train_problem))
     return out
+
+
+RAY_REPORTS = ("tune.report", "train.report", "session.report")
+"""Ray's own report functions, as a Ray Tune or Ray Train loop calls them."""
+
+
+def ray_report_calls(train: Callable[..., Any]) -> list[tuple[str, int, str]]:
+    """Calls of Ray's report functions in the module that defines `train`, read from its source
+    (nothing is run): (the call as written, line, file). A module that never imports ray has none."""
+    try:
+        path = inspect.getsourcefile(train)
+        tree = ast.parse(open(path, encoding="utf-8").read()) if path else None
+    except (TypeError, OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return []
+    if tree is None:
+        return []
+    imported: set[str] = set()  # `from ray.tune import report` and the like: the bare name is Ray's
+    uses_ray = False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(a.name == "ray" or a.name.startswith("ray.") for a in node.names):
+            uses_ray = True
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "ray":
+            uses_ray = True
+            imported.update(a.asname or a.name for a in node.names if a.name == "report")
+    if not uses_ray:
+        return []
+
+    def dotted(node: ast.AST) -> str | None:
+        if isinstance(node, ast.Name):
+            return node.id
+        if isinstance(node, ast.Attribute):
+            head = dotted(node.value)
+            return f"{head}.{node.attr}" if head else None
+        return None
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            name = dotted(node.func)
+            if name and (name.endswith(RAY_REPORTS) or name in imported):
+                found.append((name, node.lineno, path))
+    return sorted(found, key=lambda f: f[1])
 
 
 def contract_problems(module: ModuleType) -> list[str]:

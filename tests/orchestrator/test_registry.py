@@ -155,3 +155,57 @@ def test_a_misspelt_module_path_gets_the_closest_module_of_its_package(tmp_path,
         registry.resolve("mylab_pkgg.sparse_moe")
     with pytest.raises(registry.UnknownWorkload, match="Closest match: 'celerity_lm'"):
         registry.resolve("celerty_lm")
+
+
+RAY_REPORTING = '''
+"""A loop written for Ray Tune: it reports through Ray, not through the run."""
+from dataclasses import dataclass
+
+from ray import tune
+
+
+@dataclass(frozen=True)
+class Config:
+    lr: float = 0.1
+    """Learning rate."""
+
+
+def smoke() -> Config:
+    return Config()
+
+
+def train(cfg: Config, run) -> dict:
+    for step in range(1, 4):
+        tune.report({"eval/loss": 1.0 / step})
+    return {"eval/loss": 1.0 / 3}
+'''
+
+
+def test_a_loop_that_reports_through_ray_is_refused_naming_run_report(tmp_path, monkeypatch, capsys):
+    """Ray's `tune.report` inside `train` bypasses ladder's run (no MLflow curve, nothing under
+    --local): refused when the workload loads, so `ladder sweep --check` and `ladder run` refuse it
+    before anything starts. Calls named like Ray's in a module that never imports ray are not Ray's."""
+    from orchestrator.commands.cli import main
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rg_tune_loop.py").write_text(RAY_REPORTING)
+    with pytest.raises(registry.ContractError, match=r"`train` reports through Ray's `tune.report\(...\)` "
+                                                     r"\(rg_tune_loop.py, line 21\): report through the run instead, "
+                                                     r"run.report\(metrics, step=step\)"):
+        registry.load("rg_tune_loop")
+    (tmp_path / "s.py").write_text("from orchestrator.sweep import Sweep\nsweep = Sweep(name='s', workload='rg_tune_loop')\n")
+    assert main(["sweep", "s.py", "--check"]) == 2
+    assert "run.report(metrics, step=step)" in capsys.readouterr().err
+    assert not (tmp_path / "mlruns.db").exists()
+    for alias in ("from ray.train import report", "from ray.tune import report as rep"):
+        body = RAY_REPORTING.replace("from ray import tune", alias).replace(
+            "tune.report(", "rep(" if "as rep" in alias else "report(")
+        path = tmp_path / "rg_bare.py"
+        path.write_text(body)
+        calls = registry.ray_report_calls(registry.import_workload("rg_bare").train)
+        assert [c[:2] for c in calls] == [("rep" if "as rep" in alias else "report", 21)], (alias, calls)
+        sys.modules.pop("rg_bare", None)
+    plain = RAY_REPORTING.replace("from ray import tune", "import types\ntune = types.SimpleNamespace(report=print)")
+    (tmp_path / "rg_no_ray.py").write_text(plain)
+    assert registry.ray_report_calls(registry.import_workload("rg_no_ray").train) == []

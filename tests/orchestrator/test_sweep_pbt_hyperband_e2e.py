@@ -17,6 +17,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from conftest import run_cli
+
 from orchestrator.sweep import Sweep, SweepError, loguniform, uniform
 from orchestrator.sweeps.tune_run import run_sweep
 from orchestrator.tracking import sink as tracking
@@ -237,38 +239,47 @@ def train(cfg: Config, run) -> dict:
 '''
 
 
+BAR_SWEEP = """
+from orchestrator.sweep import Sweep, uniform
+sweep = Sweep(name="pbt_bar", workload="bar", base="smoke",
+              points=({"lr": 0.01}, {"lr": 0.02}, {"lr": 0.2}), space={"momentum": uniform(0.0, 1.0)},
+              num_samples=1, scheduler="pbt", cpus_per_worker=2.0,
+              scheduler_options={"mutate": ("momentum",), "perturbation_interval": 0.5},
+              objective=("eval/score", "max"))
+"""
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_synchronous_pbt_goes_on_when_a_trial_ends_before_the_sync_point(shared):
+def test_synchronous_pbt_goes_on_when_a_trial_ends_before_the_sync_point(workdir):
     """Ray's default PBT is synchronous: trials wait at each perturbation point for every live
     trial behind it, and Ray perturbs when the last of them reports there. Here the last trial
     passes its bar and ends before that point, while the other two wait there; without ladder's
     release (`Pbt.choose_trial_to_run`) they would wait for ever. One trial runs at a time (2 CPUs
-    each), in the order of `points`."""
-    (shared.work / "bar.py").write_text(BAR_WORKLOAD)
-    sweep = Sweep(name="pbt_bar", workload="bar", base="smoke",
-                  points=({"lr": 0.01}, {"lr": 0.02}, {"lr": 0.2}), space={"momentum": uniform(0.0, 1.0)},
-                  num_samples=1, scheduler="pbt", cpus_per_worker=2.0,
-                  scheduler_options={"mutate": ("momentum",), "perturbation_interval": 0.5},
-                  objective=("eval/score", "max"))
-    result = run_sweep(sweep, progress=False)
-    assert not [t for t in result.trials if t["error"]], result.trials
-    runs = runs_by_trial(shared.client, "pbt_bar")
-    by_lr = {float(runs[t["trial_id"]].data.params["lr"]): t for t in result.trials}
+    each, on a `ladder sweep` of its own), in the order of `points`."""
+    (workdir / "bar.py").write_text(BAR_WORKLOAD)
+    (workdir / "pbt_bar.py").write_text(BAR_SWEEP)
+    out = run_cli(["sweep", "pbt_bar.py"], workdir, timeout=240)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    c = tracking.client(f"sqlite:///{workdir / 'mlruns.db'}")
+    runs = runs_by_trial(c, "pbt_bar")
+    by_lr = {float(r.data.params["lr"]): r for r in runs.values()}
     slow, mid, fast = by_lr[0.01], by_lr[0.02], by_lr[0.2]
+    assert all(r.info.status == "FINISHED" for r in runs.values()) and len(runs) == 3
+
+    def progress(run) -> list:
+        return c.get_metric_history(run.info.run_id, "progress")
+
     # Precondition: the fast trial started only once both others were paused at 50%, and ended below it.
-    c = shared.client
-    fast_run = runs[fast["trial_id"]]
-    for t in (slow, mid):
-        at_sync = [m for m in c.get_metric_history(runs[t["trial_id"]].info.run_id, "progress") if m.value == 0.5]
-        assert at_sync and at_sync[0].timestamp <= fast_run.info.start_time, "the trials did not wait at 50% in order"
-    assert fast["progress"] < 0.5 and fast["state"] == "finished", fast  # 2 or more a step: past 10 by step 6
-    # The two that waited were perturbed at 50% when it ended: the worse (lr 0.01) continued from the
+    for run in (slow, mid):
+        at_sync = [m for m in progress(run) if m.value == 0.5]
+        assert at_sync and at_sync[0].timestamp <= fast.info.start_time, "the trials did not wait at 50% in order"
+    assert max(m.value for m in progress(fast)) < 0.5  # 2 or more a step: past 10 by step 6
+    # The two that waited were perturbed at 50% once it ended: the worse (lr 0.01) continued from the
     # better one's checkpoint of step 10 with momentum mutated, and both ran to the end.
-    assert [slow["state"], mid["state"]] == ["finished", "finished"] and slow["progress"] == mid["progress"] == 1.0
-    exploits = json.loads(runs[slow["trial_id"]].data.tags["ladder.pbt.exploits"])
-    assert len(exploits) == 1 and exploits[0]["from"] == mid["trial_id"], exploits
+    assert max(m.value for m in progress(slow)) == max(m.value for m in progress(mid)) == 1.0
+    exploits = json.loads(slow.data.tags["ladder.pbt.exploits"])
+    assert len(exploits) == 1 and exploits[0]["from"] == mid.data.tags["ladder.trial_id"], exploits
     assert exploits[0]["at"] == pytest.approx(0.5) and exploits[0]["from_step"] == 10, exploits
-    assert runs[slow["trial_id"]].data.tags["ladder.restored_step"] == "10"
-    assert slow["params"]["lr"] == 0.02 and 0.0 <= slow["params"]["momentum"] <= 1.0, slow["params"]
-    assert "ladder.pbt.exploits" not in runs[mid["trial_id"]].data.tags
+    assert 0.0 <= exploits[0]["params"]["momentum"] <= 1.0, exploits
+    assert slow.data.tags["ladder.restored_step"] == "10"
+    assert "ladder.pbt.exploits" not in mid.data.tags and "ladder.pbt.exploits" not in fast.data.tags
