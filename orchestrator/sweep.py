@@ -48,6 +48,7 @@ domains the search cannot use.
 from __future__ import annotations
 
 import json
+import inspect
 import math
 import os
 import random
@@ -628,6 +629,14 @@ class Sweep:
         if self.model_based:
             raise SweepError(f"scheduler='pbt' evolves its population itself and cannot run with search={self.search!r}: "
                              "use search='random' or 'grid' to draw the initial population")
+        train = self.load_workload().train
+        if registry.checkpoint_calls(train) == []:
+            raise SweepError(
+                f"scheduler='pbt' moves the worse trials onto the better ones' checkpoints, and workload "
+                f"{self.workload!r} never calls run.save(state) (read from its source, "
+                f"{os.path.basename(inspect.getsourcefile(train) or '?')}): PBT would exploit nothing and the sweep "
+                "would be a random search. Save the loop's state with run.save at least every perturbation_interval "
+                "of training and restore it with run.restore() (docs/own-workload.md), or use scheduler='asha'")
         if self.workers != 1 or self.gpus_per_worker:
             raise SweepError("scheduler='pbt' runs single-worker CPU trials (workers=1, gpus_per_worker=0): a trial "
                              "of several workers or on GPUs checkpoints through Ray Train, which PBT cannot hand to "

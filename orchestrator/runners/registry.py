@@ -359,6 +359,36 @@ def ray_report_calls(train: Callable[..., Any]) -> list[tuple[str, int, str]]:
     return sorted(found, key=lambda f: f[1])
 
 
+def checkpoint_calls(train: Callable[..., Any]) -> list[tuple[int, str]] | None:
+    """Where the workload saves checkpoints, read from its source (nothing is run): the lines of
+    `run.save(...)` calls (the name of `train`'s run parameter, or `run`) in every Python file of the
+    package that defines `train` (its module alone for a plain module). None when the source
+    cannot be read, so that nothing is judged on it."""
+    try:
+        path = inspect.getsourcefile(train)
+        names = {"run", list(inspect.signature(train).parameters)[1]}
+    except (TypeError, OSError, ValueError, IndexError):
+        return None
+    if not path:
+        return None
+    module = sys.modules.get(getattr(train, "__module__", ""), None)
+    package = getattr(module, "__package__", None)
+    folder = os.path.dirname(path)
+    files = ([os.path.join(root, f) for root, _, fs in os.walk(folder) for f in fs if f.endswith(".py")]
+             if package and os.path.isfile(os.path.join(folder, "__init__.py")) else [path])
+    found = []
+    for file in sorted(files):
+        try:
+            tree = ast.parse(open(file, encoding="utf-8").read())
+        except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+            return None
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "save"
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id in names):
+                found.append((node.lineno, file))
+    return found
+
+
 def contract_problems(module: ModuleType) -> list[str]:
     """What keeps `module` from being a workload, one phrase each (empty when it is one)."""
     return [problem for _, problem in contract_checks(module) if problem and not problem.startswith("no `Config` dataclass")]

@@ -283,3 +283,22 @@ def test_synchronous_pbt_goes_on_when_a_trial_ends_before_the_sync_point(workdir
     assert 0.0 <= exploits[0]["params"]["momentum"] <= 1.0, exploits
     assert slow.data.tags["ladder.restored_step"] == "10"
     assert "ladder.pbt.exploits" not in mid.data.tags and "ladder.pbt.exploits" not in fast.data.tags
+
+
+def test_pbt_on_a_workload_that_never_checkpoints_is_refused_before_anything_starts(workdir, monkeypatch, capsys):
+    """Without checkpoints PBT exploits nothing (a random search that exits 0): refused by `--check`
+    and at launch, before Ray starts, naming run.save. The same loop that saves passes the check."""
+    from orchestrator.commands.cli import main
+
+    monkeypatch.syspath_prepend(str(workdir))
+    (workdir / "bar_nosave.py").write_text(BAR_WORKLOAD.replace('        run.save({"step": step, "score": score})\n', ""))
+    (workdir / "bar_saves.py").write_text(BAR_WORKLOAD)
+    (workdir / "s.py").write_text(BAR_SWEEP.replace('workload="bar"', 'workload="bar_nosave"'))
+    assert main(["sweep", "s.py", "--check"]) == 2
+    err = capsys.readouterr().err
+    assert "workload 'bar_nosave' never calls run.save(state) (read from its source, bar_nosave.py)" in err, err
+    assert not (workdir / "mlruns.db").exists()
+    sweep = Sweep(name="nosave", workload="bar_nosave", base="smoke", space={"momentum": uniform(0.0, 1.0)},
+                  num_samples=2, scheduler="pbt", scheduler_options={"mutate": ("momentum",)})
+    refused(sweep, "PBT would exploit nothing and the sweep would be a random search", workdir, monkeypatch)
+    dataclasses.replace(sweep, workload="bar_saves").check()
