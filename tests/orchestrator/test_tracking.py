@@ -170,13 +170,22 @@ def test_ctrl_c_during_a_store_write_is_delivered_after_it():
     reaches the handler that was installed (Python's: KeyboardInterrupt), which is restored."""
     import signal
 
-    before = signal.getsignal(signal.SIGINT)
-    done = []
-    with pytest.raises(KeyboardInterrupt):
+    # Python's own handler, as a command has it (a pytest-xdist worker ignores SIGINT).
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        done = []
+        with pytest.raises(KeyboardInterrupt):
+            with tracking.uninterrupted():
+                signal.raise_signal(signal.SIGINT)
+                done.append("the write went on past the signal")
+        assert done and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with tracking.uninterrupted():  # no signal, nothing raised
+            done.append("a plain write")
+        assert len(done) == 2
+        # Where SIGINT is ignored, a write changes nothing: the signal stays ignored.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         with tracking.uninterrupted():
             signal.raise_signal(signal.SIGINT)
-            done.append("the write went on past the signal")
-    assert done and signal.getsignal(signal.SIGINT) is before
-    with tracking.uninterrupted():  # no signal, nothing raised
-        done.append("a plain write")
-    assert len(done) == 2
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, outer)
