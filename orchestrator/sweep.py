@@ -530,6 +530,16 @@ class Sweep:
                     f"MLflow experiment of a finished reference sweep, got {dict(spec)!r}")
         if self.scheduler in ("asha", "median"):
             self._check_rung_rule()
+        if self.scheduler != "fifo":
+            train = self.load_workload().train
+            if registry.run_calls(train, "report") == []:
+                raise SweepError(
+                    f"scheduler={self.scheduler!r} decides on the curve each trial reports as it trains, and workload "
+                    f"{self.workload!r} never calls run.report(metrics, step=step) (read from its source, "
+                    f"{os.path.basename(inspect.getsourcefile(train) or '?')}): what train returns reaches no "
+                    "scheduler, so no trial could be compared and the sweep would end with no best. Report the "
+                    f"objective ({self.objective[0]!r}) and 'progress' with run.report as the loop goes "
+                    "(docs/own-workload.md), or use scheduler='fifo'")
         if self.scheduler == "hyperband":
             self._check_hyperband()
         if self.scheduler == "pbt":

@@ -360,33 +360,33 @@ def ray_report_calls(train: Callable[..., Any]) -> list[tuple[str, int, str]]:
 
 
 def checkpoint_calls(train: Callable[..., Any]) -> list[tuple[int, str]] | None:
-    """Where the workload saves checkpoints, read from its source (nothing is run): the lines of
-    `run.save(...)` calls (the name of `train`'s run parameter, or `run`) in every Python file of the
-    package that defines `train` (its module alone for a plain module). None when the source
-    cannot be read, so that nothing is judged on it."""
+    """Where the workload saves checkpoints: `run_calls(train, "save")`."""
+    return run_calls(train, "save")
+
+
+def run_calls(train: Callable[..., Any], method: str) -> list[tuple[int, str]] | None:
+    """Where `train` calls `run.<method>(...)` on its run parameter, read from its source (nothing is
+    run): the lines of those calls. None, so that nothing is judged on it, when the source cannot be
+    read or the run leaves `train`'s hands (passed to another function, stored, returned): the
+    calls may then be anywhere."""
     try:
         path = inspect.getsourcefile(train)
-        names = {"run", list(inspect.signature(train).parameters)[1]}
-    except (TypeError, OSError, ValueError, IndexError):
+        tree = ast.parse(open(path, encoding="utf-8").read()) if path else None
+    except (TypeError, OSError, SyntaxError, ValueError, UnicodeDecodeError):
         return None
-    if not path:
+    name = getattr(train, "__name__", None)
+    fn = next((n for n in (tree.body if tree else []) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+               and n.name == name), None)
+    if fn is None or len(fn.args.args) < 2:
         return None
-    module = sys.modules.get(getattr(train, "__module__", ""), None)
-    package = getattr(module, "__package__", None)
-    folder = os.path.dirname(path)
-    files = ([os.path.join(root, f) for root, _, fs in os.walk(folder) for f in fs if f.endswith(".py")]
-             if package and os.path.isfile(os.path.join(folder, "__init__.py")) else [path])
-    found = []
-    for file in sorted(files):
-        try:
-            tree = ast.parse(open(file, encoding="utf-8").read())
-        except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
-            return None
-        for node in ast.walk(tree):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "save"
-                    and isinstance(node.func.value, ast.Name) and node.func.value.id in names):
-                found.append((node.lineno, file))
-    return found
+    param = fn.args.args[1].arg
+    receivers = {id(n.value) for n in ast.walk(fn) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
+    uses = [n for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id == param]
+    if any(id(n) not in receivers for n in uses):
+        return None  # the run goes elsewhere (a helper, a closure's argument, an attribute)
+    return [(n.lineno, path) for n in ast.walk(fn)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == method
+            and isinstance(n.func.value, ast.Name) and n.func.value.id == param]
 
 
 def contract_problems(module: ModuleType) -> list[str]:

@@ -302,3 +302,32 @@ def test_pbt_on_a_workload_that_never_checkpoints_is_refused_before_anything_sta
                   num_samples=2, scheduler="pbt", scheduler_options={"mutate": ("momentum",)})
     refused(sweep, "PBT would exploit nothing and the sweep would be a random search", workdir, monkeypatch)
     dataclasses.replace(sweep, workload="bar_saves").check()
+
+
+def test_a_scheduler_on_a_loop_that_only_returns_its_objective_is_refused(workdir, monkeypatch, capsys):
+    """A loop that never calls run.report gives a scheduler no curve (every trial looked stopped, and
+    the sweep had no best): refused for every scheduler but fifo, before anything starts. A loop
+    that hands its run to a helper is not judged (the calls may be there)."""
+    from orchestrator.commands.cli import main
+    from orchestrator.runners import registry
+
+    monkeypatch.syspath_prepend(str(workdir))
+    returns_only = BAR_WORKLOAD.replace(
+        '        run.report({"train/loss": -score, "eval/score": score, "progress": step / cfg.steps}, step=step)\n', "")
+    (workdir / "bar_returns.py").write_text(returns_only)
+    (workdir / "s.py").write_text("from orchestrator.sweep import Sweep, loguniform\n"
+                                  "sweep = Sweep(name='r', workload='bar_returns', space={'lr': loguniform(1e-3, 1e-1)},\n"
+                                  "              num_samples=4, scheduler='asha', objective=('eval/score', 'max'))\n")
+    assert main(["sweep", "s.py", "--check"]) == 2
+    err = capsys.readouterr().err
+    assert ("scheduler='asha' decides on the curve each trial reports as it trains, and workload 'bar_returns' never "
+            "calls run.report(metrics, step=step) (read from its source, bar_returns.py)") in err, err
+    assert not (workdir / "mlruns.db").exists()
+    fifo = Sweep(name="r", workload="bar_returns", space={"lr": loguniform(1e-3, 1e-1)}, num_samples=2)
+    fifo.check()  # fifo needs no curve
+    helper = BAR_WORKLOAD.replace("def train(cfg: Config, run) -> dict:\n", "def train(cfg: Config, run) -> dict:\n"
+                                  "    return _loop(cfg, run)\n\n\ndef _loop(cfg, run):\n")
+    (workdir / "bar_helper.py").write_text(helper)
+    assert registry.run_calls(registry.import_workload("bar_helper").train, "report") is None
+    (workdir / "bar_plain.py").write_text(BAR_WORKLOAD)
+    assert [line for line, _ in registry.run_calls(registry.import_workload("bar_plain").train, "report")] == [28]
