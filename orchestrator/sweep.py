@@ -531,15 +531,7 @@ class Sweep:
         if self.scheduler in ("asha", "median"):
             self._check_rung_rule()
         if self.scheduler != "fifo":
-            train = self.load_workload().train
-            if registry.run_calls(train, "report") == []:
-                raise SweepError(
-                    f"scheduler={self.scheduler!r} decides on the curve each trial reports as it trains, and workload "
-                    f"{self.workload!r} never calls run.report(metrics, step=step) (read from its source, "
-                    f"{os.path.basename(inspect.getsourcefile(train) or '?')}): what train returns reaches no "
-                    "scheduler, so no trial could be compared and the sweep would end with no best. Report the "
-                    f"objective ({self.objective[0]!r}) and 'progress' with run.report as the loop goes "
-                    "(docs/own-workload.md), or use scheduler='fifo'")
+            self._check_loop_feeds_the_scheduler()
         if self.scheduler == "hyperband":
             self._check_hyperband()
         if self.scheduler == "pbt":
@@ -550,6 +542,26 @@ class Sweep:
                 f"{'brackets' if self.scheduler == 'hyperband' else 'population'}), and max_concurrent caps the "
                 "trials Tune creates, paused ones included: leave max_concurrent unset (the trials' CPUs cap how "
                 "many run at once)")
+
+    def _check_loop_feeds_the_scheduler(self) -> None:
+        """The workload's loop, read from its source (`registry.run_calls`), gives the scheduler what
+        it decides on: a curve (run.report) for every scheduler, checkpoints (run.save) for PBT. A
+        loop that hands its run to a helper is not judged."""
+        train = self.load_workload().train
+        where = f"read from its source, {os.path.basename(inspect.getsourcefile(train) or '?')}"
+        if registry.run_calls(train, "report") == []:
+            raise SweepError(
+                f"scheduler={self.scheduler!r} decides on the curve each trial reports as it trains, and workload "
+                f"{self.workload!r} never calls run.report(metrics, step=step) ({where}): what train returns "
+                "reaches no scheduler, so no trial could be compared and the sweep would end with no best. Report "
+                f"the objective ({self.objective[0]!r}) and 'progress' with run.report as the loop goes "
+                "(docs/own-workload.md), or use scheduler='fifo'")
+        if self.scheduler == "pbt" and registry.run_calls(train, "save") == []:
+            raise SweepError(
+                f"scheduler='pbt' moves the worse trials onto the better ones' checkpoints, and workload "
+                f"{self.workload!r} never calls run.save(state) ({where}): PBT would exploit nothing and the sweep "
+                "would be a random search. Save the loop's state with run.save at least every perturbation_interval "
+                "of training and restore it with run.restore() (docs/own-workload.md), or use scheduler='asha'")
 
     def _check_rung_rule(self) -> None:
         """ASHA's and the median rule's options: grace_period is a training fraction (Ray's counts
@@ -639,14 +651,6 @@ class Sweep:
         if self.model_based:
             raise SweepError(f"scheduler='pbt' evolves its population itself and cannot run with search={self.search!r}: "
                              "use search='random' or 'grid' to draw the initial population")
-        train = self.load_workload().train
-        if registry.checkpoint_calls(train) == []:
-            raise SweepError(
-                f"scheduler='pbt' moves the worse trials onto the better ones' checkpoints, and workload "
-                f"{self.workload!r} never calls run.save(state) (read from its source, "
-                f"{os.path.basename(inspect.getsourcefile(train) or '?')}): PBT would exploit nothing and the sweep "
-                "would be a random search. Save the loop's state with run.save at least every perturbation_interval "
-                "of training and restore it with run.restore() (docs/own-workload.md), or use scheduler='asha'")
         if self.workers != 1 or self.gpus_per_worker:
             raise SweepError("scheduler='pbt' runs single-worker CPU trials (workers=1, gpus_per_worker=0): a trial "
                              "of several workers or on GPUs checkpoints through Ray Train, which PBT cannot hand to "

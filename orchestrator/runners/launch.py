@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import logging
+import contextlib
 import os
 import secrets
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from orchestrator.runners import registry
 from orchestrator.run import checkpoints
@@ -49,6 +50,17 @@ class RunInterrupted(KeyboardInterrupt):
         super().__init__(str(run_dir))
         self.run_dir = run_dir
         self.resume_command = f"ladder run --resume {run_dir}" + (" --local" if local else "")
+
+    @classmethod
+    @contextlib.contextmanager
+    def naming(cls, run_dir: Path, *, local: bool) -> Iterator[None]:
+        """A Ctrl-C inside becomes a RunInterrupted naming `run_dir`."""
+        try:
+            yield
+        except KeyboardInterrupt as exc:
+            if isinstance(exc, cls):
+                raise
+            raise cls(run_dir, local=local) from exc
 
 
 def new_run_dir(workload: str, base: str | os.PathLike | None = None) -> Path:
@@ -168,13 +180,9 @@ def run_local(
                         wandb={"project": f"ladder-{name}", "name": run_dir.name} if wandb else None,
                         record_final=False, tags={"ladder.world_size": "1", "ladder.backend": "none"})
     started = time.monotonic()
-    try:
+    with RunInterrupted.naming(run_dir, local=True):
         metrics, run = run_trial(spec, lambda sinks, _: LocalRun(run_dir, sinks=sinks, identity=spec.identity),
                                  loaded=(workload, cfg))
-    except KeyboardInterrupt as exc:
-        if isinstance(exc, RunInterrupted):
-            raise
-        raise RunInterrupted(run_dir, local=True) from exc
     return RunResult(name, metrics, run_dir, run_id, uri, time.monotonic() - started, run.history)
 
 
@@ -363,13 +371,8 @@ def run_ray(
     cfg, run_dir, run_id, uri = _prepare(workload, cfg, resume, track, f"ray-train x{workers}", tags or {},
                                          workers=workers)
     started = time.monotonic()
-    try:
-        with ending_run(run_id, uri=uri, outbox_dir=str(outbox.default_dir())):
-            result = _fit_run(name, cfg, run_dir, run_id, uri, workers, cpus_per_worker, max_failures, progress, wandb)
-    except KeyboardInterrupt as exc:
-        if isinstance(exc, RunInterrupted):
-            raise
-        raise RunInterrupted(run_dir, local=False) from exc
+    with RunInterrupted.naming(run_dir, local=False), ending_run(run_id, uri=uri, outbox_dir=str(outbox.default_dir())):
+        result = _fit_run(name, cfg, run_dir, run_id, uri, workers, cpus_per_worker, max_failures, progress, wandb)
     metrics = dict(result.return_value or {})
     return RunResult(name, metrics, run_dir, run_id, uri, time.monotonic() - started)
 

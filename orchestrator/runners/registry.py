@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import importlib
 import importlib.metadata
 import importlib.util
@@ -321,16 +322,34 @@ RAY_REPORTS = ("tune.report", "train.report", "session.report")
 """Ray's own report functions, as a Ray Tune or Ray Train loop calls them."""
 
 
+@functools.lru_cache(maxsize=64)
+def _parsed(path: str, stamp: tuple[int, int]) -> ast.Module | None:
+    """The syntax tree of the file at `path` (`stamp`: its mtime and size, so an edited file is read again)."""
+    try:
+        return ast.parse(open(path, encoding="utf-8").read())
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def source_tree(fn: Callable[..., Any]) -> tuple[str, ast.Module] | None:
+    """(file, syntax tree) of the module that defines `fn`, read once per version of the file;
+    None when its source cannot be read."""
+    try:
+        path = inspect.getsourcefile(fn)
+        st = os.stat(path) if path else None
+    except (TypeError, OSError):
+        return None
+    tree = _parsed(path, (st.st_mtime_ns, st.st_size)) if st else None
+    return (path, tree) if tree is not None else None
+
+
 def ray_report_calls(train: Callable[..., Any]) -> list[tuple[str, int, str]]:
     """Calls of Ray's report functions in the module that defines `train`, read from its source
     (nothing is run): (the call as written, line, file). A module that never imports ray has none."""
-    try:
-        path = inspect.getsourcefile(train)
-        tree = ast.parse(open(path, encoding="utf-8").read()) if path else None
-    except (TypeError, OSError, SyntaxError, ValueError, UnicodeDecodeError):
+    source = source_tree(train)
+    if source is None:
         return []
-    if tree is None:
-        return []
+    path, tree = source
     imported: set[str] = set()  # `from ray.tune import report` and the like: the bare name is Ray's
     uses_ray = False
     for node in ast.walk(tree):
@@ -359,23 +378,14 @@ def ray_report_calls(train: Callable[..., Any]) -> list[tuple[str, int, str]]:
     return sorted(found, key=lambda f: f[1])
 
 
-def checkpoint_calls(train: Callable[..., Any]) -> list[tuple[int, str]] | None:
-    """Where the workload saves checkpoints: `run_calls(train, "save")`."""
-    return run_calls(train, "save")
-
-
-def run_calls(train: Callable[..., Any], method: str) -> list[tuple[int, str]] | None:
-    """Where `train` calls `run.<method>(...)` on its run parameter, read from its source (nothing is
-    run): the lines of those calls. None, so that nothing is judged on it, when the source cannot be
-    read or the run leaves `train`'s hands (passed to another function, stored, returned): the
-    calls may then be anywhere."""
-    try:
-        path = inspect.getsourcefile(train)
-        tree = ast.parse(open(path, encoding="utf-8").read()) if path else None
-    except (TypeError, OSError, SyntaxError, ValueError, UnicodeDecodeError):
-        return None
+def run_calls(train: Callable[..., Any], method: str) -> list[int] | None:
+    """The lines where `train` calls `run.<method>(...)` on its run parameter, read from its source
+    (nothing is run). None, so that nothing is judged on it, when the source cannot be read or the
+    run leaves `train`'s hands (passed to another function, stored, returned): the calls may then
+    be anywhere."""
+    source = source_tree(train)
     name = getattr(train, "__name__", None)
-    fn = next((n for n in (tree.body if tree else []) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+    fn = next((n for n in (source[1].body if source else []) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
                and n.name == name), None)
     if fn is None or len(fn.args.args) < 2:
         return None
@@ -384,7 +394,7 @@ def run_calls(train: Callable[..., Any], method: str) -> list[tuple[int, str]] |
     uses = [n for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id == param]
     if any(id(n) not in receivers for n in uses):
         return None  # the run goes elsewhere (a helper, a closure's argument, an attribute)
-    return [(n.lineno, path) for n in ast.walk(fn)
+    return [n.lineno for n in ast.walk(fn)
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == method
             and isinstance(n.func.value, ast.Name) and n.func.value.id == param]
 
