@@ -332,16 +332,26 @@ def losses_finite(trials):
 '''
 
 
-def wait_for(predicate, proc: subprocess.Popen, timeout: float = 240.0, poll: float = 0.1) -> None:
+def wait_for(predicate, proc: subprocess.Popen, timeout: float = 240.0, poll: float = 0.1,
+             frozen: bool = False) -> None:
     """Poll `predicate` until it holds (a kill point). The process ending first fails the test with
-    the end of its output; so does the timeout, after killing its process group."""
+    the end of its output; so does the timeout, after killing its process group.
+
+    frozen: return with the process group stopped (SIGSTOP) and the predicate true while stopped,
+    so that nothing the group writes between the look and the caller's SIGKILL can undo the kill
+    point. A predicate that no longer holds once the group is stopped lets it go on (SIGCONT)."""
     import signal
     import time
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
-            return
+            if not frozen:
+                return
+            os.killpg(proc.pid, signal.SIGSTOP)
+            if predicate():
+                return
+            os.killpg(proc.pid, signal.SIGCONT)
         if proc.poll() is not None:
             raise AssertionError("the process ended before the kill point:\n" + (proc.stdout.read()[-3000:] if proc.stdout else ""))
         time.sleep(poll)

@@ -165,7 +165,7 @@ def test_killed_tpe_sweep_resumes_with_its_study(shared):
 
     proc = subprocess.Popen(LADDER + ["sweep", str(path)], cwd=shared.work, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wait_for(kill_point, proc, poll=0.02)
+    wait_for(kill_point, proc, poll=0.02, frozen=True)  # Tune must not save the searcher after the look
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     at_death = saved_search(folder)
