@@ -101,8 +101,10 @@ def _normalised(emb: torch.Tensor, norm: torch.nn.Module | None) -> torch.Tensor
 
 @torch.no_grad()
 def token_lens(base: Any, tokenizer: Any, deltas: list[ModuleDelta]) -> Lens:
-    """The read and write z-scores of every token for the adapter `deltas` on `base`."""
+    """The read and write z-scores of every token for the adapter `deltas` on `base`, computed on
+    the device `base` is on (the deltas, read from the adapter's files, are moved there)."""
     emb = base.get_input_embeddings().weight.detach().float()  # [V, H]
+    device = emb.device
     unemb = base.get_output_embeddings().weight.detach().float()  # [V, H]
     vocab = min(emb.shape[0], unemb.shape[0])
     emb, unemb = emb[:vocab], unemb[:vocab]
@@ -113,12 +115,12 @@ def token_lens(base: Any, tokenizer: Any, deltas: list[ModuleDelta]) -> Lens:
     g_final = final.weight.detach().float() if final is not None and hasattr(final, "weight") else None
     if g_final is None:
         notes.append("no final norm found: the write lens uses the unembedding alone")
-        g_final = torch.ones(unemb.shape[1])
-    read = torch.full((vocab,), float("-inf"))
-    write = torch.full((vocab,), float("-inf"))
+        g_final = torch.ones(unemb.shape[1], device=device)
+    read = torch.full((vocab,), float("-inf"), device=device)
+    write = torch.full((vocab,), float("-inf"), device=device)
     for d in deltas:
         kind = d.name.rsplit(".", 1)[-1]
-        a, b = d.a.float(), d.b.float()
+        a, b = d.a.to(device).float(), d.b.to(device).float()
         if kind in READ_TYPES and _layer_index(d.name) == 0:
             block = d.name.rsplit(".", 2)[0]  # model.layers.0, transformer.h.0
             part = "attn" if ".self_attn." in d.name or ".attn." in d.name else "mlp"

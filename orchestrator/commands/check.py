@@ -86,6 +86,8 @@ class Report:
     workload: str
     results: list[Result] = field(default_factory=list)
     wall_s: float = 0.0
+    device: str = ""
+    """Where `ladder run --local` would train this workload here (`devices.describe`)."""
 
     @property
     def ok(self) -> bool:
@@ -209,12 +211,68 @@ def default_objective(name: str) -> str:
     return "eval/loss"
 
 
+PLACEMENT_CHECK = "tensors stay on run.device"
+
+
+class Placement:
+    """The smoke runs of `check`, on the stand-in device of `orchestrator.run.placement` under its
+    check, until one mixes a tensor on run.device with one left on the CPU: that run is made again
+    on the plain CPU (from a copy of its folder, for a restart) and the rest train there."""
+
+    def __init__(self) -> None:
+        self.problem: str | None = None
+        self.ops = 0
+        self.runs = 0
+
+    def train(self, workload: registry.Workload, cfg: Any, make_run: Any, restart: Path | None = None) -> tuple[Any, Any]:
+        from orchestrator.run.placement import PLACED_DEVICE, DevicePlacement, PlacementError, where
+
+        if self.problem is None:
+            kept = None
+            if restart is not None:  # the restart writes into the folder: keep it for a plain retry
+                kept = restart.with_name(restart.name + ".before")
+                shutil.copytree(restart, kept)
+            run = make_run(PLACED_DEVICE)
+            mode = DevicePlacement()
+            try:
+                with pinned_threads(workload.threads(cfg)), mode:  # threads as the runner pins a trial's
+                    return run, workload.train(cfg, run)
+            except PlacementError as exc:
+                self.problem = f"{exc} (at {where(exc)})"
+                if restart is not None:
+                    shutil.rmtree(restart)
+                    kept.rename(restart)
+                    kept = None
+                else:  # what the run wrote, and the snapshot it left, are made again
+                    for made in (run.run_dir, getattr(run, "snapshot", None)):
+                        if made is not None:
+                            shutil.rmtree(made, ignore_errors=True)
+            finally:
+                self.ops += mode.ops
+                self.runs += 1
+                if kept is not None:
+                    shutil.rmtree(kept, ignore_errors=True)
+        run = make_run("cpu")
+        with pinned_threads(workload.threads(cfg)):
+            return run, workload.train(cfg, run)
+
+    def verdict(self) -> tuple[bool | None, str]:
+        if self.problem:
+            return False, self.problem
+        if not self.runs:
+            return None, "no run finished"
+        return True, (f"{self.runs} run{'s' if self.runs > 1 else ''} on a stand-in device ({self.ops} ops): none "
+                      "mixed a tensor on run.device with one left on the CPU")
+
+
 def check(name: str, folder: str | Path, *, objective: str | None = None, ray: bool = False,
           workers: int = 2) -> Report:
     """Judge the workload `name` (any name `registry.resolve` accepts) against the contract,
     training it in `folder` (emptied first). `objective` defaults to `default_objective(name)`."""
     started = time.monotonic()
-    report = Report(name)
+    from orchestrator.run import devices
+
+    report = Report(name, device=devices.describe(devices.resolve()))
     folder = Path(folder)
     try:
         module = registry.import_workload(name)
@@ -245,11 +303,12 @@ def check(name: str, folder: str | Path, *, objective: str | None = None, ray: b
     ident = checkpoints.identity(name, to_dict(cfg))
 
     # 1. Uninterrupted, leaving in `killed/` the folder of a run killed one report after its
-    # first checkpoint (2.).
-    whole = SnapshotAfterCheckpoint(folder / "uninterrupted", snapshot=folder / "killed", identity=ident)
+    # first checkpoint (2.). It trains on the placement check's stand-in device; a tensor left on
+    # the CPU fails that row, and the run is made again on the plain CPU to judge the others.
+    placement = Placement()
     try:
-        with pinned_threads(workload.threads(cfg)):  # as the runner pins a trial's
-            final = workload.train(cfg, whole)
+        whole, final = placement.train(workload, cfg, lambda device: SnapshotAfterCheckpoint(
+            folder / "uninterrupted", snapshot=folder / "killed", identity=ident, device=device))
     except Exception as exc:
         report.add("smoke run finishes", False, _error(exc))
         _not_judged(report, ray, "the smoke run failed")
@@ -278,13 +337,13 @@ def check(name: str, folder: str | Path, *, objective: str | None = None, ray: b
                    "smoke() never checkpointed before its last report: call run.save({'step': step, ...}) during "
                    "training (e.g. every checkpoint_every steps)" if whole.saved_step is None or whole.snapshotted else
                    f"the only checkpoint is at step {whole.saved_step}, the end")
+        report.add(PLACEMENT_CHECK, *placement.verdict())
         _not_judged(report, ray, "no checkpoint to resume from", keep_scheduler=(history, objective, final))
         return report
     report.add("checkpoints before the end", True, f"first at step {whole.saved_step}")
-    second = LocalRun(folder / "killed", identity=ident)
     try:
-        with pinned_threads(workload.threads(cfg)):
-            resumed_final = workload.train(cfg, second)
+        second, resumed_final = placement.train(workload, cfg, lambda device: LocalRun(
+            folder / "killed", identity=ident, device=device), restart=folder / "killed")
     except Exception as exc:
         report.add("killed run resumes from its checkpoint", False, _error(exc))
         report.add("resumed run matches an uninterrupted one", None, "the restart failed")
@@ -308,6 +367,7 @@ def check(name: str, folder: str | Path, *, objective: str | None = None, ray: b
         else:
             report.add("resumed run matches an uninterrupted one", None, "it did not resume")
     report.add(f"reports usable by every scheduler ({objective})", *scheduler_verdict(history, objective, final))
+    report.add(PLACEMENT_CHECK, *placement.verdict())
     if ray:
         report.results.append(ray_restore(workload, cfg, folder / "ray", workers=workers))
     else:
@@ -319,7 +379,7 @@ def check(name: str, folder: str | Path, *, objective: str | None = None, ray: b
 def _not_judged(report: Report, ray: bool, why: str, keep_scheduler: tuple[Any, str, Any] | None = None) -> None:
     names = ["smoke() returns a Config", "smoke run finishes", "reports train/loss", "progress reaches 1",
              "steps increase", "checkpoints before the end", "killed run resumes from its checkpoint",
-             "resumed run matches an uninterrupted one"]
+             "resumed run matches an uninterrupted one", PLACEMENT_CHECK]
     done = {r.check for r in report.results}
     for n in names:
         if n not in done:
@@ -412,6 +472,9 @@ def format_report(report: Report) -> str:
     marks = {True: "ok", False: "FAILS", None: "-"}
     width = max(len(r.check) for r in report.results)
     lines = [f"ladder check {report.workload}"]
+    if report.device:
+        lines.append(f"  device: `ladder run --local` trains it on {report.device} here (--device to choose); "
+                     "Ray Train workers on CPUs unless --gpus-per-worker")
     for r in report.results:
         mark = "limit" if r.holds is None and r.detail.startswith(FIFO_ONLY) else marks[r.holds]
         lines.append(f"  {mark:<5}  {r.check:<{width}}  {r.detail}".rstrip())

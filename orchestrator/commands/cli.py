@@ -122,15 +122,33 @@ def _cmd_run(args: argparse.Namespace) -> int:
         args.workers = int(record.get("workers", 1)) if args.resume and not args.local else 1
     if args.local and args.workers != 1:
         raise UsageError("--local runs in this process with one worker; drop --workers or drop --local")
+    if args.local and args.gpus_per_worker:
+        raise UsageError("--gpus-per-worker is for Ray Train workers; with --local choose the device with --device "
+                         "(cuda when this machine has one)")
+    if args.device and not args.local:
+        raise UsageError(f"--device chooses where --local trains; Ray Train workers train on the GPUs Ray gives "
+                         f"them: use --gpus-per-worker 1 (or add --local to train here on {args.device})")
+    device = None
+    if args.local:
+        from orchestrator.run import devices
+
+        device = devices.resolve(args.device)  # refused here, before anything is recorded
     workload, cfg = _build_config(args, record["config"] if args.resume else None)
     if args.local:
-        result = launch.run_local(workload, cfg, resume=args.resume, track=not args.no_track, wandb=args.wandb)
+        from orchestrator.run import devices
+
+        launch.check_precision(workload, cfg, device)
+        print(f"{workload.name}: training in this process on {devices.describe(device)}"
+              f"{'' if device.type == 'cuda' or args.device else ' (no CUDA device here)'}", flush=True)
+        result = launch.run_local(workload, cfg, resume=args.resume, track=not args.no_track, wandb=args.wandb,
+                                  device=device)
     else:
         result = launch.run_ray(  # checks the workers fit before anything starts
             workload,
             cfg,
             workers=args.workers,
             cpus_per_worker=args.cpus_per_worker,
+            gpus_per_worker=args.gpus_per_worker,
             max_failures=args.max_failures,
             resume=args.resume,
             track=not args.no_track,
@@ -347,8 +365,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=None,
                    help="Ray Train workers (DDP over gloo on CPU); default 1, or with --resume the run's own")
     p.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs reserved per worker; default 1")
+    p.add_argument("--gpus-per-worker", type=float, default=0.0,
+                   help="GPUs reserved per Ray Train worker (NCCL between GPU workers); default 0, CPU workers")
     p.add_argument("--max-failures", type=int, default=0, help="restarts from the last checkpoint after a worker failure")
     p.add_argument("--local", action="store_true", help="train in this process, without Ray")
+    p.add_argument("--device", help="with --local: auto (default: cuda when this machine has one, else cpu), cpu, "
+                                    "cuda or cuda:N")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its folder's last checkpoint")
     p.add_argument("--no-track", action="store_true", help="do not record the run in MLflow")
     p.add_argument("--wandb", action="store_true", help="also log to Weights & Biases (set WANDB_MODE=offline without an account)")
@@ -459,6 +481,7 @@ OFFLINE_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
 
 def main(argv: list[str] | None = None) -> int:
     from orchestrator.run.checkpoints import CheckpointError
+    from orchestrator.run.devices import DeviceError
     from orchestrator.runners.launch import ResourceError
     from orchestrator.tracking.sink import TrackingError
 
@@ -474,7 +497,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.func(args)
-    except (registry.UnknownWorkload, ConfigError, ResourceError, UsageError, CheckpointError, TrackingError) as exc:
+    except (registry.UnknownWorkload, ConfigError, ResourceError, UsageError, CheckpointError, TrackingError,
+            DeviceError) as exc:
         print(f"ladder: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:

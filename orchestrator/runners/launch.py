@@ -108,6 +108,41 @@ def check_resources(workers: int, cpus_per_worker: float, available: float | Non
         )
 
 
+def check_gpus(workers: int, gpus_per_worker: float, available: float | None = None, *, where: str = "") -> None:
+    """Fail before launch when `workers` x `gpus_per_worker` GPUs are not there (Ray would wait
+    forever for them)."""
+    if gpus_per_worker < 0:
+        raise ResourceError(f"--gpus-per-worker must be 0 (CPU workers) or more, got {gpus_per_worker:g}")
+    if not gpus_per_worker:
+        return
+    if available is None:
+        from orchestrator.run import devices
+
+        available = float(devices.cuda_count())
+    need = workers * gpus_per_worker
+    if need > available + 1e-9:
+        where = where or "this machine (local Ray)"
+        has = f"has {available:g}" if available else "has none (torch sees no CUDA device)"
+        raise ResourceError(
+            f"{workers} worker{'s' if workers != 1 else ''} x {gpus_per_worker:g} GPU need {need:g} GPU"
+            f"{'s' if need != 1 else ''}, but {where} {has}. Drop --gpus-per-worker to train on CPUs, use fewer "
+            "--workers, or point RAY_ADDRESS at a cluster with GPU nodes (docs/cluster.md)")
+
+
+def check_precision(workload: registry.Workload, cfg: Any, device: Any) -> None:
+    """Refuse, before anything starts, a reduced `precision` where it would not run as the paper's
+    (bf16 autocast is a GPU feature here: on a CPU it is slow, or missing, and not what was asked)."""
+    precision = getattr(cfg, "precision", None)
+    if precision in (None, "fp32"):
+        return
+    kind = device if isinstance(device, str) else getattr(device, "type", str(device))
+    if not str(kind).startswith("cuda"):
+        raise ConfigError(
+            f"{workload.name}: precision={precision!r} trains under CUDA autocast, and this run is on the CPU. "
+            f"Set precision=fp32 (--set precision=fp32), or run on a GPU (--device cuda with --local, "
+            f"--gpus-per-worker 1 under Ray)")
+
+
 def _open_tracking(workload: registry.Workload, cfg: Any, run_name: str, run_dir: Path, extra_tags: dict[str, str]) -> tuple[str, str]:
     from orchestrator.runners.trial import open_run
 
@@ -161,19 +196,23 @@ def run_local(
     progress: bool = True,
     wandb: bool = False,
     tags: dict[str, str] | None = None,
+    device: Any = None,
 ) -> RunResult:
-    """Train `workload` (a name, or the Workload the caller loaded) in this process; `cfg` was
-    validated by the caller (a resumed run's is the recorded one). Exceptions mark the MLflow run
-    FAILED (KILLED on Ctrl-C) and propagate."""
+    """Train `workload` (a name, or the Workload the caller loaded) in this process, on `device`
+    (a `torch.device`, or what `devices.resolve` takes: None is CUDA when there is one, else the
+    CPU); `cfg` was validated by the caller (a resumed run's is the recorded one). Exceptions mark
+    the MLflow run FAILED (KILLED on Ctrl-C) and propagate."""
     from orchestrator.runners import zero
-    from orchestrator.run import LocalRun
+    from orchestrator.run import LocalRun, devices
     from orchestrator.runners.trial import TrialSpec, run_trial
 
+    device = device if not isinstance(device, (str, type(None))) else devices.resolve(device)
     workload = _loaded(workload)
     name = workload.name
     if resume is not None:
         cfg = from_dict(workload.Config, _record_of(resume, name)["config"])
     zero.check_in_process(cfg)
+    check_precision(workload, cfg, device)
     cfg, run_dir, run_id, uri = _prepare(workload, cfg, resume, track, "local", tags or {})
     spec = TrialSpec.of(name, cfg, run_id=run_id, tracking_uri=uri, skip_recorded=resume is not None,
                         outbox_dir=str(outbox.default_dir()), progress=name if progress else None,
@@ -181,8 +220,8 @@ def run_local(
                         record_final=False, tags={"ladder.world_size": "1", "ladder.backend": "none"})
     started = time.monotonic()
     with RunInterrupted.naming(run_dir, local=True):
-        metrics, run = run_trial(spec, lambda sinks, _: LocalRun(run_dir, sinks=sinks, identity=spec.identity),
-                                 loaded=(workload, cfg))
+        metrics, run = run_trial(spec, lambda sinks, _: LocalRun(run_dir, sinks=sinks, identity=spec.identity,
+                                                                 device=device), loaded=(workload, cfg))
     return RunResult(name, metrics, run_dir, run_id, uri, time.monotonic() - started, run.history)
 
 
@@ -340,6 +379,7 @@ def run_ray(
     *,
     workers: int = 1,
     cpus_per_worker: float = 1.0,
+    gpus_per_worker: float = 0.0,
     max_failures: int = 0,
     resume: str | os.PathLike | None = None,
     track: bool = True,
@@ -347,8 +387,9 @@ def run_ray(
     wandb: bool = False,
     tags: dict[str, str] | None = None,
 ) -> RunResult:
-    """Train under Ray Train with `workers` DDP workers (gloo on CPU); with `wandb`, rank 0 also
-    logs to Weights & Biases. `cfg` was validated by the caller; the workers validate it again."""
+    """Train under Ray Train with `workers` DDP workers (gloo on CPU; NCCL on `gpus_per_worker`
+    GPUs each); with `wandb`, rank 0 also logs to Weights & Biases. `cfg` was validated by the
+    caller; the workers validate it again."""
     from orchestrator.runners.trial import ending_run
 
     workload = _loaded(workload)
@@ -357,6 +398,8 @@ def run_ray(
         tracking.check_wandb()
     if not os.environ.get("RAY_ADDRESS"):
         check_resources(workers, cpus_per_worker)
+        check_gpus(workers, gpus_per_worker)
+    check_precision(workload, cfg, "cuda" if gpus_per_worker else "cpu")
     if resume is not None:
         from orchestrator.runners import zero
 
@@ -367,18 +410,22 @@ def run_ray(
     # The cluster answers and holds the workers before anything is recorded.
     init_ray()
     if os.environ.get("RAY_ADDRESS"):
-        check_resources(workers, cpus_per_worker, ray.cluster_resources().get("CPU", 0.0), where="the Ray cluster at RAY_ADDRESS")
+        held = ray.cluster_resources()
+        check_resources(workers, cpus_per_worker, held.get("CPU", 0.0), where="the Ray cluster at RAY_ADDRESS")
+        check_gpus(workers, gpus_per_worker, held.get("GPU", 0.0), where="the Ray cluster at RAY_ADDRESS")
     cfg, run_dir, run_id, uri = _prepare(workload, cfg, resume, track, f"ray-train x{workers}", tags or {},
                                          workers=workers)
     started = time.monotonic()
     with RunInterrupted.naming(run_dir, local=False), ending_run(run_id, uri=uri, outbox_dir=str(outbox.default_dir())):
-        result = _fit_run(name, cfg, run_dir, run_id, uri, workers, cpus_per_worker, max_failures, progress, wandb)
+        result = _fit_run(name, cfg, run_dir, run_id, uri, workers, cpus_per_worker, max_failures, progress, wandb,
+                          gpus_per_worker)
     metrics = dict(result.return_value or {})
     return RunResult(name, metrics, run_dir, run_id, uri, time.monotonic() - started)
 
 
 def _fit_run(name: str, cfg: Any, run_dir: Path, run_id: str | None, uri: str | None, workers: int,
-             cpus_per_worker: float, max_failures: int, progress: bool, wandb: bool = False) -> Any:
+             cpus_per_worker: float, max_failures: int, progress: bool, wandb: bool = False,
+             gpus_per_worker: float = 0.0) -> Any:
     from orchestrator.runners.ray_train import trainer
     from orchestrator.runners.trial import TrialSpec
 
@@ -388,8 +435,8 @@ def _fit_run(name: str, cfg: Any, run_dir: Path, run_id: str | None, uri: str | 
                         wandb={"project": f"ladder-{name}", "name": run_dir.name} if wandb else None,
                         record_final=False, end_run=False)
     # The run folder's name is the Train run name, so fitting it again resumes it.
-    return trainer(spec, workers=workers, cpus_per_worker=cpus_per_worker, name=run_dir.name,
-                   storage=str(run_dir.parent.parent / "ray"), max_failures=max_failures).fit()
+    return trainer(spec, workers=workers, cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus_per_worker,
+                   name=run_dir.name, storage=str(run_dir.parent.parent / "ray"), max_failures=max_failures).fit()
 
 
 def summary(result: RunResult) -> str:

@@ -200,6 +200,11 @@ def run_trial(spec: TrialSpec, make_run: Callable[[list[Any], Any], Any], *, wit
         if with_sinks:
             sinks = sinks_for(spec, cfg)
         run = make_run(sinks, cfg)
+        for sink in sinks:  # where it trains, on its MLflow run
+            if hasattr(sink, "set_tags"):
+                from orchestrator.run import devices
+
+                sink.set_tags(devices.tags(run.device))
         workload.validate(cfg, world_size=run.world_size)  # MAX_WORKERS, enforced where the trial runs
         # The workload's own `threads` field wins over the runner's choice (its CPU reservation).
         with pinned_threads(workload.threads(cfg) or spec.threads):

@@ -128,7 +128,7 @@ def merged_copy(source: torch.nn.Module, adapters: list[list[ModuleDelta]], quan
             if d.name not in linears:
                 raise KeyError(f"adapter module {d.name!r} is not a linear projection of this base")
             w = weight_oi(linears[d.name])
-            w += d.delta().to(w.dtype)
+            w += d.delta().to(device=w.device, dtype=w.dtype)  # the adapter files are read to the CPU
     if quant is not None:
         from kernels.mx import fake_quant
 

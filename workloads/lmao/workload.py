@@ -158,11 +158,12 @@ def preflight(cfg: Config) -> None:
         raise ValueError("; ".join(problems))
 
 
-def task(cfg: Config, tokenizer: Any) -> tuple[data.Batch, Callable[[Any], dict[str, float]]]:
-    """(the training rows, the evaluation of a model): the bijection's pairs, trained and evaluated on
-    all of them, or a task file's records, the label words scored on the held-out records."""
+def task(cfg: Config, tokenizer: Any, device: Any) -> tuple[data.Batch, Callable[[Any], dict[str, float]]]:
+    """(the training rows, the evaluation of a model), both on `device`: the bijection's pairs,
+    trained and evaluated on all of them, or a task file's records, the label words scored on the
+    held-out records."""
     if not cfg.task_path:
-        pairs = data.encode(data.bijection(cfg.pool, cfg.n_pairs, cfg.seed), tokenizer)
+        pairs = data.encode(data.bijection(cfg.pool, cfg.n_pairs, cfg.seed), tokenizer).to(device)
         return pairs, lambda model: {**data.evaluate(model, pairs), "items": float(len(pairs))}
     words = tuple(w.strip() for w in cfg.label_words)
     rows = data.read_task(cfg.task_path, cfg.task_split, cfg.template, cfg.label_field, len(words))
@@ -170,16 +171,15 @@ def task(cfg: Config, tokenizer: Any) -> tuple[data.Batch, Callable[[Any], dict[
             if cfg.eval_path else None)
     train_rows, eval_rows = data.split_task(rows, held, eval_frac=cfg.eval_frac, n_train=cfg.n_train,
                                             n_eval=cfg.n_eval, seed=cfg.seed)
-    choices = data.encode_choices(eval_rows, words, tokenizer)
-    return data.encode_labelled(train_rows, words, tokenizer), lambda model: {
+    choices = data.encode_choices(eval_rows, words, tokenizer).to(device)
+    return data.encode_labelled(train_rows, words, tokenizer).to(device), lambda model: {
         **data.choice_metrics(model, choices, cfg.eval_chunk), "items": float(len(choices.labels))}
 
 
 def train(cfg: Config, run: Any) -> dict[str, float]:
     validate(cfg, run.world_size)
     model, tokenizer = load_base(cfg.base, seed=cfg.base_seed, dtype=cfg.dtype, device=run.device)
-    rows, evaluate = task(cfg, tokenizer)
-    pairs = rows.to(run.device)
+    pairs, evaluate = task(cfg, tokenizer, run.device)
     full = cfg.method == "full"
     first_order = cfg.method in ("lmao", "lora", "full")
     zeroth_order = cfg.method in ("lmao", "mezo")
