@@ -12,25 +12,31 @@ the order that saves the most per second, each timed and caught on its own:
 1. ``preflight`` (~10 s): a C compiler and Python's headers (Triton builds its launcher with them),
    one trivial Triton kernel compiled and run, and whether pytest, torchao and the family's
    modules import. Each finding is a row.
-2. ``mx``: quantize / dequantize GB/s against a device-to-device copy of the same input (nvfp4's
+2. ``product``: ladder itself on the device. `ladder run celerity_lm --local` (its first line must
+   name the device), a two-trial sweep with `gpus_per_worker=1` through Ray (where Ray and MLflow
+   are installed: `pip install -e .`; a row says why not otherwise), and every workload's smoke
+   config for two reports on the device. On the CPU smoke the workloads train on the placement
+   check's stand-in device (`orchestrator/run/placement.py`), which fails a tensor a GPU run would
+   leave on the CPU, and the sweep row is not run (it needs a GPU).
+3. ``mx``: quantize / dequantize GB/s against a device-to-device copy of the same input (nvfp4's
    bytes count both of its reads of the input: the global amax, then the quantize pass);
    mx_matmul TFLOP/s against a bf16 torch.matmul on the dequantized weight, at prefill and decode
    shapes, and against torchao's emulated MX path (dequantize, then bf16 matmul) where torchao
    imports; then the OCP MX v1.0 element formats (E5M2, E3M2, E2M3, INT8) bit for bit on the GPU.
-3. ``attention``: flash attention forward and forward+backward TFLOP/s against SDPA's flash
+4. ``attention``: flash attention forward and forward+backward TFLOP/s against SDPA's flash
    backend, with and without the rounding-bias fix (timed interleaved), on the [B, T, H, D] view
    models hand over; and the fix's effect on the GPU: the rounding bias with and without it on
    tied-max inputs (about a second).
-4. ``family``: a celerity_lm family (three widths x two seeds, bf16 autocast), its token budget
+5. ``family``: a celerity_lm family (three widths x two seeds, bf16 autocast), its token budget
    sized from the measured time of its first steps, and the collapse check of `ladder audit
    --family`. Finished curves are kept when the time runs out.
-5. ``lowprec_training``: the lowprec_attention workload's own `train` (bf16 autocast, attention
+6. ``lowprec_training``: the lowprec_attention workload's own `train` (bf16 autocast, attention
    through the emulating reference with bf16 row statistics, as the paper's code keeps them), three
    arms at one seed: the baseline, the paper's fix (beta*m / 0) and the kernels' bounded fix, the
    same steps each (sized from a timed 20-step probe so the three fit the section's time). Per
    arm: the loss curve, loss spikes, non-finite steps, weight-norm and W_Q/W_K spectral-norm
    growth, the largest attention logit, and whether it diverged (`claims.diverged`).
-6. ``tests``: tests/kernels on the GPU, without the interpreter, capped at about 120 s, with the
+7. ``tests``: tests/kernels on the GPU, without the interpreter, capped at about 120 s, with the
    kernels' autotuning cut to one candidate (LADDER_KERNELS_AUTOTUNE=first); a run cut short still
    reports the tests that finished.
 
@@ -68,7 +74,8 @@ TARGETS = {
     "ocp_formats_bit_exact": (1.0, "every OCP element format quantizes and dequantizes bit for bit on the device"),
 }
 # seconds each section may take on a GPU, in order; a section that ends early leaves its time to the next
-SECTION_BUDGET = {"preflight": 20, "mx": 120, "attention": 90, "family": 100, "lowprec_training": 90, "tests": 120}
+SECTION_BUDGET = {"preflight": 20, "product": 60, "mx": 110, "attention": 90, "family": 90, "lowprec_training": 80,
+                  "tests": 90}
 # lowprec_training: the decoder each arm trains (GPU; the CPU smoke trains a toy one a few steps)
 LOWPREC_GPU = dict(width=256, depth=4, head_dim=64, seq_len=256, batch_size=32, lr=1e-2, weight_decay=0.0,
                    max_bytes=4_000_000, eval_tokens=16384, bias_seeds=2)
@@ -206,6 +213,96 @@ MX_FORMATS = {"mxfp4": dict(block_size=32, scale_format="e8m0"),
 TARGET_FORMATS = ("mxfp4", "nvfp4")
 """The formats the speed targets judge (TARGETS); the others' rows are measured and reported only."""
 OCP_ELEMENTS = ("e5m2", "e3m2", "e2m3", "int8", "e4m3", "e2m1")
+
+
+# -- 2. the product on the device ------------------------------------------------------------------
+
+PRODUCT_SWEEP = """
+from orchestrator.sweep import Sweep, choice
+sweep = Sweep(name="gpu_two_trials", workload="celerity_lm", base="smoke", workers=1, cpus_per_worker=1,
+              gpus_per_worker=1, space={"lr": choice([0.01, 0.02])}, scheduler="fifo")
+"""
+
+
+def _ladder(ctx: Ctx, args: list[str], cwd: Path, timeout: float) -> tuple[int | None, str, float]:
+    """`ladder ARGS` in a subprocess from `cwd`: (exit code or None when cut, its output, seconds)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.pop("TRITON_INTERPRET", None)
+    t0 = time.perf_counter()
+    try:
+        done = subprocess.run([sys.executable, "-m", "orchestrator.commands.cli", *args], cwd=cwd, env=env,
+                              capture_output=True, text=True, timeout=max(5.0, timeout))
+        return done.returncode, done.stdout + done.stderr, time.perf_counter() - t0
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return None, out, time.perf_counter() - t0
+
+
+def _missing(*modules: str) -> list[str]:
+    import importlib.util
+
+    return [m for m in modules if importlib.util.find_spec(m) is None]
+
+
+def section_product(ctx: Ctx) -> dict:
+    """ladder's own commands and every workload on the device (see the module docstring, 2.)."""
+    import tempfile
+
+    from orchestrator.run.placement import few_steps, where
+    from orchestrator.runners import registry
+
+    torch = ctx.torch
+    work = ctx.out / "product"
+    work.mkdir(exist_ok=True)
+    failed = 0
+    # `ladder run --local` (untracked: it needs neither Ray nor MLflow) says where it trains first.
+    device_arg = "cpu" if ctx.smoke else "cuda"
+    code, out, seconds = _ladder(ctx, ["run", "celerity_lm", "--smoke", "--local", "--no-track", "--device",
+                                       device_arg, "--set", "tpp=1"], work, ctx.section_left() / 3)
+    first = out.strip().splitlines()[0] if out.strip() else ""
+    ok = code == 0 and first.startswith("celerity_lm: training in this process on " + device_arg)
+    row = {"what": f"ladder run celerity_lm --local --device {device_arg}", "status": "pass" if ok else "fail",
+           "seconds": seconds, "detail": first if ok else out.strip()[-400:]}
+    failed += row["status"] == "fail"
+    ctx.row("product", "commands", row)
+    # A two-trial sweep, one GPU per trial, through Ray Tune and Ray Train.
+    lacking = _missing("ray", "mlflow")
+    if ctx.smoke:
+        row = {"what": "ladder sweep (2 trials, gpus_per_worker=1)", "status": "not run",
+               "detail": "needs a GPU; CPU sweeps are tested by the suite"}
+    elif lacking:
+        row = {"what": "ladder sweep (2 trials, gpus_per_worker=1)", "status": "not run",
+               "detail": f"{', '.join(lacking)} not installed in this python (pip install -e .)"}
+    else:
+        (work / "gpu_sweep.py").write_text(PRODUCT_SWEEP)
+        code, out, seconds = _ladder(ctx, ["sweep", "gpu_sweep.py"], work, ctx.section_left() / 2)
+        row = {"what": "ladder sweep (2 trials, gpus_per_worker=1)", "status": "pass" if code == 0 else "fail",
+               "seconds": seconds, "detail": out.strip()[-400:]}
+    failed += row["status"] == "fail"
+    ctx.row("product", "commands", row)
+    # Every workload's smoke, two reports, on the device (or the stand-in under the placement check).
+    device = None if ctx.smoke else torch.device("cuda")
+    names = sorted(registry.WORKLOADS)
+    for i, name in enumerate(names):
+        if not ctx.smoke and ctx.section_left() < 3:
+            ctx.row("product", "workloads", {"workload": name, "status": "not run", "detail": "out of time"})
+            continue
+        t0 = time.perf_counter()
+        try:
+            workload = registry.load(name)
+            with tempfile.TemporaryDirectory(prefix=f"gpu-{name}-") as folder:
+                ran = few_steps(workload.train, workload.smoke(), folder, device=device)
+            if device is not None:
+                torch.cuda.synchronize()
+            row = {"workload": name, "status": "pass", "reports": ran["reports"], "ops_checked": ran["ops"]}
+        except Exception as e:  # noqa: BLE001 - each workload is its own row
+            failed += 1
+            row = {"workload": name, "status": "fail", "detail": f"{type(e).__name__}: {str(e)[:300]} (at {where(e)})"}
+        row["device"] = "stand-in (placement check)" if device is None else torch.cuda.get_device_name()
+        row["seconds"] = time.perf_counter() - t0
+        ctx.row("product", "workloads", row)
+    return {"status": "ok" if not failed else "failed", "failed": failed}
 
 
 def _torchao_mx():
@@ -652,7 +749,7 @@ def section_lowprec_training(ctx: Ctx) -> dict:
     return {"status": "ok" if complete else "partial", "steps": steps}
 
 
-# -- 6. kernel tests --------------------------------------------------------------------------------
+# -- 7. kernel tests --------------------------------------------------------------------------------
 
 def section_tests(ctx: Ctx) -> dict:
     try:
@@ -722,6 +819,13 @@ def markdown(res: dict) -> str:
     if pre.get("findings"):
         out += ["", "## preflight", "", "| check | ok | detail |", "|---|---|---|"]
         out += [f"| {f['check']} | {f['ok']} | {f['detail']} |" for f in pre["findings"]]
+    prod = res["sections"].get("product", {})
+    if prod.get("commands") or prod.get("workloads"):
+        out += ["", "## ladder on the device", "", "| what | status | seconds | detail |", "|---|---|---|---|"]
+        out += [f"| {r['what']} | {r['status']} | {_fmt(r.get('seconds'), '.1f')} | {str(r.get('detail', ''))[-160:]} |"
+                for r in prod.get("commands", [])]
+        out += [f"| {r['workload']} smoke, 2 reports | {r['status']} | {_fmt(r.get('seconds'), '.1f')} | "
+                f"{r.get('device', '')} {r.get('detail', '')} |" for r in prod.get("workloads", [])]
     mxs = res["sections"].get("mx", {})
     if mxs.get("quantize"):
         out += ["", f"## MX quantize (copy: {mxs.get('copy_GBs', 0):.3g} GB/s)", "",
@@ -811,7 +915,7 @@ def markdown(res: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-SECTIONS = {"preflight": section_preflight, "mx": section_mx, "attention": section_attention,
+SECTIONS = {"preflight": section_preflight, "product": section_product, "mx": section_mx, "attention": section_attention,
             "family": section_family, "lowprec_training": section_lowprec_training, "tests": section_tests}
 
 

@@ -234,6 +234,10 @@ class Placement:
                 shutil.copytree(restart, kept)
             run = make_run(PLACED_DEVICE)
             mode = DevicePlacement()
+            restore = run.restore
+            # Checkpoints load to the CPU (map_location="cpu"), on a GPU too: what the loop restores
+            # must be moved or copied into tensors on run.device before it meets them.
+            run.restore = lambda: mode.leave(restore())
             try:
                 with pinned_threads(workload.threads(cfg)), mode:  # threads as the runner pins a trial's
                     return run, workload.train(cfg, run)

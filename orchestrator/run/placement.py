@@ -13,11 +13,13 @@ fails the first op that mixes the two, as CUDA does. The run's device is `cpu:0`
 - *placed*: made by a factory with `device=run.device`, moved by `.to(run.device)` (or `.to(t)`,
   `.to(t.device)`, `type_as(t)` of a placed `t`; `Module.to(run.device)` moves every parameter and
   buffer), or computed by an op from a placed tensor;
-- *left*: made by a factory without a device (`torch.arange(n)`, `torch.from_numpy`, a module's
+- *left*: made by a factory without a device (`torch.arange(n)`, `torch.tensor(array)`, a module's
   parameters as `nn.Linear` makes them), moved by `.cpu()` or `.to("cpu")`, computed only from left
   tensors, or an `nn.Parameter` nobody placed (however it was loaded);
-- *unknown*: any other tensor made inside C++ (`torch.load`, safetensors, functorch's transforms).
-  It mixes with either, and takes the placement of what it is computed with.
+- *unknown*: any other tensor made where the mode does not see it (`torch.from_numpy`, `torch.load`,
+  safetensors, functorch's transforms). It mixes with either, and takes the placement of what it is
+  computed with. `ladder check` marks what `run.restore()` returns as left: checkpoints load to the
+  CPU.
 
 An op whose tensor arguments include both placed and left ones fails with `PlacementError`,
 naming the op, the shapes and the fix. What CUDA allows stays allowed: zero-dimensional tensors
@@ -55,7 +57,7 @@ _FACTORIES = {
     torch.randn, torch.randint, torch.randperm, torch.arange, torch.linspace, torch.logspace, torch.eye,
     torch.empty_strided, torch.scalar_tensor, torch.tril_indices, torch.triu_indices, torch.normal,
     torch.bartlett_window, torch.hann_window, torch.hamming_window, torch.blackman_window, torch.kaiser_window,
-    torch.complex, torch.polar, torch.from_numpy, torch.frombuffer, torch.range,
+    torch.complex, torch.polar, torch.frombuffer, torch.range,
 }
 _LIKE = {torch.zeros_like, torch.ones_like, torch.empty_like, torch.full_like, torch.rand_like, torch.randn_like,
          torch.randint_like}
@@ -134,6 +136,12 @@ class DevicePlacement(TorchFunctionMode):
                 entry = self._where.get(key)
                 if entry is None or entry[0] is not placed or entry[1].expired():
                     self._where[key] = (placed, StorageWeakRef(storage))
+
+    def leave(self, obj: Any) -> Any:
+        """Mark every tensor in `obj` (nested dicts, lists, tuples) as left on the CPU, as what
+        `torch.load(map_location="cpu")` returned; returns `obj`."""
+        self._mark(obj, False)
+        return obj
 
     def _move(self, t: torch.Tensor, out: Any, placed: bool | None) -> Any:
         """`out`, the result of moving `t`: a copy when it kept `t`'s storage but changes its placement."""
@@ -229,30 +237,33 @@ class _Enough(BaseException):
     workload's own `except Exception` does not swallow it)."""
 
 
-def check_train(train: Callable[[Any, Any], Any], cfg: Any, folder: str, *, reports: int = 2,
-                threads: int = 0) -> dict[str, Any]:
-    """Run `train(cfg, run)` on a `LocalRun` whose device is `PLACED_DEVICE`, under
-    `DevicePlacement`, until its `reports`-th report (or its end). Returns what ran (reports,
-    ops, whether it ended by itself); a mixed op raises `PlacementError`."""
-    from orchestrator.run import LocalRun, pinned_threads
+def few_steps(train: Callable[[Any, Any], Any], cfg: Any, folder: str, *, device: Any = None,
+              reports: int = 2) -> dict[str, Any]:
+    """Run `train(cfg, run)` on a `LocalRun` until its `reports`-th report (or its end): on
+    `device` when given (a GPU: a stray tensor fails there by itself), else on `PLACED_DEVICE`
+    under `DevicePlacement`. Returns what ran: reports, ops seen by the check, whether train ended
+    by itself. A mixed op raises `PlacementError` (or torch's own error on a GPU)."""
+    from orchestrator.run import LocalRun
 
-    seen = []
+    seen: list[int] = []
 
     def on_report(metrics: dict[str, float], step: int) -> None:
         seen.append(step)
         if len(seen) >= reports:
             raise _Enough
 
-    run = LocalRun(folder, device=PLACED_DEVICE, on_report=on_report)
-    mode = DevicePlacement()
+    run = LocalRun(folder, device=PLACED_DEVICE if device is None else device, on_report=on_report)
+    mode = DevicePlacement() if device is None else None
     ended = True
-    with pinned_threads(threads):
-        try:
+    try:
+        if mode is None:
+            train(cfg, run)
+        else:
             with mode:
                 train(cfg, run)
-        except _Enough:
-            ended = False
-    return {"reports": len(seen), "ops": mode.ops, "ended": ended}
+    except _Enough:
+        ended = False
+    return {"reports": len(seen), "ops": mode.ops if mode else None, "ended": ended}
 
 
 def where(exc: BaseException) -> str:

@@ -30,13 +30,25 @@ def test_cpu_smoke_runs_every_section_and_measures_every_mx_format(tmp_path):
         (e, s) for e in gpu.OCP_ELEMENTS for s in ("e8m0", "ue4m3")}
     judged = {t["target"] for t in res["targets"]}
     assert set(gpu.TARGETS) <= judged | {"mx_matmul_vs_torchao_decode"}, set(gpu.TARGETS) - judged
+    # ladder itself: the local run names its device first; every workload trained two reports on the
+    # placement check's stand-in device; the GPU sweep is not run on a CPU, and says so.
+    from orchestrator.runners import registry
+
+    prod = res["sections"]["product"]
+    (run, sweep) = prod["commands"]
+    assert run["status"] == "pass" and run["detail"] == "celerity_lm: training in this process on cpu", run
+    assert sweep["status"] == "not run" and "needs a GPU" in sweep["detail"]
+    assert [r["workload"] for r in prod["workloads"]] == sorted(registry.WORKLOADS)
+    assert all(r["status"] == "pass" and r["reports"] >= 1 and r["device"].startswith("stand-in")
+               for r in prod["workloads"]), prod["workloads"]
+    assert sum(r["ops_checked"] for r in prod["workloads"]) > 1000  # the check saw the ops
     low = res["sections"]["lowprec_training"]
     assert [r["arm"] for r in low["arms"]] == list(gpu.LOWPREC_ARMS) and all(r["finished"] for r in low["arms"])
     for r in low["arms"]:  # the same steps each, a loss curve, and the stability numbers the GPU run compares
         assert r["steps_done"] == r["steps"] == low["steps"] and r["curve_train_loss"], r
         assert r["train_weight_norm_growth"] > 0 and r["train_attn_logit_max"] > 0 and isinstance(r["diverged"], bool)
     page = (tmp_path / "gpu.md").read_text()
-    for heading in ("## targets", "## MX quantize", "## mx_matmul", "## OCP MX element formats on the device",
+    for heading in ("## targets", "## ladder on the device", "## MX quantize", "## mx_matmul", "## OCP MX element formats on the device",
                     "## low-precision training: baseline against the fix"):
         assert heading in page
     assert res["sections"]["tests"]["failed"] == [] and res["sections"]["tests"]["returncode"] == 0

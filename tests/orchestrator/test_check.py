@@ -23,6 +23,9 @@ FAULTS = {
     "forgets_optimizer": ("        optimizer.load_state_dict(state[\"optimizer\"])\n", "",
                           "resumed run matches an uninterrupted one"),
     "undocumented": ('    """Hidden units of the two-layer MLP."""\n', "", "fields typed and documented"),
+    # The batch never reaches run.device: on a GPU, the first matmul with the model's weights fails.
+    "batch_on_cpu": ("per_worker:(run.rank + 1) * per_worker].to(run.device)", "per_worker:(run.rank + 1) * per_worker]",
+                     "tensors stay on run.device"),
 }
 
 
@@ -48,6 +51,12 @@ def test_check_names_the_broken_part(broken, fault, capsys):
     assert f"ck_{fault} does not follow the workload contract" in out and failing in out.splitlines()[-1]
     if fault == "forgets_optimizer":
         assert "after the restart" in out and "uninterrupted run" in out
+    if fault == "batch_on_cpu":
+        # The line that made the op, and the fix; the other checks were judged on the plain CPU.
+        line = next(i for i, text in enumerate((broken / f"ck_{fault}" / "workload.py").read_text().splitlines(), 1)
+                    if "loss = F.mse_loss(model(x)" in text)
+        assert f"workload.py:{line})" in out and ".to(run.device)" in out, out
+        assert "ok     resumed run matches an uninterrupted one" in out and out.count("FAILS") == 1
 
 
 def test_a_non_workload_module_is_refused_naming_what_it_lacks(tmp_path, monkeypatch, capsys):

@@ -1,0 +1,138 @@
+"""The device-placement check (`orchestrator.run.placement`) that lets a CPU-only machine find a
+tensor a GPU run would leave on the CPU, and the device choice of `ladder run`.
+
+Each stray below is a pattern that raises on CUDA ("Expected all tensors to be on the same
+device") and runs silently on a CPU; each allowed pattern is one that CUDA runs. `ladder check`
+runs every workload's smoke under the check (tests/test_conformance.py covers the built-in ones).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from orchestrator.run import LocalRun, devices
+from orchestrator.run.placement import PLACED_DEVICE as DEV, DevicePlacement, PlacementError, where
+
+
+def moved_model() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).to(DEV)
+
+
+STRAYS = {
+    "a batch never moved": lambda m: m(torch.randn(3, 4)),
+    "a model never moved": lambda m: torch.nn.Linear(4, 2)(torch.randn(3, 4, device=DEV)),
+    "a mask made with arange": lambda m: m(torch.randn(3, 4, device=DEV))[torch.arange(3) < 2] * torch.arange(3)[:, None],
+    "numpy data through torch.tensor": lambda m: m(torch.tensor(np.ones((3, 4), dtype=np.float32))),
+    "a cat of both": lambda m: torch.cat([torch.zeros(2, 4, device=DEV), torch.zeros(2, 4)]),
+    "targets left behind": lambda m: F.cross_entropy(m(torch.randn(3, 4, device=DEV)), torch.tensor([0, 1, 1])),
+    "numpy of a device tensor": lambda m: m(torch.randn(3, 4, device=DEV)).detach().numpy(),
+    "the original after a move": lambda m: (lambda x: (x.to(DEV), m(x)))(torch.randn(3, 4)),
+    "a tensor moved back by .cpu()": lambda m: m(torch.randn(3, 4, device=DEV).cpu()),
+}
+
+
+@pytest.mark.parametrize("stray", sorted(STRAYS))
+def test_a_tensor_left_on_the_cpu_fails_the_op_that_meets_it(stray):
+    with DevicePlacement():
+        model = moved_model()
+        with pytest.raises(PlacementError) as info:
+            STRAYS[stray](model)
+    msg = str(info.value)
+    assert ("left on the CPU" in msg and "run.device" in msg) or "numpy()" in msg, msg
+    assert "fails" in msg  # says why it matters and what to do
+    assert "test_device_clean.py" in where(info.value)  # the line of the caller, not of torch
+
+
+def test_what_cuda_allows_passes_and_keeps_its_placement():
+    with DevicePlacement() as mode:
+        model = moved_model()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        x = torch.randn(5, 4).to(DEV)
+        assert x.device == DEV and mode.placed(x) and model[0].weight.device == DEV
+        for _ in range(2):  # gradients, optimizer state (CPU step counters: 0-d) and clipping
+            loss = F.mse_loss(model(x), torch.zeros(5, 2, device=x.device))
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+        assert mode.placed(model[0].weight.grad) and mode.placed(opt.state[model[0].weight]["exp_avg"])
+        y = model(x)
+        y * torch.tensor(2.0)  # a CPU scalar tensor
+        y[torch.tensor([0, 2])]  # CPU indices
+        y.detach().copy_(torch.ones(5, 2))  # copies cross devices
+        torch.ones(5, 2).copy_(y.detach())
+        assert mode.placed(torch.zeros_like(y)) and mode.placed(y.new_zeros(3))
+        assert mode.placed(torch.ones(2, 4).to(y.device)) and mode.placed(torch.ones(2, 4).to(y))
+        assert mode.placed(copy.deepcopy(model)[0].weight)  # a copy of a moved model stays there
+        assert y.detach().cpu().numpy().shape == (5, 2) and np.isfinite(loss.item())
+        assert torch.empty(2, device="meta").device.type == "meta"  # meta stays meta
+        # The move copied: the original is still on the CPU and meets the model's tensors nowhere.
+        cpu = torch.randn(3, 4)
+        cpu.to(DEV)
+        assert mode.placement(cpu) is False
+
+
+def test_the_check_runs_the_same_numbers_as_the_plain_cpu(tmp_path):
+    """Nothing but placement changes: the same loop gives the same floats with the check on."""
+    def loop(run):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, opt = run.prepare(model, opt)
+        data = torch.randn(16, 4)
+        for _ in range(3):
+            loss = model(data.to(run.device)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return loss.item()
+
+    plain = loop(LocalRun(tmp_path / "a"))
+    with DevicePlacement():
+        checked = loop(LocalRun(tmp_path / "b", device=DEV))
+    assert checked == plain
+
+
+def test_a_restored_checkpoint_is_on_the_cpu_until_moved(tmp_path):
+    """Checkpoints load with map_location="cpu": `ladder check` marks what `restore` returns as
+    left, so a loop that uses a restored tensor without moving it fails as it would on a GPU."""
+    from types import SimpleNamespace
+
+    from orchestrator.commands.check import Placement
+
+    def train(cfg, run):
+        buf = torch.zeros(4, device=run.device)
+        state = run.restore()
+        if state is not None:
+            buf = state["buf"] if cfg["forget_move"] else state["buf"].to(run.device)
+        buf + torch.ones(4, device=run.device)
+        run.save({"step": 1, "buf": buf})
+        return {"train/loss": 0.0}
+
+    W = SimpleNamespace(train=train, threads=lambda cfg: 0)
+    folder = tmp_path / "r"
+    for forget in (False, True):
+        check = Placement()
+        check.train(W, {"forget_move": forget}, lambda d: LocalRun(folder, device=d))  # saves a checkpoint
+        run, _ = check.train(W, {"forget_move": forget}, lambda d: LocalRun(folder, device=d), restart=folder)
+        holds, detail = check.verdict()
+        assert holds is (not forget), detail
+        assert run.restored_step == 1  # a failed check runs the restart again on the plain CPU, from the same folder
+    assert "test_device_clean.py" in detail and "left on the CPU" in detail
+
+
+def test_device_choice_and_its_refusals():
+    assert devices.resolve("cpu") == torch.device("cpu")
+    assert devices.resolve(None) == (torch.device("cuda", 0) if devices.cuda_count() else torch.device("cpu"))
+    assert devices.tags("cpu") == {"ladder.device": "cpu"}
+    with pytest.raises(devices.DeviceError, match="not a device"):
+        devices.resolve("gpu0")
+    if not devices.cuda_count():
+        with pytest.raises(devices.DeviceError, match="torch sees no CUDA device") as info:
+            devices.resolve("cuda:1")
+        assert "drop --device" in str(info.value)
