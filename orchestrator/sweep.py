@@ -464,11 +464,11 @@ class Sweep:
         try:
             base = self.base_config()
             if not self.points:  # with points, each point completes the base and is checked below
-                w.validate(base, world_size=self.workers)
+                w.validate(base, world_size=self.workers, gpus=bool(self.gpus_per_worker))
             check_fields(w.Config, self.space, what="search-space field")
             for point in self.points:
                 check_fields(w.Config, point, what="field of a sweep point")
-                w.validate(apply_overrides(base, dict(point)), world_size=self.workers)
+                w.validate(apply_overrides(base, dict(point)), world_size=self.workers, gpus=bool(self.gpus_per_worker))
             for key, domain in self.space.items():
                 values = domain.examples() if isinstance(domain, Domain) else [domain]
                 if not values:
@@ -480,7 +480,7 @@ class Sweep:
                         raise SweepError(f"{key}: loguniform needs positive bounds, got {domain.low}")
                 for value in values:  # with points, on the first (a point may complete the base)
                     point = dict(self.points[0]) if self.points else {}
-                    w.validate(apply_overrides(base, {**point, key: value}), world_size=self.workers)
+                    w.validate(apply_overrides(base, {**point, key: value}), world_size=self.workers, gpus=bool(self.gpus_per_worker))
         except ConfigError as exc:
             raise SweepError(f"sweep {self.name!r}: {exc}") from None
         if self.num_samples < 1:

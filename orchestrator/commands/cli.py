@@ -100,7 +100,7 @@ def _build_config(args: argparse.Namespace, recorded: dict | None = None):
     else:
         cfg = workload.smoke() if args.smoke else workload.Config()
         cfg = apply_overrides(cfg, parse_sets(args.set or []))
-    workload.validate(cfg, world_size=getattr(args, "workers", 1))
+    workload.validate(cfg, world_size=getattr(args, "workers", 1), gpus=bool(getattr(args, "gpus_per_worker", 0)))
     workload.preflight(cfg)  # this machine runs it (or the cluster at RAY_ADDRESS, which sees the same paths)
     return workload, cfg
 
@@ -137,7 +137,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.local:
         from orchestrator.run import devices
 
-        launch.check_precision(workload, cfg, device)
         print(f"{workload.name}: training in this process on {devices.describe(device)}"
               f"{'' if device.type == 'cuda' or args.device else ' (no CUDA device here)'}", flush=True)
         result = launch.run_local(workload, cfg, resume=args.resume, track=not args.no_track, wandb=args.wandb,

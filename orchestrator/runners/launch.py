@@ -121,26 +121,14 @@ def check_gpus(workers: int, gpus_per_worker: float, available: float | None = N
         available = float(devices.cuda_count())
     need = workers * gpus_per_worker
     if need > available + 1e-9:
-        where = where or "this machine (local Ray)"
-        has = f"has {available:g}" if available else "has none (torch sees no CUDA device)"
+        has = f"has {available:g}" if available else "has none"
+        if not where:
+            where, has = "this machine (local Ray)", has + ("" if available else " (torch sees no CUDA device)")
+        fewer = f" use --workers {int(available // gpus_per_worker)} or fewer," if available >= gpus_per_worker else ""
         raise ResourceError(
             f"{workers} worker{'s' if workers != 1 else ''} x {gpus_per_worker:g} GPU need {need:g} GPU"
-            f"{'s' if need != 1 else ''}, but {where} {has}. Drop --gpus-per-worker to train on CPUs, use fewer "
-            "--workers, or point RAY_ADDRESS at a cluster with GPU nodes (docs/cluster.md)")
-
-
-def check_precision(workload: registry.Workload, cfg: Any, device: Any) -> None:
-    """Refuse, before anything starts, a reduced `precision` where it would not run as the paper's
-    (bf16 autocast is a GPU feature here: on a CPU it is slow, or missing, and not what was asked)."""
-    precision = getattr(cfg, "precision", None)
-    if precision in (None, "fp32"):
-        return
-    kind = device if isinstance(device, str) else getattr(device, "type", str(device))
-    if not str(kind).startswith("cuda"):
-        raise ConfigError(
-            f"{workload.name}: precision={precision!r} trains under CUDA autocast, and this run is on the CPU. "
-            f"Set precision=fp32 (--set precision=fp32), or run on a GPU (--device cuda with --local, "
-            f"--gpus-per-worker 1 under Ray)")
+            f"{'s' if need != 1 else ''}, but {where} {has}. Drop --gpus-per-worker to train on CPUs,{fewer} or point "
+            "RAY_ADDRESS at a cluster with GPU nodes (docs/cluster.md)")
 
 
 def _open_tracking(workload: registry.Workload, cfg: Any, run_name: str, run_dir: Path, extra_tags: dict[str, str]) -> tuple[str, str]:
@@ -212,7 +200,6 @@ def run_local(
     if resume is not None:
         cfg = from_dict(workload.Config, _record_of(resume, name)["config"])
     zero.check_in_process(cfg)
-    check_precision(workload, cfg, device)
     cfg, run_dir, run_id, uri = _prepare(workload, cfg, resume, track, "local", tags or {})
     spec = TrialSpec.of(name, cfg, run_id=run_id, tracking_uri=uri, skip_recorded=resume is not None,
                         outbox_dir=str(outbox.default_dir()), progress=name if progress else None,
@@ -399,7 +386,6 @@ def run_ray(
     if not os.environ.get("RAY_ADDRESS"):
         check_resources(workers, cpus_per_worker)
         check_gpus(workers, gpus_per_worker)
-    check_precision(workload, cfg, "cuda" if gpus_per_worker else "cpu")
     if resume is not None:
         from orchestrator.runners import zero
 

@@ -103,10 +103,10 @@ class Workload:
         the runner's choice)."""
         return int(getattr(cfg, "threads", 0) or 0)
 
-    def validate(self, cfg: Any, *, world_size: int = 1) -> None:
+    def validate(self, cfg: Any, *, world_size: int = 1, gpus: bool = False) -> None:
         """Check the worker count against `MAX_WORKERS`, the config's ZeRO fields
-        (`orchestrator.runners.zero`), and run the workload's optional `validate(cfg, world_size)` hook; a
-        ValueError from any becomes a ConfigError."""
+        (`orchestrator.runners.zero`, for workers with `gpus` or without), and run the workload's
+        optional `validate(cfg, world_size)` hook; a ValueError from any becomes a ConfigError."""
         from orchestrator.runners import zero
 
         hook = getattr(self.module, "validate", None)
@@ -115,7 +115,7 @@ class Workload:
             raise ConfigError(f"{self.name} trains a trial on at most {limit} worker{'s' if limit > 1 else ''} "
                               f"(its MAX_WORKERS), got {world_size}: use workers={limit}")
         try:
-            zero.check(cfg)  # the optional ZeRO fields, for every workload that has them
+            zero.check(cfg, gpus=gpus)  # the optional ZeRO fields, for every workload that has them
             if hook is not None:
                 hook(cfg, world_size)
         except ValueError as exc:

@@ -205,7 +205,8 @@ def run_trial(spec: TrialSpec, make_run: Callable[[list[Any], Any], Any], *, wit
                 from orchestrator.run import devices
 
                 sink.set_tags(devices.tags(run.device))
-        workload.validate(cfg, world_size=run.world_size)  # MAX_WORKERS, enforced where the trial runs
+        # MAX_WORKERS and ZeRO's precision, enforced where the trial runs
+        workload.validate(cfg, world_size=run.world_size, gpus=getattr(run.device, "type", "cpu") == "cuda")
         # The workload's own `threads` field wins over the runner's choice (its CPU reservation).
         with pinned_threads(workload.threads(cfg) or spec.threads):
             final = {k: float(v) for k, v in workload.train(cfg, run).items()}

@@ -91,13 +91,14 @@ def spec_of(cfg: Any) -> ZeroSpec:
 def check(cfg: Any, *, gpus: bool = False) -> ZeroSpec:
     """Pre-launch check of a config's ZeRO request for workers with (`gpus`) or without GPUs.
 
-    ladder's Ray Train workers reserve CPUs only, so bf16 is refused there: DeepSpeed's CPU
-    accelerator would run it, but slowly and with a numerics story nobody asked for.
+    bf16 is refused on CPU workers: DeepSpeed's CPU accelerator would run it, but slowly and with a
+    numerics story nobody asked for.
     """
     spec = spec_of(cfg)
     if spec.precision == "bf16" and not gpus:
         raise ValueError("precision='bf16' needs GPU workers, and these Ray Train workers are CPU-only: "
-                         "use precision='fp32'")
+                         "use precision='fp32', or GPU workers (ladder run --gpus-per-worker 1; gpus_per_worker "
+                         "in a sweep)")
     return spec
 
 

@@ -122,7 +122,9 @@ def test_the_spec_tags_land_on_the_run(store, workload):
     cfg = workload.Config()
     run_id = _open(store, cfg)
     run_trial(TrialSpec.of(NAME, cfg, run_id=run_id, tracking_uri=store, tags={"ladder.world_size": "1"}), Maker())
-    assert _mlflow_run(store, run_id).data.tags["ladder.world_size"] == "1"
+    tags = _mlflow_run(store, run_id).data.tags
+    # The device comes from the Run the trial trained on (the GPU's name too, on a GPU).
+    assert tags["ladder.world_size"] == "1" and tags["ladder.device"] == "cpu" and "ladder.device_name" not in tags
 
 
 def test_a_trial_that_raises_is_failed_and_the_error_propagates(store, workload):
