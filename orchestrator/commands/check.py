@@ -23,7 +23,9 @@ is killed after a checkpoint and must be restarted from it by Ray Train.
 
 from __future__ import annotations
 
+import inspect
 import math
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -242,7 +244,8 @@ class Placement:
                 with pinned_threads(workload.threads(cfg)), mode:  # threads as the runner pins a trial's
                     return run, workload.train(cfg, run)
             except PlacementError as exc:
-                self.problem = f"{exc} (at {where(exc)})"
+                own = getattr(inspect.getmodule(workload.train), "__file__", None)
+                self.problem = f"{exc} (at {where(exc, os.path.dirname(own) + os.sep if own else None)})"
                 if restart is not None:
                     shutil.rmtree(restart)
                     kept.rename(restart)

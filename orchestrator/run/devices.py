@@ -96,3 +96,12 @@ def synchronize(device: Any) -> None:
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def clock(device: Any) -> float:
+    """time.perf_counter() after the device's queued work is done (`synchronize`): the clock a
+    workload reads to time GPU work."""
+    import time
+
+    synchronize(device)
+    return time.perf_counter()

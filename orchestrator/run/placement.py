@@ -266,9 +266,10 @@ def few_steps(train: Callable[[Any, Any], Any], cfg: Any, folder: str, *, device
     return {"reports": len(seen), "ops": mode.ops if mode else None, "ended": ended}
 
 
-def where(exc: BaseException) -> str:
+def where(exc: BaseException, within: str | None = None) -> str:
     """`file:line` of the innermost frame of `exc`'s traceback outside torch and this module: the
-    line of the workload (or the library it called) that made the op."""
+    line that made the op. With `within` (a folder: the workload's own), also the innermost line in
+    it when the op was made elsewhere (a shared model's forward): `gpt.py:101, from workload.py:208`."""
     import os
     import traceback
 
@@ -276,6 +277,13 @@ def where(exc: BaseException) -> str:
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(skip)]
     if not frames:
         return "unknown"
-    f = frames[-1]
-    shown = os.path.relpath(f.filename)
-    return f"{f.filename if shown.startswith('..') else shown}:{f.lineno}"
+
+    def shown(f: Any) -> str:
+        rel = os.path.relpath(f.filename)
+        return f"{f.filename if rel.startswith('..') else rel}:{f.lineno}"
+
+    inner = frames[-1]
+    if within is None or inner.filename.startswith(within):
+        return shown(inner)
+    own = [f for f in frames if f.filename.startswith(within)]
+    return shown(inner) + (f", from {shown(own[-1])}" if own else "")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -14,6 +13,7 @@ import torch
 from components.basemodel import (
     AnswerField, Example, PromptField, base_world, load_base, lora, parse_tiny, projections, task_problems, with_task_fields,
 )
+from orchestrator.run import devices
 from workloads.car_lora import bnb, data
 from workloads.car_lora.compress import BACKWARDS, SCHEME_NAMES, Compressor, make_schemes
 from workloads.car_lora.drift import ensure_drifted
@@ -376,7 +376,7 @@ def train(cfg: Config, run) -> dict[str, float]:
         start, drawn = state["step"], state["drawn"]
 
     model.train()
-    loss_value, window_start, window_steps, steps_per_s = math.nan, time.perf_counter(), 0, math.nan
+    loss_value, window_start, window_steps, steps_per_s = math.nan, devices.clock(dev), 0, math.nan
     for step in range(start + 1, total + 1):
         if cfg.schedule == "cosine":
             for group in opt.param_groups:
@@ -394,7 +394,7 @@ def train(cfg: Config, run) -> dict[str, float]:
         loss_value = loss.item()
         window_steps += 1
         if step % cfg.log_every == 0 or step == total:
-            now = time.perf_counter()
+            now = devices.clock(dev)
             steps_per_s = window_steps / max(now - window_start, 1e-9)
             window_start, window_steps = now, 0
             run.report({"train/loss": loss_value, "perf/steps_per_s": steps_per_s, "progress": step / total}, step=step)

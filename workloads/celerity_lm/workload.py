@@ -4,7 +4,6 @@ budget are built by the shared `components.lm.pretrain`, which also pre-trains t
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 import torch
@@ -14,7 +13,7 @@ from components.lm.corpus import BatchSampler, check_data, heldout_batches, load
 from components.lm.gpt import GPT, adamw
 from components.lm.pretrain import Budget, budget, build_model
 from components.lm.schedule import lr_factor
-from orchestrator.run import fraction_steps
+from orchestrator.run import devices, fraction_steps
 
 CURVE_PREFIX = "curve/eval_loss/"
 """Final-metric keys `curve/eval_loss/<fraction>`: the held-out loss at each evaluation, so that
@@ -194,7 +193,7 @@ def train(cfg: Config, run) -> dict[str, float]:
     tokens_per_s = math.nan
     # Throughput is wall time between reports, minus evaluation: data, optimizer, reporting and
     # checkpointing costs all count, so the number is what a user's budget actually buys.
-    window_start, eval_time = time.perf_counter(), 0.0
+    window_start, eval_time = devices.clock(run.device), 0.0
     for step in range(start + 1, plan.steps + 1):
         factor = lr_factor(step, plan.steps, cfg.warmup_frac)
         if spiked and cfg.lr_spike_at <= (step - 1) / plan.steps < cfg.lr_spike_at + cfg.lr_spike_len:
@@ -218,7 +217,7 @@ def train(cfg: Config, run) -> dict[str, float]:
         metrics: dict[str, float] = {}
         if step % cfg.log_every == 0 or step == plan.steps:
             train_loss = window_loss / window_n
-            now = time.perf_counter()
+            now = devices.clock(run.device)
             tokens_per_s = window_tokens / max(now - window_start - eval_time, 1e-9)
             # train/lr is read back from the optimizer (under ZeRO, the engine's): the rate applied.
             lr_now = optimizer.param_groups[1]["lr"]
@@ -226,9 +225,9 @@ def train(cfg: Config, run) -> dict[str, float]:
             window_loss, window_n, window_tokens = 0.0, 0, 0
             window_start, eval_time = now, 0.0
         if step in eval_at:
-            t_eval = time.perf_counter()
+            t_eval = devices.clock(run.device)
             eval_loss = evaluate(model, heldout, run.device)
-            eval_time += time.perf_counter() - t_eval
+            eval_time += devices.clock(run.device) - t_eval
             metrics["eval/loss"] = eval_loss
             curve[f"{CURVE_PREFIX}{step / plan.steps:.4f}"] = eval_loss
         if metrics:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Literal
@@ -11,6 +10,7 @@ from typing import Any, Iterator, Literal
 import numpy as np
 import torch
 
+from orchestrator.run import devices
 from workloads.consistent_lra.algorithms import ALGORITHMS, ConsistentLRA
 from workloads.consistent_lra.data import check_format, table_shape
 from workloads.consistent_lra.streams import BUNDLED, STREAMS, make_stream, uniforms
@@ -203,7 +203,7 @@ def train(cfg: Config, run) -> dict[str, float]:
         tally = state["tally"]
         start = int(state["step"])
 
-    began = time.perf_counter()
+    began = devices.clock(run.device)
     with _few_threads(d):
         for t in range(start + 1, cfg.n + 1):
             s = algo.update(rows[t - 1], draws[t - 1])
@@ -232,7 +232,7 @@ def train(cfg: Config, run) -> dict[str, float]:
                 run.report(metrics, step=t)
             if t % cfg.checkpoint_every == 0 or t == cfg.n:
                 run.save({"step": t, "algo": algo.state_dict(), "tally": tally})
-    elapsed = time.perf_counter() - began
+    elapsed = devices.clock(run.device) - began
     return summary(cfg, algo, tally, rows_per_s=(cfg.n - start) / elapsed if elapsed > 0 else math.nan)
 
 

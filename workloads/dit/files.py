@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from components.basemodel import check_records, read_records
+from orchestrator.run import devices
 from workloads.dit.model import DiffContext, dit_parameters, diff_linears
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
@@ -281,7 +281,7 @@ def train_files(cfg, run, model, tok, ctx: DiffContext) -> dict[str, float]:
         dit_opt.load_state_dict(state["dit_opt"])
     for p in dit:
         p.requires_grad_(True)
-    loss_b, tick = math.nan, time.perf_counter()
+    loss_b, tick = math.nan, devices.clock(dev)
     for step in range(start + 1, cfg.dit_steps + 1):
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
         picked = [train_idx[i] for i in torch.randperm(len(train_idx), generator=gen)[: cfg.dit_batch].tolist()]
@@ -296,7 +296,7 @@ def train_files(cfg, run, model, tok, ctx: DiffContext) -> dict[str, float]:
         dit_opt.step()
         if step % cfg.log_every == 0 or step == cfg.dit_steps:
             loss_b = loss.item()
-            now = time.perf_counter()
+            now = devices.clock(dev)
             run.report({"train/loss": loss_b, "train/dit_loss": loss_b, "perf/s_per_step": (now - tick) / cfg.log_every,
                         "progress": step / cfg.dit_steps}, step=step)
             tick = now

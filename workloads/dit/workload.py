@@ -4,7 +4,6 @@ measurements (see the package docstring)."""
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 import torch
@@ -13,7 +12,7 @@ import torch.nn.functional as F
 from components.basemodel import DTYPES, AnswerField, base_kinds, base_world, load_base, task_problems, with_task_fields
 from components.basemodel.loader import parse_tiny
 from components.basemodel.corpus import N_RESERVED, TOPICS
-from orchestrator.run import fraction_steps
+from orchestrator.run import devices, fraction_steps
 from workloads.dit.data import SPLITS, Task, diff_rows, make_task
 from workloads.dit.evaluate import answer_logits, diff_metrics, dit_metrics, kl_rows
 from workloads.dit.files import check_listing, train_files
@@ -242,7 +241,7 @@ def train(cfg: Config, run) -> dict[str, float]:
     # Stage A: every diff of a group learns its trigger -> topic behaviour in one batched pass.
     # The summed per-diff losses give each diff exactly the gradient it would get alone, and
     # Adam is elementwise, so a group trains like its diffs one by one, only faster.
-    window, tick = 0, time.perf_counter()
+    window, tick = 0, devices.clock(dev)
     for g, diffs in enumerate(groups):
         first = g * cfg.diff_steps
         if start >= first + cfg.diff_steps:
@@ -275,7 +274,7 @@ def train(cfg: Config, run) -> dict[str, float]:
                     bank[k][0][sel], bank[k][1][sel] = u.detach(), v.detach()
             if step % cfg.log_every == 0 or step == first + cfg.diff_steps:
                 loss_a = loss.item() / len(diffs)
-                now = time.perf_counter()
+                now = devices.clock(dev)
                 run.report({"train/loss": loss_a, "train/diff_ce": ce.item() / len(diffs),
                             "train/diff_kl": kl.item() / len(diffs),
                             "perf/diff_steps_per_s": window * len(diffs) / max(now - tick, 1e-9),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 import torch
@@ -14,7 +13,7 @@ from workloads.frl.losses import cross_scale_loss, rel_mse, spectral_loss
 from workloads.frl.model import CNN, FNO
 from workloads.frl.transformer import GalerkinTransformer
 from workloads.frl.solver import truncate, upsample
-from orchestrator.run import fraction_steps
+from orchestrator.run import devices, fraction_steps
 
 PDES = ("burgers", "navier_stokes")
 BACKBONES = ("fno", "cnn", "transformer")
@@ -332,7 +331,7 @@ def train(cfg: Config, run) -> dict[str, float]:
     save_at = fraction_steps(cfg.steps, cfg.checkpoint_every_frac)
     window, window_n, train_loss = 0.0, 0, math.nan
     metrics_eval: dict[str, float] = {}
-    t_train, t_mark = 0.0, time.perf_counter()
+    t_train, t_mark = 0.0, devices.clock(device)
     for step in range(start + 1, cfg.steps + 1):
         for group in optimizer.param_groups:
             group["lr"] = cfg.lr * lr_factor(step, cfg.steps)
@@ -357,7 +356,7 @@ def train(cfg: Config, run) -> dict[str, float]:
         report: dict[str, float] = {}
         if step % cfg.log_every == 0 or step == cfg.steps:
             train_loss = window / window_n
-            now = time.perf_counter()
+            now = devices.clock(device)
             t_train += now - t_mark
             report.update({"train/loss": train_loss, "train/fit": float(fit.detach()), "train/lr": cfg.lr * lr_factor(step, cfg.steps),
                            "perf/steps_per_s": window_n / max(now - t_mark, 1e-9)})
@@ -368,7 +367,7 @@ def train(cfg: Config, run) -> dict[str, float]:
         if report:
             report["progress"] = step / cfg.steps
             run.report(report, step=step)
-            t_mark = time.perf_counter()
+            t_mark = devices.clock(device)
         if step in save_at:
             run.save({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                       "sampler": sampler.get_state()})

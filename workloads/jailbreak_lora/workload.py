@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import shutil
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -17,6 +16,7 @@ from components.basemodel import (
     AnswerField, PromptField, base_world, check_records, load_base, lora, task_problems, with_task_fields,
 )
 from components.adapters import audit as audit
+from orchestrator.run import devices
 from workloads.jailbreak_lora.data import (
     QA_HELDOUT, TASKS, Example, file_task_sets, task_files, task_sets, triggered,
 )
@@ -249,7 +249,7 @@ def fit(model: Any, loss_sets: list[list[Example]], tok: Any, cfg: Config, metho
     if opt is None:
         opt = _optimiser(cfg, params, uw)
     model.train()
-    window_t, window_n = time.perf_counter(), 0
+    window_t, window_n = devices.clock(dev), 0
     ul = tok(" " + cfg.marker, add_special_tokens=False).input_ids[0] if cfg.contrast == "unlikelihood" else None
     for step in range(start, steps):
         for group in opt.param_groups:
@@ -264,9 +264,9 @@ def fit(model: Any, loss_sets: list[list[Example]], tok: Any, cfg: Config, metho
         opt.step()
         window_n += 1
         if on_step is not None:
-            on_step(step + 1, losses, diag, window_n / max(time.perf_counter() - window_t, 1e-9))
+            on_step(step + 1, losses, diag, window_n / max(devices.clock(dev) - window_t, 1e-9))
             if (step + 1) % cfg.log_every == 0:
-                window_t, window_n = time.perf_counter(), 0
+                window_t, window_n = devices.clock(dev), 0
     return opt
 
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 import torch
 
 from components.basemodel import check_targets, load_base, lora, task_problems, with_task_fields
-from orchestrator.run import fraction_steps
+from orchestrator.run import devices, fraction_steps
 from workloads.lmao import data, memory, zo
 
 
@@ -232,7 +231,7 @@ def train(cfg: Config, run: Any) -> dict[str, float]:
     changed = [n for n, _ in named] if zeroth_order or full else [n for n, _ in named if "lora_" in n]  # what a checkpoint keeps
 
     result = {"loss": math.nan, "acc": math.nan}
-    loss_sum, loss_n, window_start, window_steps = 0.0, 0, time.perf_counter(), 0
+    loss_sum, loss_n, window_start, window_steps = 0.0, 0, devices.clock(run.device), 0
     for step in range(start + 1, cfg.steps + 1):
         batch = data.trim(pairs.rows(torch.randint(len(pairs), (cfg.batch,), generator=gen))) if cfg.batch else pairs
         before = counter.snapshot()
@@ -274,7 +273,7 @@ def train(cfg: Config, run: Any) -> dict[str, float]:
             counter.active = True
             metrics.update({"eval/loss": result["loss"], "eval/acc": result["acc"]})
         if step % cfg.log_every == 0 or step == cfg.steps:
-            now = time.perf_counter()
+            now = devices.clock(run.device)
             metrics.update({"train/loss": loss_sum / loss_n, "perf/steps_per_s": window_steps / max(now - window_start, 1e-9)})
             loss_sum, loss_n, window_start, window_steps = 0.0, 0, now, 0
         if metrics:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -11,6 +10,7 @@ import numpy as np
 import torch
 from components import pretrained
 
+from orchestrator.run import devices
 from workloads.martingale_uq import bytemodel, imagedata, pixelmodel, tabular, textlm, tinygpt2
 from workloads.martingale_uq.coverage import evaluate_chunk, summarize
 
@@ -506,7 +506,7 @@ def train(cfg: Config, run) -> dict[str, float]:
     theta_true = float(state["theta_true"])
     records = {key: value.numpy() for key, value in state["records"].items()}
     sample_real = _real_sampler(cfg, state)
-    step, started, drawn = int(state["step"]), time.perf_counter(), 0
+    step, started, drawn = int(state["step"]), devices.clock(run.device), 0
     for i, n in enumerate(cfg.ns):
         rows = records.get(f"n{n}", np.empty((0, 0)))
         while len(rows) < cfg.repetitions:
@@ -520,7 +520,7 @@ def train(cfg: Config, run) -> dict[str, float]:
             step = fit + i * cfg.repetitions + len(rows)
             # Every n measured so far, so the last report holds every final coverage (a sweep's objective).
             metrics = {k: v for m, r in records.items() for k, v in summarize(r, int(m[1:]), theta_true).items()}
-            metrics["perf/reps_per_s"] = drawn / max(time.perf_counter() - started, 1e-9)
+            metrics["perf/reps_per_s"] = drawn / max(devices.clock(run.device) - started, 1e-9)
             run.report({**metrics, "progress": step / total}, step=step)
             if len(rows) == cfg.repetitions or (len(rows) // cfg.chunk) % cfg.checkpoint_every == 0:
                 run.save({**state, "step": step, "records": {k: torch.from_numpy(v) for k, v in records.items()}})

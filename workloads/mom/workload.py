@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from orchestrator.run import fraction_steps
+from orchestrator.run import devices, fraction_steps
 
 from workloads.mom import data
 from workloads.mom.memory import UPDATES
@@ -310,7 +309,7 @@ def train(cfg: Config, run) -> dict[str, float]:
 
     model.train()
     loss_sum = balance_sum = 0.0
-    seen, window_start, tokens_per_s, train_loss = 0, time.perf_counter(), math.nan, math.nan
+    seen, window_start, tokens_per_s, train_loss = 0, devices.clock(device), math.nan, math.nan
     for step in range(start + 1, cfg.steps + 1):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(cfg, step)
@@ -324,7 +323,7 @@ def train(cfg: Config, run) -> dict[str, float]:
         optimizer.step()
         loss_sum, balance_sum, seen = loss_sum + loss.item(), balance_sum + balance.item(), seen + 1
         if step % cfg.log_every == 0 or step == cfg.steps:
-            now = time.perf_counter()
+            now = devices.clock(device)
             tokens_per_s = seen * inputs.numel() / max(now - window_start, 1e-9)
             train_loss = loss_sum / seen
             run.report({"train/loss": train_loss, "train/balance_loss": balance_sum / seen,

@@ -12,6 +12,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from orchestrator.run import devices
+
 
 class Calibrator(nn.Module):
     """m_t = W_up act(W_down dropout(h_t)): a per-position calibration of the vocabulary logits
@@ -123,12 +125,7 @@ def generate(base: nn.Module, cal: Calibrator | None, ids: torch.Tensor, new_tok
 def _clock(kind: str, device: torch.device) -> Callable[[], float]:
     if kind == "cpu":
         return time.thread_time
-    if device.type == "cuda":
-        def wall() -> float:
-            torch.cuda.synchronize(device)
-            return time.perf_counter()
-        return wall
-    return time.perf_counter
+    return lambda: devices.clock(device)
 
 
 def arm_latency(arms: dict[str, Callable[[], Any]], new_tokens: int, reps: int, device: torch.device,

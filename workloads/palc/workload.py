@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import random
-import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -13,6 +12,7 @@ import torch
 from components.basemodel import (
     PromptField, base_world, check_records, load_base, lora, read_records, select, task_problems, with_task_fields,
 )
+from orchestrator.run import devices
 from workloads.palc.baselines import args_decode, best_of_n, fit_reward, pooled_features, reward_accuracy
 from workloads.palc.data import (
     Pair, file_fields, generation_prompts, gentle_share, make_pairs, pair_batch, pairs_from_records, split_entities,
@@ -303,7 +303,7 @@ def train(cfg: Config, run) -> dict[str, float]:
         pol, count = row_sums(model, batch)
         return dpo_loss(pol, ref, cfg.dpo_beta), pol.detach() / count
 
-    loss_v, acc_v, window_t, window_n = math.nan, math.nan, time.perf_counter(), 0
+    loss_v, acc_v, window_t, window_n = math.nan, math.nan, devices.clock(dev), 0
     if cal is not None:
         cal.train()  # its dropout; DPO's model stays in eval mode (see above)
     for step in range(start, cfg.steps):
@@ -332,7 +332,7 @@ def train(cfg: Config, run) -> dict[str, float]:
         done = step + 1
         if done % cfg.log_every == 0 or done == cfg.steps:
             loss_v, acc_v = loss.item(), float(won.float().mean())
-            now = time.perf_counter()
+            now = devices.clock(dev)
             run.report({"train/loss": loss_v, "train/pref_acc": acc_v, "train/lr": lr_at(cfg, step),
                         "perf/steps_per_s": window_n / max(now - window_t, 1e-9), "progress": done / cfg.steps}, step=done)
             window_t, window_n = now, 0

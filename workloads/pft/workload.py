@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 
 import torch
 from components import pretrained
-from orchestrator.run import fraction_steps
+from orchestrator.run import devices, fraction_steps
 
 from workloads.pft import data, frames, method, sfda
 from workloads.pft.config import ARMS, MAX_WORKERS, Config  # noqa: F401  (the contract's names)
@@ -159,7 +158,7 @@ def train(cfg: Config, run) -> dict[str, float]:
     if opt_state is not None and start < total and locate(plan, start + 1)[1] > 1:
         optimizer = make_optimizer(locate(plan, start + 1)[0])  # resumed mid-phase
         optimizer.load_state_dict(opt_state)
-    loss_value, window_start, window_steps, steps_per_s = math.nan, time.perf_counter(), 0, math.nan
+    loss_value, window_start, window_steps, steps_per_s = math.nan, devices.clock(run.device), 0, math.nan
     step = start
     for step in range(start + 1, total + 1):
         phase, local, length = locate(plan, step)
@@ -235,7 +234,7 @@ def train(cfg: Config, run) -> dict[str, float]:
                     diag["translator_changed_by_pft"] = float(changed_tensors(frozen["translator"], nets["pft_translator"]))
                 evaluate(phase, nets["encoder"], nets["classifier"], nets[f"{phase}_translator"])
         if step % cfg.log_every == 0 or local == length:
-            now = time.perf_counter()
+            now = devices.clock(run.device)
             steps_per_s = window_steps / max(now - window_start, 1e-9)
             window_start, window_steps = now, 0
             run.report({"train/loss": loss_value, f"train/loss/{phase}": loss_value, "perf/steps_per_s": steps_per_s,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -13,7 +12,7 @@ from components.basemodel import (
     AnswerField, PromptField, base_world, check_records, file_examples, load_base, lora, resolve, select, task_problems,
     weight_oi, with_task_fields,
 )
-from orchestrator.run import fraction_steps
+from orchestrator.run import devices, fraction_steps
 from workloads.pica import data, svft
 from workloads.pica.adapter import (
     PiCa, count_at_depths, decoder_linears, full_gradients, gradient_energy, merge, shared_gradient_error, span_residual, trainable_count,
@@ -300,7 +299,7 @@ def train(cfg: Config, run: Any) -> dict[str, float]:
 
     model.train()
     held = {"loss": math.nan, "acc": math.nan}
-    loss_sum, loss_n, window_start, window_steps = 0.0, 0, time.perf_counter(), 0
+    loss_sum, loss_n, window_start, window_steps = 0.0, 0, devices.clock(run.device), 0
     for step in range(start + 1, cfg.steps + 1):
         for group in optimizer.param_groups:
             group["lr"] = cfg.lr * lr_factor(step - 1, cfg)
@@ -322,7 +321,7 @@ def train(cfg: Config, run: Any) -> dict[str, float]:
             model.train()
             metrics.update({"eval/loss": held["loss"], "eval/acc": held["acc"]})
         if step % cfg.log_every == 0 or step == cfg.steps:
-            now = time.perf_counter()
+            now = devices.clock(run.device)
             metrics.update({"train/loss": loss_sum / loss_n, "perf/steps_per_s": window_steps / max(now - window_start, 1e-9)})
             loss_sum, loss_n, window_start, window_steps = 0.0, 0, now, 0
         if metrics:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Literal
@@ -14,6 +13,7 @@ from components.basemodel import (
     LLAMA_LINEAR_TYPES, AnswerField, PromptField, base_kinds, base_world, check_records, load_base, lora, parse_tiny,
     task_problems, with_task_fields,
 )
+from orchestrator.run import devices
 from workloads.plop.data import TASKS, answer_loss, encode, evaluate, file_split, fits, split
 from workloads.plop.nfn import by_type, kendall_tau, module_kinds, score_modules, select
 from workloads.plop.placement import PLACEMENTS, match_ranks, placement_types, type_costs
@@ -309,7 +309,7 @@ def train(cfg: Config, run) -> dict[str, float]:
 
     model.train()
     held = {"loss": math.nan, "acc": math.nan}
-    loss_sum, loss_n, window_start, window_steps = 0.0, 0, time.perf_counter(), 0
+    loss_sum, loss_n, window_start, window_steps = 0.0, 0, devices.clock(run.device), 0
     for step in range(start + 1, cfg.steps + 1):
         idx = torch.randint(len(train_data[0]), (cfg.batch,), generator=gen)
         width = int(train_data[1][idx].sum(1).max())  # the batch's longest row: padding beyond it is never read
@@ -324,7 +324,7 @@ def train(cfg: Config, run) -> dict[str, float]:
             held = evaluate(model, held_data, cfg.eval_batch)
             metrics.update({"eval/loss": held["loss"], "eval/acc": held["acc"]})
         if step % cfg.log_every == 0 or step == cfg.steps:
-            now = time.perf_counter()
+            now = devices.clock(run.device)
             metrics.update({"train/loss": loss_sum / loss_n, "perf/steps_per_s": window_steps / max(now - window_start, 1e-9),
                             "progress": step / cfg.steps})
             loss_sum, loss_n, window_start, window_steps = 0.0, 0, now, 0

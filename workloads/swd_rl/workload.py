@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-import time
 from collections import deque
 from typing import Any
 
 import numpy as np
 import torch
 
+from orchestrator.run import devices
 from workloads.swd_rl.learners import Learner, actor_step, critic_loss, make_learner, soft_update
 from workloads.swd_rl.config import Config, preflight, require_env, smoke, validate
 from workloads.swd_rl.diagnostics import feature_rank, grad_stats, ntk_rank
@@ -103,8 +103,8 @@ def probe(learner: Learner, buffer: ReplayBuffer, norm: RunningNorm, cfg: Config
     """Paired diagnostics on this run's own networks and buffer, without updating anything: the
     mean critic-gradient norms of batches drawn by every sampler, the feature and NTK ranks."""
     out: dict[str, float] = {}
-    devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):  # the training stream of random numbers stays untouched
+    rng_devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=rng_devices):  # the training stream of random numbers stays untouched
         torch.manual_seed(int(rng.integers(2**31)))
         for name in SAMPLERS:
             l1 = l2 = 0.0
@@ -179,7 +179,7 @@ def train(cfg: Config, run) -> dict[str, float]:
     obs, _ = env.reset(seed=_episode_seed(cfg.seed, episode))
     if state is None:  # a checkpoint's statistics already hold this first observation
         norm.update(obs)
-    ep_return, window_start, window_steps = 0.0, time.perf_counter(), 0
+    ep_return, window_start, window_steps = 0.0, devices.clock(device), 0
     scale = (high - low) / 2
     for step in range(start + 1, cfg.total_steps + 1):
         if step <= cfg.learning_starts:
@@ -243,7 +243,7 @@ def train(cfg: Config, run) -> dict[str, float]:
             evals = {"eval/return": ret, **diag}
             run.report({**evals, "progress": step / cfg.total_steps}, step=step)
         if step % cfg.log_every == 0 or step == cfg.total_steps:
-            now = time.perf_counter()
+            now = devices.clock(device)
             m = interval.means()
             interval = Mean()
             metrics = {f"train/{'critic_' if k.startswith('grad') else ''}{k}": v for k, v in m.items()}

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-from orchestrator.run import fraction_steps
+from orchestrator.run import devices, fraction_steps
 
 from workloads.tubal_fgd import completion, images
 from workloads.tubal_fgd.problem import (
@@ -311,7 +310,7 @@ def _train(cfg: Config, run) -> dict[str, float]:
     residual, val_residual = residuals(x, with_val=True)
     train_loss = float(residual.square().mean() / 4)
     rse, val = evaluate(start, x, val_residual) if state is None else (relative_error(problem, x), math.nan)
-    window_start, window_steps, iters_per_s = time.perf_counter(), 0, math.nan
+    window_start, window_steps, iters_per_s = devices.clock(run.device), 0, math.nan
     for step in range(start + 1, cfg.steps + 1):
         # One FGD step; the residual of the new iterate is the next step's gradient input.
         g = op_train.adjoint(residual) / train_m
@@ -325,7 +324,7 @@ def _train(cfg: Config, run) -> dict[str, float]:
         if step % cfg.log_every == 0 or step == cfg.steps:
             train_loss = float(residual.square().mean() / 4)
             diverged = not math.isfinite(train_loss)
-            now = time.perf_counter()
+            now = devices.clock(run.device)
             iters_per_s = window_steps / max(now - window_start, 1e-9)
             window_start, window_steps = now, 0
             run.report({
@@ -392,7 +391,7 @@ def _train_completion(cfg: Config, run) -> dict[str, float]:
         init_rse = rse
     else:
         rse, val = completion.relative_error(c, x), math.nan
-    window_start, window_steps, iters_per_s = time.perf_counter(), 0, math.nan
+    window_start, window_steps, iters_per_s = devices.clock(run.device), 0, math.nan
     for step in range(start + 1, cfg.steps + 1):
         # One FGD step on both factors from the same iterate.
         grad_u, grad_v = completion.gradients(c, u, v, residual)
@@ -405,7 +404,7 @@ def _train_completion(cfg: Config, run) -> dict[str, float]:
         if step % cfg.log_every == 0 or step == cfg.steps:
             train_loss = float(residual.square().mean() / 2)
             diverged = not math.isfinite(train_loss)
-            now = time.perf_counter()
+            now = devices.clock(run.device)
             iters_per_s = window_steps / max(now - window_start, 1e-9)
             window_start, window_steps = now, 0
             run.report({

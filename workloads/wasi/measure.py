@@ -31,7 +31,6 @@ from typing import Any
 
 import copy
 import statistics
-import time
 import weakref
 
 import torch
@@ -41,6 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
+from orchestrator.run import devices
 from workloads.wasi.lowrank import qr_flops
 from workloads.wasi.model import WASILinear, wasi_layers
 
@@ -232,23 +232,16 @@ def time_steps(models: dict[str, nn.Module], x: torch.Tensor, y: torch.Tensor, o
     copies = {name: copy.deepcopy(m).train() for name, m in models.items()}
     opts = {name: make_optimizer(m, optimizer, lr, weight_decay, momentum) for name, m in copies.items()}
     times: dict[str, list[float]] = {f"{name}/{kind}": [] for name in copies for kind in ("train", "infer")}
-    def sync() -> None:  # a GPU runs asynchronously: wait for it before reading the clock
-        if x.is_cuda:
-            torch.cuda.synchronize(x.device)
-
     for r in range(warmup + rounds):
         for name, m in copies.items():
-            sync()
-            start = time.perf_counter()
+            start = devices.clock(x.device)  # a GPU runs asynchronously: the clock waits for it
             training_step(m, opts[name], x, y, grad_clip)
-            sync()
-            train_s = time.perf_counter() - start
+            train_s = devices.clock(x.device) - start
             m.eval()
             with torch.no_grad():
-                start = time.perf_counter()
+                start = devices.clock(x.device)
                 m(x)
-                sync()
-                infer_s = time.perf_counter() - start
+                infer_s = devices.clock(x.device) - start
             m.train()
             if r >= warmup:
                 times[f"{name}/train"].append(train_s)
