@@ -67,33 +67,35 @@ _NEW = {torch.Tensor.new_zeros, torch.Tensor.new_ones, torch.Tensor.new_empty, t
 _ACROSS = {torch.Tensor.copy_, torch.Tensor.__setitem__, torch._has_compatible_shallow_copy_type,
            torch.Tensor.set_, torch.Tensor.__deepcopy__}
 _MOVES = {torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.type_as}
+# One look-up per op for the ops handled apart.
+_KIND = {**{f: "move" for f in _MOVES}, **{f: "made" for f in (*_FACTORIES, *_LIKE, *_NEW)},
+         **{f: "across" for f in _ACROSS}, torch.Tensor.numpy: "numpy"}
 _DEVICE = torch.Tensor.device  # a getter reaches the mode as `<descriptor>.__get__`, a new object each time
 _GRAD = torch.Tensor.grad
 
 
 def _storage(t: torch.Tensor) -> Any:
     """The storage a tensor's placement belongs to (None: an empty or storage-less tensor, such as
-    functorch's wrappers)."""
-    if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.numel() == 0:
-        return None
+    functorch's wrappers, or one on the meta device)."""
     try:
+        if t.layout is not torch.strided:
+            return None
         storage = t.untyped_storage()
+        return storage if storage.data_ptr() else None
     except (RuntimeError, NotImplementedError, TypeError):
         return None
-    return storage if storage.device.type == "cpu" and storage.data_ptr() else None
 
 
-def _tensors(obj: Any, into: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The tensors in `obj` and the tuples, lists and dict values inside it (a pytree walk costs
-    several times more per op)."""
-    if isinstance(obj, torch.Tensor):
-        into.append(obj)
-    elif isinstance(obj, (tuple, list)):
-        for item in obj:
+def _tensors(items: Any, into: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The tensors among `items` (an iterable) and inside the tuples, lists and dicts among them (a
+    pytree walk costs several times more per op)."""
+    for item in items:
+        if isinstance(item, torch.Tensor):
+            into.append(item)
+        elif isinstance(item, (tuple, list)):
             _tensors(item, into)
-    elif isinstance(obj, dict):
-        for item in obj.values():
-            _tensors(item, into)
+        elif isinstance(item, dict):
+            _tensors(item.values(), into)
     return into
 
 
@@ -129,7 +131,7 @@ class DevicePlacement(TorchFunctionMode):
     def _mark(self, out: Any, placed: bool | None) -> None:
         if placed is None:
             return
-        for t in _tensors(out, []):
+        for t in (out,) if isinstance(out, torch.Tensor) else _tensors((out,), []):
             storage = _storage(t)
             if storage is not None:
                 key = storage.data_ptr()
@@ -172,33 +174,41 @@ class DevicePlacement(TorchFunctionMode):
             grad = func(*args, **kwargs)
             self._mark(grad, self.placement(args[0]))
             return grad
-        if func in _MOVES:
+        kind = _KIND.get(func)
+        if kind == "move":
             return self._moved(func, args, kwargs)
-        if func in _FACTORIES or func in _LIKE or func in _NEW:
+        if kind == "made":
             return self._made(func, args, kwargs)
-        if func is torch.Tensor.numpy and self.placed(args[0]):
+        if kind == "numpy" and self.placed(args[0]):
             raise PlacementError(f"numpy() of a {_describe(args[0])} tensor on run.device fails on a GPU: call "
                                  f".cpu() first (t.detach().cpu().numpy())")
-        if func in _ACROSS or name in ("__get__", "__set__"):
+        if kind == "across" or name in ("__get__", "__set__"):
             out = func(*args, **kwargs)
             if func is torch.Tensor.__deepcopy__:
                 self._mark(out, self.placement(args[0]))
             elif func is torch.Tensor.set_ and len(args) > 1:
                 self._mark(args[0], self.placement(args[1]))
             return out
-        checked = args[:1] if func is torch.Tensor.__getitem__ else (args, kwargs)  # CUDA takes CPU indices
-        tensors = _tensors(checked, [])
-        where = [self.placement(t) for t in tensors]
-        placed = [t for t, w in zip(tensors, where) if w is True]
-        left = [t for t, w in zip(tensors, where) if w is False]
-        if placed and any(t.dim() > 0 for t in left):
+        tensors = _tensors(args[:1] if func is torch.Tensor.__getitem__ else args, [])  # CUDA takes CPU indices
+        if kwargs and func is not torch.Tensor.__getitem__:
+            _tensors(kwargs.values(), tensors)
+        placed = left = stray = None  # the first placed tensor, whether any is left, the first left with dims
+        for t in tensors:
+            w = self.placement(t)
+            if w is True:
+                placed = placed if placed is not None else t
+            elif w is False:
+                left = True
+                if stray is None and t.dim() > 0:
+                    stray = t
+        if placed is not None and stray is not None:
             raise PlacementError(
-                f"{getattr(func, '__qualname__', name or func)} mixes {len(placed)} tensor(s) on run.device "
-                f"({_describe(placed[0])}) with {len(left)} left on the CPU "
-                f"({_describe(next(t for t in left if t.dim() > 0))}): on a GPU this op fails. Make that tensor "
-                f"with device=run.device, or move it with .to(run.device)")
+                f"{getattr(func, '__qualname__', name or func)} mixes a tensor on run.device ({_describe(placed)}) "
+                f"with one left on the CPU ({_describe(stray)}): on a GPU this op fails. Make that tensor with "
+                f"device=run.device, or move it with .to(run.device)")
         out = func(*args, **kwargs)
-        self._mark(out, True if placed else (False if left else None))
+        if placed is not None or left:
+            self._mark(out, placed is not None)
         return out
 
     def _moved(self, func, args, kwargs) -> Any:
