@@ -136,3 +136,18 @@ def test_device_choice_and_its_refusals():
         with pytest.raises(devices.DeviceError, match="torch sees no CUDA device") as info:
             devices.resolve("cuda:1")
         assert "drop --device" in str(info.value)
+
+
+def test_a_local_run_says_where_it_trains_first_and_records_it(tmp_path, monkeypatch, capsys):
+    from orchestrator.commands.cli import main
+    from orchestrator.tracking import sink as tracking
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    assert main(["run", "curves", "--smoke", "--local", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "curves: training in this process on cpu", out
+    client = tracking.client(uri)
+    [run] = client.search_runs([client.get_experiment_by_name("curves").experiment_id])
+    assert run.data.tags["ladder.device"] == "cpu" and run.info.status == "FINISHED"
