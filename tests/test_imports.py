@@ -121,9 +121,10 @@ def test_no_workload_imports_another():
     assert crossing == []
 
 
-CONTRACT_MODULES = ("orchestrator.run", "orchestrator.claims")
-"""Orchestrator modules a workload may import names from: the `Run` contract and claims (not their
-submodules: orchestrator.run.checkpoints belongs to the runners)."""
+CONTRACT_MODULES = ("orchestrator.run", "orchestrator.run.devices", "orchestrator.claims")
+"""Orchestrator modules a workload may import names from: the `Run` contract, its device helpers
+(`devices.clock`: the clock read after a GPU sync) and claims (not other submodules:
+orchestrator.run.checkpoints belongs to the runners)."""
 CONTRACT_PACKAGES = ("orchestrator.sweeps.collapse",)
 """Orchestrator packages a workload may import from, submodules included: the pure collapse maths
 celerity_lm's claims use."""
