@@ -24,9 +24,9 @@ def counted(tmp_path, monkeypatch):
         calls["load"] += 1
         return load(name)
 
-    def counting_validate(self, cfg, *, world_size=1):
+    def counting_validate(self, cfg, **kwargs):
         calls["validate"].append(cfg)
-        return validate(self, cfg, world_size=world_size)
+        return validate(self, cfg, **kwargs)
 
     monkeypatch.setattr(registry, "load", counting_load)
     monkeypatch.setattr(registry.Workload, "validate", counting_validate)
