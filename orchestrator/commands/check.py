@@ -217,49 +217,77 @@ PLACEMENT_CHECK = "tensors stay on run.device"
 
 
 class Placement:
-    """The smoke runs of `check`, on the stand-in device of `orchestrator.run.placement` under its
-    check, until one mixes a tensor on run.device with one left on the CPU: that run is made again
-    on the plain CPU (from a copy of its folder, for a restart) and the rest train there."""
+    """The placement check of `check`'s smoke runs, on the stand-in device of
+    `orchestrator.run.placement`: the uninterrupted run trains under it (made again on the plain
+    CPU when it mixes a tensor on run.device with one left on the CPU, so that the other checks are
+    judged); the restart's path (restoring, and the steps after it) is checked for its first reports
+    on a copy of the killed run's folder, and the restart itself trains on the plain CPU."""
+
+    REPORTS_AFTER_RESTORE = 2
 
     def __init__(self) -> None:
         self.problem: str | None = None
         self.ops = 0
         self.runs = 0
 
-    def train(self, workload: registry.Workload, cfg: Any, make_run: Any, restart: Path | None = None) -> tuple[Any, Any]:
-        from orchestrator.run.placement import PLACED_DEVICE, DevicePlacement, PlacementError, where
+    def _checked(self, workload: registry.Workload, cfg: Any, run: Any) -> Any:
+        """`train(cfg, run)` on `run` (on the stand-in device) under the check; None when it mixed."""
+        from orchestrator.run.placement import DevicePlacement, PlacementError, where
+
+        mode = DevicePlacement()
+        restore = run.restore
+        # Checkpoints load to the CPU (map_location="cpu"), on a GPU too: what the loop restores
+        # must be moved or copied into tensors on run.device before it meets them.
+        run.restore = lambda: mode.leave(restore())
+        try:
+            with pinned_threads(workload.threads(cfg)), mode:  # threads as the runner pins a trial's
+                return workload.train(cfg, run)
+        except PlacementError as exc:
+            own = getattr(inspect.getmodule(workload.train), "__file__", None)
+            self.problem = f"{exc} (at {where(exc, os.path.dirname(own) + os.sep if own else None)})"
+            return None
+        finally:
+            self.ops += mode.ops
+            self.runs += 1
+
+    def train(self, workload: registry.Workload, cfg: Any, make_run: Any) -> tuple[Any, Any]:
+        """The uninterrupted run: `make_run(device)` builds its Run."""
+        from orchestrator.run.placement import PLACED_DEVICE
 
         if self.problem is None:
-            kept = None
-            if restart is not None:  # the restart writes into the folder: keep it for a plain retry
-                kept = restart.with_name(restart.name + ".before")
-                shutil.copytree(restart, kept)
             run = make_run(PLACED_DEVICE)
-            mode = DevicePlacement()
-            restore = run.restore
-            # Checkpoints load to the CPU (map_location="cpu"), on a GPU too: what the loop restores
-            # must be moved or copied into tensors on run.device before it meets them.
-            run.restore = lambda: mode.leave(restore())
-            try:
-                with pinned_threads(workload.threads(cfg)), mode:  # threads as the runner pins a trial's
-                    return run, workload.train(cfg, run)
-            except PlacementError as exc:
-                own = getattr(inspect.getmodule(workload.train), "__file__", None)
-                self.problem = f"{exc} (at {where(exc, os.path.dirname(own) + os.sep if own else None)})"
-                if restart is not None:
-                    shutil.rmtree(restart)
-                    kept.rename(restart)
-                    kept = None
-                else:  # what the run wrote, and the snapshot it left, are made again
-                    for made in (run.run_dir, getattr(run, "snapshot", None)):
-                        if made is not None:
-                            shutil.rmtree(made, ignore_errors=True)
-            finally:
-                self.ops += mode.ops
-                self.runs += 1
-                if kept is not None:
-                    shutil.rmtree(kept, ignore_errors=True)
+            final = self._checked(workload, cfg, run)
+            if self.problem is None:
+                return run, final
+            for made in (run.run_dir, getattr(run, "snapshot", None)):  # made again on the plain CPU
+                if made is not None:
+                    shutil.rmtree(made, ignore_errors=True)
         run = make_run("cpu")
+        with pinned_threads(workload.threads(cfg)):
+            return run, workload.train(cfg, run)
+
+    def restart(self, workload: registry.Workload, cfg: Any, folder: Path, identity: Any) -> tuple[Any, Any]:
+        """The restart in `folder` (what a killed run left), on the plain CPU, after its path was
+        checked for `REPORTS_AFTER_RESTORE` reports on a copy of the folder."""
+        from orchestrator.run.placement import PLACED_DEVICE, Enough
+
+        if self.problem is None:
+            copy = folder.with_name(folder.name + ".checked")
+            shutil.copytree(folder, copy)
+            reports = []
+
+            def stop_soon(metrics: Any, step: int) -> None:
+                reports.append(step)
+                if len(reports) >= self.REPORTS_AFTER_RESTORE:
+                    raise Enough
+
+            try:
+                self._checked(workload, cfg, LocalRun(copy, identity=identity, device=PLACED_DEVICE, on_report=stop_soon))
+            except Enough:
+                pass
+            finally:
+                shutil.rmtree(copy, ignore_errors=True)
+        run = LocalRun(folder, identity=identity)
         with pinned_threads(workload.threads(cfg)):
             return run, workload.train(cfg, run)
 
@@ -268,8 +296,9 @@ class Placement:
             return False, self.problem
         if not self.runs:
             return None, "no run finished"
-        return True, (f"{self.runs} run{'s' if self.runs > 1 else ''} on a stand-in device ({self.ops} ops): none "
-                      "mixed a tensor on run.device with one left on the CPU")
+        what = "the smoke run" + (f" and a restart's first {self.REPORTS_AFTER_RESTORE} reports" if self.runs > 1 else "")
+        return True, (f"{what} on a stand-in device ({self.ops} ops): none mixed a tensor on run.device with one "
+                      "left on the CPU")
 
 
 def check(name: str, folder: str | Path, *, objective: str | None = None, ray: bool = False,
@@ -349,8 +378,7 @@ def check(name: str, folder: str | Path, *, objective: str | None = None, ray: b
         return report
     report.add("checkpoints before the end", True, f"first at step {whole.saved_step}")
     try:
-        second, resumed_final = placement.train(workload, cfg, lambda device: LocalRun(
-            folder / "killed", identity=ident, device=device), restart=folder / "killed")
+        second, resumed_final = placement.restart(workload, cfg, folder / "killed", ident)
     except Exception as exc:
         report.add("killed run resumes from its checkpoint", False, _error(exc))
         report.add("resumed run matches an uninterrupted one", None, "the restart failed")

@@ -242,7 +242,7 @@ class DevicePlacement(TorchFunctionMode):
         return out
 
 
-class _Enough(BaseException):
+class Enough(BaseException):
     """Raised from the run's report once the check has seen enough steps (not an Exception: a
     workload's own `except Exception` does not swallow it)."""
 
@@ -260,7 +260,7 @@ def few_steps(train: Callable[[Any, Any], Any], cfg: Any, folder: str, *, device
     def on_report(metrics: dict[str, float], step: int) -> None:
         seen.append(step)
         if len(seen) >= reports:
-            raise _Enough
+            raise Enough
 
     run = LocalRun(folder, device=PLACED_DEVICE if device is None else device, on_report=on_report)
     mode = DevicePlacement() if device is None else None
@@ -271,7 +271,7 @@ def few_steps(train: Callable[[Any, Any], Any], cfg: Any, folder: str, *, device
         else:
             with mode:
                 train(cfg, run)
-    except _Enough:
+    except Enough:
         ended = False
     return {"reports": len(seen), "ops": mode.ops if mode else None, "ended": ended}
 

@@ -115,14 +115,16 @@ def test_a_restored_checkpoint_is_on_the_cpu_until_moved(tmp_path):
         return {"train/loss": 0.0}
 
     W = SimpleNamespace(train=train, threads=lambda cfg: 0)
-    folder = tmp_path / "r"
     for forget in (False, True):
+        folder = tmp_path / f"forget-{forget}"
         check = Placement()
         check.train(W, {"forget_move": forget}, lambda d: LocalRun(folder, device=d))  # saves a checkpoint
-        run, _ = check.train(W, {"forget_move": forget}, lambda d: LocalRun(folder, device=d), restart=folder)
+        run, _ = check.restart(W, {"forget_move": forget}, folder, None)
         holds, detail = check.verdict()
         assert holds is (not forget), detail
-        assert run.restored_step == 1  # a failed check runs the restart again on the plain CPU, from the same folder
+        # The restart itself trains on the plain CPU from the folder; the check ran on a copy of it.
+        assert run.restored_step == 1 and run.device == torch.device("cpu")
+        assert sorted(p.name for p in folder.parent.iterdir() if p.name.startswith(folder.name)) == [folder.name]
     assert "test_device_clean.py" in detail and "left on the CPU" in detail
 
 
