@@ -89,7 +89,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _build_config(args: argparse.Namespace, recorded: dict | None = None):
+def _build_config(args: argparse.Namespace, recorded: dict | None = None, *, gpu: bool = False):
     """The workload, loaded once, and the config it runs with (a resumed run's is the `recorded`
     one), validated once before anything launches; the trial validates it again where it runs."""
     from orchestrator.runners.config import from_dict
@@ -100,7 +100,7 @@ def _build_config(args: argparse.Namespace, recorded: dict | None = None):
     else:
         cfg = workload.smoke() if args.smoke else workload.Config()
         cfg = apply_overrides(cfg, parse_sets(args.set or []))
-    workload.validate(cfg, world_size=getattr(args, "workers", 1), gpus=bool(getattr(args, "gpus_per_worker", 0)))
+    workload.validate(cfg, world_size=getattr(args, "workers", 1), gpus=gpu or bool(getattr(args, "gpus_per_worker", 0)))
     workload.preflight(cfg)  # this machine runs it (or the cluster at RAY_ADDRESS, which sees the same paths)
     return workload, cfg
 
@@ -133,7 +133,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         from orchestrator.run import devices
 
         device = devices.resolve(args.device)  # refused here, before anything is recorded
-    workload, cfg = _build_config(args, record["config"] if args.resume else None)
+    workload, cfg = _build_config(args, record["config"] if args.resume else None,
+                                  gpu=device is not None and device.type == "cuda")
     if args.local:
         from orchestrator.run import devices
 

@@ -105,3 +105,37 @@ def clock(device: Any) -> float:
 
     synchronize(device)
     return time.perf_counter()
+
+
+AUTOCAST = ("fp32", "bf16")
+"""A workload's `autocast` Config field: 'fp32' trains in fp32; 'bf16' runs the forward passes under
+CUDA autocast to bfloat16, where the paper trains in bf16 (on a GPU only)."""
+
+
+def check_autocast(cfg: Any, *, gpu: bool) -> None:
+    """Refuse (ValueError) an `autocast` Config field that is not one of AUTOCAST, or 'bf16' for a run
+    without a GPU: CPU autocast is slow or missing there, and not the paper's setting."""
+    _check_autocast(getattr(cfg, "autocast", "fp32"), gpu)
+
+
+def _check_autocast(value: str, gpu: bool) -> None:
+    if value not in AUTOCAST:
+        raise ValueError(f"autocast must be one of {', '.join(map(repr, AUTOCAST))}, got {value!r}")
+    if value == "bf16" and not gpu:
+        raise ValueError("autocast='bf16' trains under CUDA autocast, as the paper does, and this run has no GPU: "
+                         "set autocast=fp32, or run on a GPU (--device cuda with --local, --gpus-per-worker 1, "
+                         "gpus_per_worker in a sweep)")
+
+
+def autocast(device: Any, precision: str = "fp32") -> Any:
+    """The context a workload runs its forward passes in: nothing for 'fp32', CUDA autocast to
+    bfloat16 for 'bf16' (refused off a GPU, `check_autocast`)."""
+    import contextlib
+
+    import torch
+
+    device = torch.device(device)
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    _check_autocast(precision, device.type == "cuda")
+    return torch.autocast(device_type="cuda", dtype=torch.bfloat16)

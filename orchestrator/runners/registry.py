@@ -105,8 +105,10 @@ class Workload:
 
     def validate(self, cfg: Any, *, world_size: int = 1, gpus: bool = False) -> None:
         """Check the worker count against `MAX_WORKERS`, the config's ZeRO fields
-        (`orchestrator.runners.zero`, for workers with `gpus` or without), and run the workload's
+        (`orchestrator.runners.zero`) and `autocast` field (`devices.check_autocast`), for workers
+        with `gpus` or without, and run the workload's
         optional `validate(cfg, world_size)` hook; a ValueError from any becomes a ConfigError."""
+        from orchestrator.run import devices
         from orchestrator.runners import zero
 
         hook = getattr(self.module, "validate", None)
@@ -116,6 +118,7 @@ class Workload:
                               f"(its MAX_WORKERS), got {world_size}: use workers={limit}")
         try:
             zero.check(cfg, gpus=gpus)  # the optional ZeRO fields, for every workload that has them
+            devices.check_autocast(cfg, gpu=gpus)  # and the optional autocast field
             if hook is not None:
                 hook(cfg, world_size)
         except ValueError as exc:

@@ -153,3 +153,27 @@ def test_a_local_run_says_where_it_trains_first_and_records_it(tmp_path, monkeyp
     client = tracking.client(uri)
     [run] = client.search_runs([client.get_experiment_by_name("curves").experiment_id])
     assert run.data.tags["ladder.device"] == "cpu" and run.info.status == "FINISHED"
+
+
+def test_bf16_autocast_is_refused_without_a_gpu_before_anything_runs(tmp_path, monkeypatch, capsys):
+    """pica and palc train in bf16 in their papers: `autocast='bf16'` runs their forward passes under
+    CUDA autocast, and is refused for a run on a CPU (the CLI, a sweep's check, the trial itself)."""
+    from orchestrator.commands.cli import main
+    from orchestrator.sweep import Sweep, SweepError
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("pica", "palc"):
+        assert main(["run", name, "--smoke", "--local", "--device", "cpu", "--no-track", "--set", "autocast=bf16"]) == 2
+        err = capsys.readouterr().err
+        assert f"{name}: autocast='bf16' trains under CUDA autocast" in err and "set autocast=fp32" in err, err
+        assert not (tmp_path / "ladder-runs").exists()  # refused before a run folder was made
+        with pytest.raises(SweepError, match="autocast='bf16'"):
+            Sweep(name="s", workload=name, base="smoke", overrides={"autocast": "bf16"}).check()
+        # GPU workers take it (where it can run is asked at launch, apart from whether it is valid).
+        Sweep(name="s", workload=name, base="smoke", overrides={"autocast": "bf16"}, gpus_per_worker=1).check()
+    assert main(["run", "pica", "--smoke", "--local", "--no-track", "--set", "autocast=fp16"]) == 2
+    assert "autocast must be one of 'fp32', 'bf16', got 'fp16'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="no GPU"):
+        devices.autocast("cpu", "bf16")
+    with devices.autocast("cpu", "fp32"):
+        assert not torch.is_autocast_enabled("cuda")

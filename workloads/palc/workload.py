@@ -92,6 +92,9 @@ class Config(with_task_fields(PromptField)):
     """Linear warm-up steps, then cosine decay to 0."""
     clip: float = 1.0
     """Gradient-norm clip."""
+    autocast: str = "fp32"
+    """'fp32', or 'bf16': the training forward passes under CUDA autocast to bfloat16, as the
+    released code trains (bf16); GPU runs only."""
     gen_new_tokens: int = 8
     """Tokens generated per prompt when counting preferred words."""
     gen_samples: int = 4
@@ -293,15 +296,17 @@ def train(cfg: Config, run) -> dict[str, float]:
         return {k: v.to(dev) for k, v in b.items()}
 
     def pair_loss(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(loss, mean response log-probability of each row under the model being trained)."""
-        if cal is not None:
-            logits, h = base_forward(base, batch["ids"], batch["attn"])  # frozen, no graph
-            lp = mean_logprob(logits + cfg.gamma_train * cal(h), batch["ids"], batch["resp"])
-            return preference_loss(lp), lp
-        with torch.no_grad(), model.disable_adapter():
-            ref, _ = row_sums(model, batch)
-        pol, count = row_sums(model, batch)
-        return dpo_loss(pol, ref, cfg.dpo_beta), pol.detach() / count
+        """(loss, mean response log-probability of each row under the model being trained), the
+        forward passes under `cfg.autocast`."""
+        with devices.autocast(dev, cfg.autocast):
+            if cal is not None:
+                logits, h = base_forward(base, batch["ids"], batch["attn"])  # frozen, no graph
+                lp = mean_logprob(logits + cfg.gamma_train * cal(h), batch["ids"], batch["resp"])
+                return preference_loss(lp), lp
+            with torch.no_grad(), model.disable_adapter():
+                ref, _ = row_sums(model, batch)
+            pol, count = row_sums(model, batch)
+            return dpo_loss(pol, ref, cfg.dpo_beta), pol.detach() / count
 
     loss_v, acc_v, window_t, window_n = math.nan, math.nan, devices.clock(dev), 0
     if cal is not None:

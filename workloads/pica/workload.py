@@ -101,6 +101,9 @@ class Config(with_task_fields(PromptField, AnswerField, dtype="float32")):
     """AdamW weight decay of the Ms (0 in the paper)."""
     grad_clip: float = 0.0
     """Clip the Ms' gradient norm to this (0: no clipping)."""
+    autocast: str = "fp32"
+    """'fp32', or 'bf16': training and evaluation forward passes under CUDA autocast to bfloat16, as
+    the paper trains (MetaMath's pica.sh: bf16); GPU runs only."""
     eval_every: int = 250
     """Evaluate on the held-out examples every this many steps (and at the end)."""
     log_every: int = 50
@@ -304,12 +307,13 @@ def train(cfg: Config, run: Any) -> dict[str, float]:
         for group in optimizer.param_groups:
             group["lr"] = cfg.lr * lr_factor(step - 1, cfg)
         rows = torch.randint(len(train_set), (cfg.batch,), generator=gen)
-        if cfg.micro_batch and cfg.micro_batch < cfg.batch:
-            loss = accumulate(model, train_set.rows(rows), cfg.micro_batch, optimizer)
-        else:
-            loss = data.answer_loss(model, train_set.rows(rows))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+        with devices.autocast(run.device, cfg.autocast):
+            if cfg.micro_batch and cfg.micro_batch < cfg.batch:
+                loss = accumulate(model, train_set.rows(rows), cfg.micro_batch, optimizer)
+            else:
+                loss = data.answer_loss(model, train_set.rows(rows))
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
         if cfg.grad_clip:
             torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         optimizer.step()
@@ -317,7 +321,8 @@ def train(cfg: Config, run: Any) -> dict[str, float]:
         metrics: dict[str, float] = {}
         if step % cfg.eval_every == 0 or step == cfg.steps:
             model.eval()
-            held = data.evaluate(model, held_set, chunk=cfg.micro_batch or 256)
+            with devices.autocast(run.device, cfg.autocast):
+                held = data.evaluate(model, held_set, chunk=cfg.micro_batch or 256)
             model.train()
             metrics.update({"eval/loss": held["loss"], "eval/acc": held["acc"]})
         if step % cfg.log_every == 0 or step == cfg.steps:
