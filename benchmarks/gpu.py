@@ -15,9 +15,10 @@ the order that saves the most per second, each timed and caught on its own:
 2. ``product``: ladder itself on the device. `ladder run celerity_lm --local` (its first line must
    name the device), a two-trial sweep with `gpus_per_worker=1` through Ray (where Ray and MLflow
    are installed: `pip install -e .`; a row says why not otherwise), and every workload's smoke
-   config for two reports on the device. On the CPU smoke the workloads train on the placement
-   check's stand-in device (`orchestrator/run/placement.py`), which fails a tensor a GPU run would
-   leave on the CPU, and the sweep row is not run (it needs a GPU).
+   config for two reports on the device, and pica and palc with `autocast='bf16'`. On the CPU
+   smoke the workloads train on the placement check's stand-in device
+   (`orchestrator/run/placement.py`), which fails a tensor a GPU run would leave on the CPU; the
+   sweep and bf16 rows are not run there (they need a GPU).
 3. ``mx``: quantize / dequantize GB/s against a device-to-device copy of the same input (nvfp4's
    bytes count both of its reads of the input: the global amax, then the quantize pass);
    mx_matmul TFLOP/s against a bf16 torch.matmul on the dequantized weight, at prefill and decode
@@ -200,7 +201,7 @@ def section_preflight(ctx: Ctx) -> dict:
     return {"status": "ok" if ok_all else "failed"}
 
 
-# -- 2. MX ------------------------------------------------------------------------------------------
+# -- 3. MX ------------------------------------------------------------------------------------------
 
 MX_FORMATS = {"mxfp4": dict(block_size=32, scale_format="e8m0"),
               "nvfp4": dict(block_size=16, scale_format="ue4m3", global_scale=True),
@@ -302,6 +303,27 @@ def section_product(ctx: Ctx) -> dict:
         row["device"] = "stand-in (placement check)" if device is None else torch.cuda.get_device_name()
         row["seconds"] = time.perf_counter() - t0
         ctx.row("product", "workloads", row)
+    # bf16 autocast where the papers train in it (pica, palc): two reports each on the GPU.
+    for name in ("pica", "palc"):
+        row = {"what": f"{name} smoke, autocast=bf16, 2 reports"}
+        if ctx.smoke:
+            row.update(status="not run", detail="autocast='bf16' is refused without a GPU (tested by the suite)")
+        else:
+            import dataclasses
+
+            t0 = time.perf_counter()
+            try:
+                workload = registry.load(name)
+                with tempfile.TemporaryDirectory(prefix=f"gpu-{name}-bf16-") as folder:
+                    ran = few_steps(workload.train, dataclasses.replace(workload.smoke(), autocast="bf16"), folder,
+                                    device=device)
+                torch.cuda.synchronize()
+                row.update(status="pass", detail=f"{ran['reports']} reports")
+            except Exception as e:  # noqa: BLE001 - its own row
+                failed += 1
+                row.update(status="fail", detail=f"{type(e).__name__}: {str(e)[:300]} (at {where(e)})")
+            row["seconds"] = time.perf_counter() - t0
+        ctx.row("product", "commands", row)
     return {"status": "ok" if not failed else "failed", "failed": failed}
 
 

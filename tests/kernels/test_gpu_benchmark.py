@@ -35,9 +35,10 @@ def test_cpu_smoke_runs_every_section_and_measures_every_mx_format(tmp_path):
     from orchestrator.runners import registry
 
     prod = res["sections"]["product"]
-    (run, sweep) = prod["commands"]
+    (run, sweep, *bf16) = prod["commands"]
     assert run["status"] == "pass" and run["detail"] == "celerity_lm: training in this process on cpu", run
     assert sweep["status"] == "not run" and "needs a GPU" in sweep["detail"]
+    assert [(r["what"].split()[0], r["status"]) for r in bf16] == [("pica", "not run"), ("palc", "not run")]
     assert [r["workload"] for r in prod["workloads"]] == sorted(registry.WORKLOADS)
     assert all(r["status"] == "pass" and r["reports"] >= 1 and r["device"].startswith("stand-in")
                for r in prod["workloads"]), prod["workloads"]
