@@ -269,20 +269,14 @@ class Placement:
     def restart(self, workload: registry.Workload, cfg: Any, folder: Path, identity: Any) -> tuple[Any, Any]:
         """The restart in `folder` (what a killed run left), on the plain CPU, after its path was
         checked for `REPORTS_AFTER_RESTORE` reports on a copy of the folder."""
-        from orchestrator.run.placement import PLACED_DEVICE, Enough
+        from orchestrator.run.placement import PLACED_DEVICE, Enough, stop_after
 
         if self.problem is None:
             copy = folder.with_name(folder.name + ".checked")
             shutil.copytree(folder, copy)
-            reports = []
-
-            def stop_soon(metrics: Any, step: int) -> None:
-                reports.append(step)
-                if len(reports) >= self.REPORTS_AFTER_RESTORE:
-                    raise Enough
-
             try:
-                self._checked(workload, cfg, LocalRun(copy, identity=identity, device=PLACED_DEVICE, on_report=stop_soon))
+                self._checked(workload, cfg, LocalRun(copy, identity=identity, device=PLACED_DEVICE,
+                                                      on_report=stop_after(self.REPORTS_AFTER_RESTORE)))
             except Enough:
                 pass
             finally:

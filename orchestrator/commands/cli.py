@@ -128,16 +128,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.device and not args.local:
         raise UsageError(f"--device chooses where --local trains; Ray Train workers train on the GPUs Ray gives "
                          f"them: use --gpus-per-worker 1 (or add --local to train here on {args.device})")
-    device = None
-    if args.local:
-        from orchestrator.run import devices
+    from orchestrator.run import devices
 
-        device = devices.resolve(args.device)  # refused here, before anything is recorded
+    device = devices.resolve(args.device) if args.local else None  # refused here, before anything is recorded
     workload, cfg = _build_config(args, record["config"] if args.resume else None,
                                   gpu=device is not None and device.type == "cuda")
     if args.local:
-        from orchestrator.run import devices
-
         print(f"{workload.name}: training in this process on {devices.describe(device)}"
               f"{'' if device.type == 'cuda' or args.device else ' (no CUDA device here)'}", flush=True)
         result = launch.run_local(workload, cfg, resume=args.resume, track=not args.no_track, wandb=args.wandb,

@@ -247,33 +247,39 @@ class Enough(BaseException):
     workload's own `except Exception` does not swallow it)."""
 
 
-def few_steps(train: Callable[[Any, Any], Any], cfg: Any, folder: str, *, device: Any = None,
-              reports: int = 2) -> dict[str, Any]:
-    """Run `train(cfg, run)` on a `LocalRun` until its `reports`-th report (or its end): on
-    `device` when given (a GPU: a stray tensor fails there by itself), else on `PLACED_DEVICE`
-    under `DevicePlacement`. Returns what ran: reports, ops seen by the check, whether train ended
-    by itself. A mixed op raises `PlacementError` (or torch's own error on a GPU)."""
-    from orchestrator.run import LocalRun
-
+def stop_after(reports: int) -> Callable[[Any, int], None]:
+    """A `LocalRun` `on_report` that raises `Enough` at the `reports`-th report; its `.seen` lists
+    the steps reported."""
     seen: list[int] = []
 
-    def on_report(metrics: dict[str, float], step: int) -> None:
+    def on_report(metrics: Any, step: int) -> None:
         seen.append(step)
         if len(seen) >= reports:
             raise Enough
 
-    run = LocalRun(folder, device=PLACED_DEVICE if device is None else device, on_report=on_report)
+    on_report.seen = seen  # type: ignore[attr-defined]
+    return on_report
+
+
+def few_steps(train: Callable[[Any, Any], Any], cfg: Any, folder: str, *, device: Any = None,
+              reports: int = 2) -> dict[str, Any]:
+    """Run `train(cfg, run)` on a `LocalRun` until its `reports`-th report (or its end): on
+    `device` when given (a GPU: a stray tensor fails there by itself), else on `PLACED_DEVICE`
+    under `DevicePlacement`. Returns the reports made and the ops the check saw (None on a device).
+    A mixed op raises `PlacementError` (or torch's own error on a GPU)."""
+    import contextlib
+
+    from orchestrator.run import LocalRun
+
+    stop = stop_after(reports)
+    run = LocalRun(folder, device=PLACED_DEVICE if device is None else device, on_report=stop)
     mode = DevicePlacement() if device is None else None
-    ended = True
     try:
-        if mode is None:
+        with mode if mode is not None else contextlib.nullcontext():
             train(cfg, run)
-        else:
-            with mode:
-                train(cfg, run)
     except Enough:
-        ended = False
-    return {"reports": len(seen), "ops": mode.ops if mode else None, "ended": ended}
+        pass
+    return {"reports": len(stop.seen), "ops": mode.ops if mode else None}
 
 
 def where(exc: BaseException, within: str | None = None) -> str:

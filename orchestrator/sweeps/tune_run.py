@@ -366,12 +366,9 @@ def check_job_environment() -> None:
 
 def local_gpus() -> float:
     """GPUs a local Ray started here would have."""
-    try:
-        import torch
+    from orchestrator.run import devices
 
-        return float(torch.cuda.device_count()) if torch.cuda.is_available() else 0.0
-    except Exception:  # no usable CUDA runtime: no GPUs
-        return 0.0
+    return float(devices.cuda_count())
 
 
 def gpus_for(sweep: Sweep) -> float:
